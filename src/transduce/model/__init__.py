@@ -1,0 +1,12 @@
+"""The Transformer model: masks, attention with a KV cache, embeddings, layers, the model."""
+
+from .attention import KVCache, LayerCache, MultiHeadAttention, scaled_dot_product_attention
+from .io import load_model, save_model
+from .masks import causal_mask, padding_mask
+from .transformer import DecoderOutput, EncoderOutput, Transformer
+
+__all__ = [
+    "KVCache", "LayerCache", "MultiHeadAttention", "scaled_dot_product_attention",
+    "causal_mask", "padding_mask", "Transformer", "EncoderOutput", "DecoderOutput",
+    "save_model", "load_model",
+]

@@ -1,0 +1,367 @@
+"""Configuration: one frozen dataclass per concern, validated on creation, YAML in and out.
+
+A run is described by :class:`RunConfig` = model + data + train + decode. Every field has a
+default; a YAML file only needs the fields it changes. ``key=value`` overrides
+(``train.max_steps=100``) are parsed with YAML's scalar rules. Any bad value raises
+:class:`~transduce.errors.ConfigError` whose one-line message names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .errors import ConfigError
+
+__all__ = [
+    "ModelConfig", "DataConfig", "TrainConfig", "DecodeConfig", "RunConfig",
+    "model_preset", "MODEL_PRESETS", "load_run_config", "save_yaml", "apply_overrides",
+]
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _one_of(value: Any, key: str, choices: tuple) -> None:
+    _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+def _typecheck(obj: Any, section: str) -> None:
+    """Check each field's value against its annotation (int, float, bool, str, Optional)."""
+    hints = get_type_hints(type(obj))
+    for f in fields(obj):
+        value, tp = getattr(obj, f.name), hints[f.name]
+        key = f"{section}.{f.name}"
+        allowed = tuple(a for a in get_args(tp)) if get_origin(tp) is not None else (tp,)
+        if value is None:
+            _check(type(None) in allowed, key, "must not be empty")
+            continue
+        if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(obj, f.name, float(value))
+            continue
+        ok = any(isinstance(value, a) and not (a is int and isinstance(value, bool))
+                 for a in allowed if isinstance(a, type))
+        names = "/".join(a.__name__ for a in allowed if a is not type(None))
+        _check(ok, key, f"must be {names}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The Transformer's shape and options. Defaults are the paper's base model (Table 3).
+
+    Options beyond the paper (each a field):
+      norm="pre"          pre-LN residual blocks with a final LayerNorm (Xiong et al., 2020)
+      positions="learned" learned absolute positions (BERT/GPT); "rope" rotary (Su et al., 2021)
+      activation="gelu"   (Hendrycks & Gimpel, 2016); "swiglu" gated FFN (Shazeer, 2020)
+      bias=False          bias-free linear layers (PaLM)
+      share_embeddings=False / tie_output=False   untied embedding matrices (Sec. 3.4 ties them)
+    """
+
+    src_vocab_size: int = 37000
+    tgt_vocab_size: int = 37000
+    d_model: int = 512
+    n_heads: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    norm: str = "post"
+    positions: str = "sinusoidal"
+    max_positions: int = 1024
+    rope_base: float = 10000.0
+    bias: bool = True
+    share_embeddings: bool = True
+    tie_output: bool = True
+    scale_embeddings: bool = True
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        _typecheck(self, "model")
+        for k in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
+            _check(getattr(self, k) > 0, f"model.{k}", f"must be positive; got {getattr(self, k)}")
+        for k in ("n_encoder_layers", "n_decoder_layers"):
+            _check(getattr(self, k) >= 0, f"model.{k}", f"must be >= 0; got {getattr(self, k)}")
+        _check(self.d_model % self.n_heads == 0, "model.d_model",
+               f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        for k in ("dropout", "attention_dropout", "activation_dropout"):
+            v = getattr(self, k)
+            _check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
+        _one_of(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
+        _one_of(self.norm, "model.norm", ("post", "pre"))
+        _one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
+        if self.positions == "rope":
+            _check(self.head_dim % 2 == 0, "model.positions",
+                   f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
+        _check(self.rope_base > 0, "model.rope_base", "must be positive")
+        _check(self.layer_norm_eps > 0, "model.layer_norm_eps", "must be positive")
+        if self.share_embeddings:
+            _check(self.src_vocab_size == self.tgt_vocab_size, "model.share_embeddings",
+                   "needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
+        for k in ("pad_id", "bos_id", "eos_id"):
+            v = getattr(self, k)
+            _check(0 <= v < min(self.src_vocab_size, self.tgt_vocab_size), f"model.{k}",
+                   f"must be a valid token id; got {v}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. (2017), Table 3.
+    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
+    "big": dict(d_model=1024, n_heads=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
+    # CPU-sized models for demos and tests.
+    "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1),
+    "tiny": dict(d_model=128, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=256, dropout=0.1,
+                 max_positions=256),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named model shape ("base", "big", "small", "tiny") with field overrides."""
+    _check(name in MODEL_PRESETS, "model.preset", f"unknown preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
+    return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel text comes from and how it becomes batches.
+
+    ``corpus``: "toy" (the embedded generated pair, no download), "multi30k" (raw files under
+    ``root`` or $TRANSDUCE_MULTI30K), or "files" (``train_src``/``train_tgt``/... paths).
+    """
+
+    corpus: str = "toy"
+    root: str | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_src: str | None = None
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
+    toy_train_size: int = 20000
+    toy_valid_size: int = 500
+    toy_test_size: int = 500
+    vocab_size: int = 8000
+    tokenizer_type: str = "bpe"
+    joint_vocab: bool = True
+    max_len: int = 250
+    max_ratio: float = 3.0
+    max_tokens: int = 4096
+    valid_max_sentences: int | None = None
+
+    def __post_init__(self) -> None:
+        _typecheck(self, "data")
+        _one_of(self.corpus, "data.corpus", ("toy", "multi30k", "files"))
+        _one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
+        for k in ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len", "max_tokens"):
+            _check(getattr(self, k) > 0, f"data.{k}", f"must be positive; got {getattr(self, k)}")
+        _check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
+        _check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
+        if self.corpus == "files":
+            for k in ("train_src", "train_tgt"):
+                _check(getattr(self, k) is not None, f"data.{k}", "is required when data.corpus=files")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation recipe. Defaults follow Sec. 5.3-5.4 of the paper."""
+
+    seed: int = 1
+    device: str = "auto"
+    max_steps: int = 100000
+    max_epochs: int | None = None
+    max_minutes: float | None = None
+    grad_accum: int = 1
+    optimizer: str = "adam"
+    betas: tuple = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    schedule: str = "noam"
+    warmup_steps: int = 4000
+    lr: float | None = None
+    lr_scale: float = 1.0
+    min_lr: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float | None = None
+    precision: str = "fp32"
+    compile: bool = False
+    log_every: int = 50
+    eval_every: int = 1000
+    save_every: int = 1000
+    keep_last: int = 5
+    patience: int | None = None
+    eval_bleu: bool = True
+    max_bad_steps: int = 10
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        _typecheck(self, "train")
+        _check(len(self.betas) == 2 and all(0.0 <= float(b) < 1.0 for b in self.betas),
+               "train.betas", f"must be two numbers in [0, 1); got {self.betas}")
+        _one_of(self.optimizer, "train.optimizer", ("adam", "adamw"))
+        _one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
+        _one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
+        for k in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every", "keep_last",
+                  "max_bad_steps"):
+            _check(getattr(self, k) > 0, f"train.{k}", f"must be positive; got {getattr(self, k)}")
+        _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        _check(self.eps > 0, "train.eps", "must be positive")
+        _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        _check(self.lr is None or self.lr > 0, "train.lr", "must be positive")
+        _check(self.lr_scale > 0, "train.lr_scale", "must be positive")
+        _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+        _check(self.clip_norm is None or self.clip_norm > 0, "train.clip_norm", "must be positive")
+        _check(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes", "must be positive")
+        _check(self.patience is None or self.patience > 0, "train.patience", "must be positive")
+        _check(self.schedule in ("noam", "constant") or self.lr is not None, "train.lr",
+               f"is required by train.schedule={self.schedule}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search settings. Defaults are the paper's (Sec. 6.1): beam 4, alpha 0.6, max len src+50."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    nbest: int = 1
+    batch_tokens: int = 4096
+    max_input_len: int = 1022
+
+    def __post_init__(self) -> None:
+        _typecheck(self, "decode")
+        for k in ("beam", "nbest", "batch_tokens", "max_input_len"):
+            _check(getattr(self, k) > 0, f"decode.{k}", f"must be positive; got {getattr(self, k)}")
+        _check(self.nbest <= self.beam, "decode.nbest", f"must be <= decode.beam ({self.beam})")
+        _check(self.lenpen >= 0, "decode.lenpen", "must be >= 0")
+        _check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_a", "max_len_a/b must be >= 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a training run needs; what ``transduce train CONFIG.yaml`` reads."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"config: expected a mapping of sections, got {type(d).__name__}")
+        sections = {f.name: f.type for f in fields(cls)}
+        unknown = set(d) - set(sections) - {"preset"}
+        _check(not unknown, "config", f"unknown section(s) {', '.join(sorted(unknown))}; "
+               f"known: {', '.join(sections)}")
+        for name in sections:
+            if d.get(name) is not None and not isinstance(d[name], dict):
+                raise ConfigError(f"{name}: expected a mapping, got {type(d[name]).__name__}")
+        model = dict(d.get("model") or {})
+        preset = model.pop("preset", None) or d.get("preset")
+        kwargs = {}
+        for name, klass in (("model", ModelConfig), ("data", DataConfig), ("train", TrainConfig),
+                            ("decode", DecodeConfig)):
+            values = model if name == "model" else dict(d.get(name) or {})
+            if name == "model" and preset is not None:
+                _check(preset in MODEL_PRESETS, "model.preset", f"unknown preset {preset!r}")
+                values = {**MODEL_PRESETS[preset], **values}
+            kwargs[name] = _build(klass, values, name)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["train"]["betas"] = list(self.train.betas)
+        return out
+
+
+def _build(klass: type, values: dict[str, Any], section: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{section}: expected a mapping, got {type(values).__name__}")
+    known = {f.name for f in fields(klass)}
+    unknown = set(values) - known
+    _check(not unknown, section, f"unknown key(s) {', '.join(sorted(unknown))}")
+    return klass(**values)
+
+
+def config_from_dict(klass: type, values: dict[str, Any], section: str) -> Any:
+    """Build one section's dataclass from a dict, rejecting unknown keys with a ConfigError."""
+    return _build(klass, values, section)
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` strings to a config dict (values parsed as YAML scalars)."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        _check(bool(sep and dot and name), "--set", f"expected section.key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        d.setdefault(section, {})
+        _check(isinstance(d[section], dict), key, "section is not a mapping")
+        d[section][name] = value
+    return d
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return data or {}
+
+
+def load_run_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
+    """Read a run config from YAML (or defaults if path is None) and apply overrides."""
+    d = read_yaml(path) if path is not None else {}
+    return RunConfig.from_dict(apply_overrides(d, list(overrides)))
+
+
+def save_yaml(data: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write YAML atomically (temporary file in the same directory, then rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yaml.safe_dump(data, f, sort_keys=False)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    return _build(ModelConfig, d, "model")
+
+
+def with_vocab(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+    """The same model shape with the vocabulary sizes a tokenizer produced."""
+    return replace(cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)

@@ -1,0 +1,97 @@
+"""Token embeddings and position encodings (Sec. 3.4 and 3.5)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Sec. 3.5).
+
+    Shape: (n_positions, dim). Computed in float64 then cast, so long tables stay accurate.
+    """
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]          # (P, 1)
+    i2 = torch.arange(0, dim, 2, dtype=torch.float64)[None, :]              # (1, ceil(D/2))
+    angle = pos / torch.pow(10000.0, i2 / dim)                               # (P, ceil(D/2))
+    table = torch.zeros(n_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions; the table grows on demand, so any length works."""
+
+    def __init__(self, dim: int, n_positions: int = 1024):
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("table", sinusoidal_table(n_positions, dim), persistent=False)
+
+    def forward(self, start: int, length: int) -> Tensor:
+        """Positions start..start+length-1. Shape: (length, D)."""
+        end = start + length
+        if end > self.table.shape[0]:
+            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.dim).to(self.table.device)
+        return self.table[start:end]
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute positions (the paper's Table 3 row (E) alternative)."""
+
+    def __init__(self, dim: int, n_positions: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_positions, dim))
+        nn.init.normal_(self.weight, std=dim ** -0.5)
+
+    def forward(self, start: int, length: int) -> Tensor:
+        end = start + length
+        if end > self.weight.shape[0]:
+            raise ValueError(f"sequence of {end} positions exceeds model.max_positions={self.weight.shape[0]}")
+        return self.weight[start:end]
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, RoPE (Su et al., 2021, https://arxiv.org/abs/2104.09864).
+
+    Each 2-D pair of a head's dimensions is rotated by an angle proportional to the position, so
+    q·k depends only on the position difference. Pairs use the half-split convention (dim i with
+    dim i + Dh/2, as GPT-NeoX and Llama), not interleaved (even, odd) dims.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """Rotate x by its positions start..start+T-1. x: (B, H, T, Dh) -> same shape."""
+        t = x.shape[-2]
+        pos = torch.arange(start, start + t, device=x.device, dtype=torch.float32)
+        freqs = torch.outer(pos, self.inv_freq)                          # (T, Dh/2)
+        cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1).to(x.dtype)  # (T, Dh)
+        sin = torch.cat([freqs.sin(), freqs.sin()], dim=-1).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        rotated = torch.cat([-x2, x1], dim=-1)
+        return x * cos + rotated * sin
+
+
+class TokenEmbedding(nn.Module):
+    """Embedding lookup multiplied by sqrt(d_model) (Sec. 3.4) when ``scale`` is set."""
+
+    def __init__(self, vocab_size: int, dim: int, pad_id: int, scale: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, dim))
+        self.pad_id = pad_id
+        self.scale = math.sqrt(dim) if scale else 1.0
+        # N(0, D^-0.5) so that after the sqrt(D) scale embeddings have unit variance, the
+        # usual choice when the matrix is shared with the output projection (fairseq, T2T).
+        nn.init.normal_(self.weight, std=dim ** -0.5)
+        with torch.no_grad():
+            self.weight[pad_id].zero_()
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, D)."""
+        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale

@@ -1,0 +1,120 @@
+"""Save and load a model directory: ``config.yaml`` + ``model.safetensors``.
+
+Weights are stored in safetensors (never pickles). Tied matrices are stored once, under the
+first name that refers to them. Loading checks the format marker, names and shapes, and raises
+:class:`~transduce.errors.CheckpointError` with a one-line explanation of any mismatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..config import ModelConfig, model_config_from_dict, read_yaml, save_yaml
+from ..errors import CheckpointError, ConfigError
+from .transformer import Transformer
+
+FORMAT = "transduce"
+FORMAT_VERSION = "1"
+WEIGHTS = "model.safetensors"
+CONFIG = "config.yaml"
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """State dict with each tied tensor once (the first name wins), contiguous, on CPU."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict().items():
+        key = t.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t.detach().to("cpu").contiguous()
+    return out
+
+
+def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(state, tmp, metadata={"format": FORMAT, "version": FORMAT_VERSION, **(metadata or {})})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a safetensors file written by transduce; CheckpointError if missing/corrupt/foreign."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: weights file not found")
+    try:
+        from safetensors import safe_open
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a transduce checkpoint (format={meta.get('format')!r})")
+    return state
+
+
+def save_model(model: Transformer, directory: str | os.PathLike) -> Path:
+    """Write ``config.yaml`` and ``model.safetensors`` into ``directory`` (created if needed)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(unique_state_dict(model), directory / WEIGHTS)
+    save_yaml({"model": dataclasses.asdict(model.config)}, directory / CONFIG)
+    return directory
+
+
+def load_model_config(directory: str | os.PathLike) -> ModelConfig:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: model directory not found")
+    d = read_yaml(directory / CONFIG)
+    if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
+        raise CheckpointError(f"{directory / CONFIG}: has no 'model' section")
+    try:
+        return model_config_from_dict(d["model"])
+    except ConfigError as e:
+        raise CheckpointError(f"{directory / CONFIG}: {e}") from None
+
+
+def load_state_checked(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load ``state`` into ``model`` after checking names and shapes; one-line errors."""
+    expected = unique_state_dict(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensor(s) e.g. {missing[0]}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} tensor(s) e.g. {unexpected[0]}")
+        raise CheckpointError(f"{source}: does not match the model config: {'; '.join(parts)}")
+    for name, t in expected.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{source}: {name} has shape {tuple(state[name].shape)}, "
+                                  f"the config expects {tuple(t.shape)}")
+    model.load_state_dict(state, strict=False)
+
+
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer:
+    """Load a model saved by :func:`save_model`, in eval mode, on ``device``."""
+    directory = Path(directory)
+    cfg = load_model_config(directory)
+    model = Transformer(cfg)
+    load_state_checked(model, read_weights(directory / WEIGHTS), str(directory / WEIGHTS))
+    return model.to(device).eval()

@@ -1,0 +1,122 @@
+"""Encoder and decoder layers (Sec. 3.1) and the position-wise feed-forward network (Sec. 3.3).
+
+Each sub-layer is wrapped as LayerNorm(x + Dropout(Sublayer(x))) ("post", the paper) or
+x + Dropout(Sublayer(LayerNorm(x))) ("pre", Xiong et al., 2020, https://arxiv.org/abs/2002.04745).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import LayerCache, MultiHeadAttention
+from .embeddings import RotaryEmbedding
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU or SwiGLU by config.
+
+    SwiGLU (Shazeer, 2020, https://arxiv.org/abs/2002.05202): (Swish(x W1) * x Wg) W2.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.activation = cfg.activation
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.activation == "swiglu" else None
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)                                                   # (B, T, d_ff)
+        if self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.silu(h) * self.fc_gate(x)
+        return self.fc2(self.dropout(h))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each in a residual block."""
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+        h = self.norm1(x) if self.pre_norm else x
+        h, weights = self.self_attn(h, h, mask, need_weights=need_weights)
+        x = self._residual(x, h, self.norm1)
+        h = self.ffn(self.norm2(x) if self.pre_norm else x)
+        return self._residual(x, h, self.norm2), weights
+
+    def _residual(self, x: Tensor, h: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + self.dropout(h)
+        return x if self.pre_norm else norm(x)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, feed-forward (Sec. 3.1, "Decoder")."""
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        self.pre_norm = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias)
+        self.ffn = FeedForward(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    _residual = EncoderLayer._residual
+
+    def forward(
+        self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None = None,
+        start: int = 0, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Decode x (B, T, D) against memory (B, S, D).
+
+        Without a cache the layer sees the whole target prefix under a causal mask. With a cache,
+        x holds only the new positions start..start+T-1 and the cache is updated in place.
+
+        Returns: (B, T, D), self-attention weights (B, H, T, start+T) and cross-attention
+        weights (B, H, T, S), the weights only if ``need_weights``.
+        """
+        h = self.norm1(x) if self.pre_norm else x
+        h, self_w = self._self_attention(h, cache, start, need_weights)
+        x = self._residual(x, h, self.norm1)
+        h = self.norm2(x) if self.pre_norm else x
+        kv = None
+        if cache is not None:
+            if cache.cross_k is None:  # first step: project the encoder output once
+                cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
+            kv = (cache.cross_k, cache.cross_v)
+        h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, need_weights=need_weights)
+        x = self._residual(x, h, self.norm2)
+        h = self.ffn(self.norm3(x) if self.pre_norm else x)
+        return self._residual(x, h, self.norm3), self_w, cross_w
+
+    def _self_attention(self, h: Tensor, cache: LayerCache | None, start: int, need_weights: bool):
+        if cache is None:
+            # Right-padded targets need no padding mask here: the causal mask already keeps
+            # real positions from seeing the pads after them, and pad positions are not scored.
+            return self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
+        k, v = self.self_attn.project_kv(h, start)                      # (B, H, T, Dh)
+        if cache.self_k is not None:
+            k = torch.cat([cache.self_k, k], dim=2)                      # (B, H, start+T, Dh)
+            v = torch.cat([cache.self_v, v], dim=2)
+        cache.self_k, cache.self_v = k, v
+        causal = h.shape[1] > 1  # a single new position may see the whole cache
+        return self.self_attn(h, None, None, is_causal=causal, kv=(k, v), start=start,
+                              need_weights=need_weights)

@@ -1,0 +1,157 @@
+"""The encoder-decoder Transformer (Sec. 3, Figure 1).
+
+``encode`` maps source ids to memory, ``decode`` maps target ids (all at once, or a few new
+ones with a :class:`KVCache`) and memory to logits, ``forward`` does both. The model returns
+logits; losses live in :mod:`transduce.training`.
+
+Legend: B batch, S source length, T target length, D d_model, H heads, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import KVCache
+from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding
+from .layers import DecoderLayer, EncoderLayer
+from .masks import padding_mask
+
+
+@dataclass
+class EncoderOutput:
+    """Encoder output: memory (B, S, D), its key mask (B, 1, 1, S), optional attention maps."""
+
+    memory: Tensor
+    mask: Tensor
+    attentions: list[Tensor] | None = None
+
+    def index_select(self, index: Tensor) -> "EncoderOutput":
+        """Rows of the batch, e.g. ``arange(B).repeat_interleave(beam)`` to expand for beams."""
+        return EncoderOutput(self.memory.index_select(0, index), self.mask.index_select(0, index))
+
+
+@dataclass
+class DecoderOutput:
+    """Logits (B, T, V), the updated cache (if one was given), optional attention maps per layer:
+    self (B, H, T, T_total) and cross (B, H, T, S)."""
+
+    logits: Tensor
+    cache: KVCache | None = None
+    self_attentions: list[Tensor] | None = None
+    cross_attentions: list[Tensor] | None = None
+
+
+class Embedder(nn.Module):
+    """Token embedding * sqrt(D) + positions, then dropout (Sec. 3.4, 3.5, 5.4)."""
+
+    def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
+        super().__init__()
+        self.tokens = tokens
+        if cfg.positions == "sinusoidal":
+            self.positions = SinusoidalPositions(cfg.d_model, cfg.max_positions)
+        elif cfg.positions == "learned":
+            self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
+        else:  # rope: positions enter inside attention
+            self.positions = None
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+        x = self.tokens(ids)                                              # (B, T, D)
+        if self.positions is not None:
+            x = x + self.positions(start, ids.shape[1]).to(x.dtype)
+        return self.dropout(x)
+
+
+class Transformer(nn.Module):
+    """The Transformer of Vaswani et al. (2017), https://arxiv.org/abs/1706.03762.
+
+    Args:
+        cfg: the model configuration (see :class:`~transduce.config.ModelConfig`).
+
+    Examples:
+        >>> from transduce.config import model_preset
+        >>> model = Transformer(model_preset("tiny", src_vocab_size=100, tgt_vocab_size=100))
+        >>> logits = model(torch.tensor([[5, 6, 2]]), torch.tensor([[1, 7]]))
+        >>> tuple(logits.shape)
+        (1, 2, 100)
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+        tgt_tokens = src_tokens if cfg.share_embeddings else TokenEmbedding(
+            cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+        self.src_embed = Embedder(cfg, src_tokens)
+        self.tgt_embed = Embedder(cfg, tgt_tokens)
+        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rope) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.n_decoder_layers))
+        # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
+        pre = cfg.norm == "pre"
+        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
+        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
+        self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_output:  # Sec. 3.4: the pre-softmax projection shares the embedding matrix
+            self.output_proj.weight = tgt_tokens.weight
+
+    def _init_weights(self) -> None:
+        """Xavier-uniform linear weights, zero biases (as the reference tensor2tensor code)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
+        """Source ids (B, S) -> memory (B, S, D). Pad positions are masked as keys."""
+        mask = padding_mask(src, self.config.pad_id)                     # (B, 1, 1, S)
+        x = self.src_embed(src)
+        attentions = [] if need_weights else None
+        for layer in self.encoder_layers:
+            x, w = layer(x, mask, need_weights)
+            if need_weights:
+                attentions.append(w)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return EncoderOutput(x, mask, attentions)
+
+    def decode(self, tgt: Tensor, enc: EncoderOutput, cache: KVCache | None = None,
+               need_weights: bool = False) -> DecoderOutput:
+        """Target ids -> next-token logits.
+
+        Without ``cache``: ``tgt`` (B, T) is the whole shifted target (teacher forcing).
+        With ``cache`` (start with ``model.new_cache()``): ``tgt`` (B, t) holds only the new
+        tokens; the cache is extended and returned, so each step costs the same.
+        """
+        start = cache.length if cache is not None else 0
+        x = self.tgt_embed(tgt, start)                                    # (B, T, D)
+        self_ws, cross_ws = ([], []) if need_weights else (None, None)
+        for i, layer in enumerate(self.decoder_layers):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, sw, cw = layer(x, enc.memory, enc.mask, layer_cache, start, need_weights)
+            if need_weights:
+                self_ws.append(sw)
+                cross_ws.append(cw)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        if cache is not None:
+            cache.length += tgt.shape[1]
+        return DecoderOutput(self.output_proj(x), cache, self_ws, cross_ws)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V)."""
+        return self.decode(tgt, self.encode(src)).logits
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding with :meth:`decode`."""
+        return KVCache.empty(len(self.decoder_layers))
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (tied matrices counted once)."""
+        return sum(p.numel() for p in self.parameters())

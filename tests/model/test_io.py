@@ -1,0 +1,62 @@
+"""Saving and loading model directories."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from transduce.config import ModelConfig
+from transduce.errors import CheckpointError
+from transduce.model import Transformer, load_model, save_model
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(**{**dict(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2,
+                                              n_encoder_layers=1, n_decoder_layers=1, d_ff=32), **kw}))
+
+
+@pytest.mark.parametrize("kw", [{}, dict(share_embeddings=False, tie_output=False), dict(positions="learned")])
+def test_round_trip(tmp_path, kw):
+    model = _model(**kw).eval()
+    save_model(model, tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    assert loaded.config == model.config
+    src, tgt = torch.tensor([[4, 5, 2]]), torch.tensor([[1, 6]])
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt), rtol=0, atol=0)
+    if kw == {}:
+        assert loaded.output_proj.weight is loaded.src_embed.tokens.weight  # ties survive
+    assert not list((tmp_path / "m").glob("*.tmp"))
+
+
+def test_shape_mismatch_is_explained(tmp_path):
+    save_model(_model(), tmp_path / "m")
+    other = _model(d_ff=64)
+    save_model(other, tmp_path / "other")
+    (tmp_path / "m" / "model.safetensors").write_bytes((tmp_path / "other" / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match=r"ffn.fc1.weight has shape \(64, 16\), the config expects \(32, 16\)"):
+        load_model(tmp_path / "m")
+
+
+def test_missing_tensor_is_explained(tmp_path):
+    save_model(_model(), tmp_path / "m")
+    untied = _model(share_embeddings=False, tie_output=False)
+    save_model(untied, tmp_path / "u")
+    (tmp_path / "m" / "model.safetensors").write_bytes((tmp_path / "u" / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointError, match="unexpected"):
+        load_model(tmp_path / "m")
+
+
+def test_corrupt_foreign_and_missing(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_model(tmp_path / "nothing")
+    save_model(_model(), tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(b"garbage" * 10)
+    with pytest.raises(CheckpointError, match="not a readable safetensors"):
+        load_model(tmp_path / "m")
+    save_file({"w": torch.zeros(2)}, str(weights))
+    with pytest.raises(CheckpointError, match="not a transduce checkpoint"):
+        load_model(tmp_path / "m")
+    (tmp_path / "m" / "config.yaml").write_text("model: {d_model: 15, n_heads: 2}")
+    with pytest.raises(CheckpointError, match="model.d_model"):
+        load_model(tmp_path / "m")

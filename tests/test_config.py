@@ -1,0 +1,75 @@
+"""Config validation, YAML round trips and overrides."""
+
+import pytest
+
+from transduce.config import (DecodeConfig, ModelConfig, RunConfig, TrainConfig, apply_overrides,
+                              load_run_config, model_preset, save_yaml)
+from transduce.errors import ConfigError
+
+
+@pytest.mark.parametrize("kwargs,key", [
+    (dict(d_model=500, n_heads=8), "model.d_model"),
+    (dict(dropout=-0.1), "model.dropout"),
+    (dict(activation="tanh"), "model.activation"),
+    (dict(norm="middle"), "model.norm"),
+    (dict(positions="alibi"), "model.positions"),
+    (dict(d_model="big"), "model.d_model"),
+    (dict(n_heads=0), "model.n_heads"),
+    (dict(src_vocab_size=10, tgt_vocab_size=12), "model.share_embeddings"),
+    (dict(bias="yes"), "model.bias"),
+])
+def test_invalid_model_values_name_the_key(kwargs, key):
+    with pytest.raises(ConfigError, match=rf"^{key}:") as e:
+        ModelConfig(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cls,kwargs,key", [
+    (TrainConfig, dict(precision="fp8"), "train.precision"),
+    (TrainConfig, dict(label_smoothing=1.5), "train.label_smoothing"),
+    (TrainConfig, dict(schedule="cosine"), "train.lr"),
+    (TrainConfig, dict(grad_accum=0), "train.grad_accum"),
+    (DecodeConfig, dict(beam=2, nbest=3), "decode.nbest"),
+])
+def test_invalid_other_values(cls, kwargs, key):
+    with pytest.raises(ConfigError, match=rf"^{key}:"):
+        cls(**kwargs)
+
+
+def test_presets_and_int_to_float():
+    cfg = model_preset("big")
+    assert (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout) == (1024, 16, 4096, 0.3)
+    assert ModelConfig(dropout=0).dropout == 0.0
+    with pytest.raises(ConfigError, match="model.preset"):
+        model_preset("huge")
+
+
+def test_yaml_round_trip_and_overrides(tmp_path):
+    cfg = RunConfig.from_dict({"model": {"preset": "tiny", "norm": "pre"}, "train": {"max_steps": 7}})
+    assert cfg.model.d_model == 128 and cfg.model.norm == "pre" and cfg.train.max_steps == 7
+    save_yaml(cfg.to_dict(), tmp_path / "c.yaml")
+    again = load_run_config(tmp_path / "c.yaml", ["train.max_steps=9", "model.positions=rope"])
+    assert again.train.max_steps == 9 and again.model.positions == "rope"
+    assert again.model == cfg.model.__class__(**{**cfg.to_dict()["model"], "positions": "rope"})
+    assert load_run_config(tmp_path / "c.yaml").to_dict() == cfg.to_dict()
+
+
+@pytest.mark.parametrize("text,match", [
+    ("model: {d_modl: 3}", "model: unknown key"),
+    ("modle: {}", "config: unknown section"),
+    ("model: [1, 2]", "model: expected a mapping"),
+    ("model: {d_model: 64, n_heads: 5}", "model.d_model"),
+    ("{{{", "not valid YAML"),
+])
+def test_bad_yaml_files(tmp_path, text, match):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(p)
+
+
+def test_missing_file_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_run_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="--set"):
+        apply_overrides({}, ["max_steps=3"])
