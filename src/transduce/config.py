@@ -156,6 +156,7 @@ class DataConfig:
     valid_tgt: str | None = None
     test_src: str | None = None
     test_tgt: str | None = None
+    toy_seed: int = 0
     toy_train_size: int = 20000
     toy_valid_size: int = 500
     toy_test_size: int = 500
@@ -207,6 +208,7 @@ class TrainConfig:
     eval_every: int = 1000
     save_every: int = 1000
     keep_last: int = 5
+    average_last: int | None = None
     patience: int | None = None
     eval_bleu: bool = True
     max_bad_steps: int = 10
@@ -233,7 +235,9 @@ class TrainConfig:
         _check(self.clip_norm is None or self.clip_norm > 0, "train.clip_norm", "must be positive")
         _check(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes", "must be positive")
         _check(self.patience is None or self.patience > 0, "train.patience", "must be positive")
-        _check(self.schedule in ("noam", "constant") or self.lr is not None, "train.lr",
+        _check(self.average_last is None or 0 < self.average_last <= self.keep_last, "train.average_last",
+               f"must be between 1 and train.keep_last ({self.keep_last})")
+        _check(self.schedule == "noam" or self.lr is not None, "train.lr",
                f"is required by train.schedule={self.schedule}")
 
 

@@ -1,0 +1,139 @@
+"""Checkpoints that survive a kill at any moment, and checkpoint averaging.
+
+A checkpoint is a directory ``checkpoints/step_00001000/`` that is also a loadable model
+directory (``config.yaml``, ``model.safetensors``, tokenizer files) plus the training state:
+``trainer.pt`` (optimizer, RNG and grad-scaler state; read with ``weights_only=True``) and
+``state.json`` (step, data position, counters). It is written under a temporary name and
+renamed into place, then ``checkpoints/latest`` is atomically pointed at it: a kill during a
+save leaves the previous checkpoint, and the pointer to it, intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..errors import CheckpointError
+from ..model.io import load_model_config, read_weights, save_model, save_weights
+from ..model.transformer import Transformer
+
+CKPT_RE = re.compile(r"^step_(\d{8})$")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_dir_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
+    """Create ``final`` by filling a temporary sibling directory and renaming it into place.
+
+    An existing ``final`` is replaced (renamed aside first, removed after).
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        fill(tmp)
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def save_model_dir(model: Transformer, tokenizer: Any, directory: Path) -> Path:
+    """A complete model directory (weights, config, tokenizer), written atomically."""
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+    return write_dir_atomically(Path(directory), fill)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: Any,
+                    trainer_state: dict[str, Any], info: dict[str, Any], keep_last: int) -> Path:
+    """Write ``step_XXXXXXXX`` under ``ckpt_root``, point ``latest`` at it, prune old ones."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+
+    def fill(tmp: Path) -> None:
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+        torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps(info, indent=1))
+
+    path = write_dir_atomically(ckpt_root / f"step_{step:08d}", fill)
+    atomic_write_text(ckpt_root / "latest", path.name + "\n")
+    for old in list_checkpoints(ckpt_root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temporary leftovers of a killed save are ignored)."""
+    if not ckpt_root.is_dir():
+        return []
+    return sorted(p for p in ckpt_root.iterdir() if p.is_dir() and CKPT_RE.match(p.name))
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    pointer = ckpt_root / "latest"
+    if pointer.is_file():
+        path = ckpt_root / pointer.read_text().strip()
+        if path.is_dir():
+            return path
+    found = list_checkpoints(ckpt_root)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """Weights, trainer state (optimizer, RNG...) and info of a checkpoint directory."""
+    weights = read_weights(path / "model.safetensors")
+    try:
+        trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
+        info = json.loads((path / "state.json").read_text())
+    except (OSError, RuntimeError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{path}: unreadable training state ({str(e).splitlines()[0]})") from None
+    return weights, trainer_state, info
+
+
+def average_checkpoints(paths: list[Path], out: Path) -> Path:
+    """Average the weights of several model/checkpoint directories of one config (Sec. 6.1:
+    "averaging the last 5 checkpoints"). Writes a model directory with the first's tokenizer."""
+    if not paths:
+        raise CheckpointError("average: no checkpoints given")
+    config = load_model_config(paths[0])
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        if load_model_config(p) != config:
+            raise CheckpointError(f"{p}: model config differs from {paths[0]}; cannot average")
+        state = read_weights(Path(p) / "model.safetensors")
+        if total and set(state) != set(total):
+            raise CheckpointError(f"{p}: tensor names differ from {paths[0]}")
+        for k, v in state.items():
+            total[k] = total[k] + v.double() if k in total else v.double()
+    dtypes = {k: v.dtype for k, v in read_weights(Path(paths[0]) / "model.safetensors").items()}
+    averaged = {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
+
+    def fill(tmp: Path) -> None:
+        for f in Path(paths[0]).iterdir():  # config and tokenizer files
+            if f.is_file() and f.suffix in (".yaml", ".model", ".json") and f.name != "state.json":
+                shutil.copy2(f, tmp / f.name)
+        save_weights(averaged, tmp / "model.safetensors")
+    return write_dir_atomically(Path(out), fill)

@@ -1,0 +1,385 @@
+"""The training loop: the paper's recipe (Sec. 5) by default, resumable exactly.
+
+One run directory holds everything::
+
+    RUN_DIR/config.yaml        the resolved run config
+    RUN_DIR/tokenizer/         the SentencePiece model(s)
+    RUN_DIR/metrics.jsonl      one JSON object per log line / validation
+    RUN_DIR/checkpoints/       step_XXXXXXXX/ (each a loadable model dir + training state), latest
+    RUN_DIR/model/  best/      the final and the best model (by validation BLEU, else loss)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..config import RunConfig, load_run_config, save_yaml, with_vocab
+from ..data.batching import BatchIterator
+from ..data.corpus import Batch, collate
+from ..errors import ConfigError, TransduceError
+from ..model.io import load_state_checked
+from ..model.transformer import Transformer
+from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
+                         save_checkpoint, save_model_dir)
+from .distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown_distributed
+from .loss import label_smoothed_loss
+from .prepare import PreparedData, prepare
+from .progress import Progress
+from .schedule import learning_rate
+
+logger = logging.getLogger("transduce.training")
+
+
+class TrainingError(TransduceError):
+    """Training cannot continue (e.g. repeated non-finite losses)."""
+
+
+@dataclass
+class TrainState:
+    """The counters a checkpoint's ``state.json`` stores besides weights and optimizer."""
+
+    step: int = 0
+    epoch: int = 0
+    offset: int = 0            # plan batches of ``epoch`` already consumed, all ranks together
+    tokens: int = 0            # target tokens trained on, all ranks together
+    skipped_steps: int = 0     # steps skipped for non-finite loss or gradients
+    bad_in_a_row: int = 0
+    best: float | None = None  # best validation score (BLEU, or -loss)
+    evals_since_best: int = 0
+    elapsed: float = 0.0       # seconds of training before this process started
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"train.device: unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: CUDA requested but not available")
+    return device
+
+
+def autocast_context(device: torch.device, precision: str):
+    """bf16 autocast on CPU and CUDA, fp16 on CUDA; fp32 runs without autocast."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision: fp16 needs CUDA; use bf16 on CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
+                     normalizer: float, precision: str, device: torch.device,
+                     scaler: torch.amp.GradScaler | None = None) -> tuple[float, float, int]:
+    """Accumulate gradients of sum(loss) / normalizer over micro-batches.
+
+    ``normalizer`` is the target-token count of the whole step divided by the world size, so
+    that after DDP averages gradients across ranks they equal those of one process that saw
+    the whole step's batches (the loss is per target token, as in the paper's batches).
+
+    Returns the summed smoothed loss, summed NLL and token count of these batches.
+    """
+    loss_sum = nll_sum = 0.0
+    n_tokens = 0
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        with sync:
+            with autocast_context(device, precision):
+                logits = model(batch.src, batch.tgt_in)                  # (B, T, V)
+            out = label_smoothed_loss(logits, batch.tgt_out, smoothing, pad_id)
+            scaled = out.loss / normalizer
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        loss_sum += out.loss.item()
+        nll_sum += out.nll.item()
+        n_tokens += out.n_tokens
+    return loss_sum, nll_sum, n_tokens
+
+
+def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    kwargs: dict[str, Any] = dict(lr=0.0, betas=tuple(cfg.betas), eps=cfg.eps)
+    if cfg.optimizer == "adamw":
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, foreach=True, **kwargs)
+    return torch.optim.Adam(params, weight_decay=cfg.weight_decay, foreach=True, **kwargs)
+
+
+class Trainer:
+    """Trains one model on prepared data; checkpoints and resumes exactly."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, data: PreparedData, dist: DistInfo, device: torch.device):
+        self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+        tok = data.tokenizer
+        self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
+        torch.manual_seed(cfg.train.seed)
+        self.model = Transformer(self.model_cfg).to(device)
+        self.optimizer = build_optimizer(self.model, cfg.train)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        wrapped: torch.nn.Module = self.model
+        if dist.enabled:
+            wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.step_model = torch.compile(wrapped) if cfg.train.compile else wrapped
+        src_lens = [len(s) for s, _ in data.train]
+        self.tgt_lens = [len(t) for _, t in data.train]
+        self.batches = BatchIterator(src_lens, self.tgt_lens, cfg.data.max_tokens, seed=cfg.train.seed)
+        self.state = TrainState()
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self._t0 = time.monotonic()
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    def restore(self, path: Path) -> None:
+        """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
+        weights, trainer_state, info = load_checkpoint(path)
+        load_state_checked(self.model, weights, str(path))
+        self.optimizer.load_state_dict(trainer_state["optimizer"])
+        torch.set_rng_state(trainer_state["rng_cpu"])
+        if "rng_cuda" in trainer_state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(trainer_state["rng_cuda"])
+        if self.scaler is not None and "scaler" in trainer_state:
+            self.scaler.load_state_dict(trainer_state["scaler"])
+        self.state = TrainState(**info["train_state"])
+        logger.info("resumed from %s (step %d, epoch %d)", path, self.state.step, self.state.epoch)
+
+    def save(self) -> Path | None:
+        """Write a checkpoint (rank 0 only)."""
+        if not self.dist.is_main:
+            return None
+        trainer_state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng_cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            trainer_state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.scaler is not None:
+            trainer_state["scaler"] = self.scaler.state_dict()
+        state = replace(self.state, elapsed=self.elapsed())
+        info = {"train_state": asdict(state), "world_size": self.dist.world_size}
+        return save_checkpoint(self.run_dir / "checkpoints", self.state.step, self.model, self.data.tokenizer,
+                               trainer_state, info, self.cfg.train.keep_last)
+
+    def elapsed(self) -> float:
+        return self.state.elapsed + time.monotonic() - self._t0
+
+    # ---- data ----------------------------------------------------------------------------------
+
+    def next_group(self) -> list[list[int]]:
+        """The plan batches of the next optimizer step: grad_accum per rank, all ranks together.
+
+        The position is counted in plan batches, so a run can resume on another world size. The
+        tail of an epoch too short for a whole step is skipped.
+        """
+        need = self.cfg.train.grad_accum * self.dist.world_size
+        plan = self.batches.plan(self.state.epoch).batches
+        if len(plan) < need:
+            raise ConfigError(f"data.max_tokens: an epoch has only {len(plan)} batches, fewer than one step "
+                              f"needs ({need} = grad_accum x world size)")
+        if self.state.offset + need > len(plan):
+            self.state.epoch, self.state.offset = self.state.epoch + 1, 0
+            plan = self.batches.plan(self.state.epoch).batches
+        group = plan[self.state.offset: self.state.offset + need]
+        self.state.offset += need
+        return group
+
+    def _collate(self, indices: list[int]) -> Batch:
+        return collate([self.data.train[i] for i in indices]).to(self.device)
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float] | None:
+        """One optimizer step; returns its metrics, or None if it was skipped as non-finite."""
+        cfg = self.cfg.train
+        group = self.next_group()
+        mine = group[self.dist.rank::self.dist.world_size]
+        step_tokens = sum(self.tgt_lens[i] + 1 for b in group for i in b)
+        lr = learning_rate(self.state.step + 1, cfg, self.model_cfg.d_model, self._total_steps())
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.step_model.train()
+        loss, nll, n = forward_backward(self.step_model, [self._collate(b) for b in mine], cfg.label_smoothing,
+                                        self.model_cfg.pad_id, step_tokens / self.dist.world_size,
+                                        cfg.precision, self.device, self.scaler)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm or math.inf).item()
+        finite = math.isfinite(loss) and (self.scaler is not None or math.isfinite(grad_norm))
+        if finite:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.tokens += step_tokens
+        if not finite:
+            return self._bad_step(loss, grad_norm)
+        self.state.bad_in_a_row = 0
+        return {"loss": loss / max(n, 1), "nll": nll / max(n, 1), "lr": lr, "grad_norm": grad_norm}
+
+    def _bad_step(self, loss: float, grad_norm: float) -> None:
+        self.state.skipped_steps += 1
+        self.state.bad_in_a_row += 1
+        logger.warning("step %d skipped: non-finite loss %s or gradient norm %s", self.state.step, loss, grad_norm)
+        if self.state.bad_in_a_row > self.cfg.train.max_bad_steps:
+            raise TrainingError(f"{self.state.bad_in_a_row} steps in a row had non-finite loss or gradients; "
+                                "stopping without saving (lower the learning rate or use fp32)")
+        return None
+
+    def _total_steps(self) -> int:
+        """End of the decay schedules: max_steps, or fewer if a time budget will end sooner."""
+        cfg = self.cfg.train
+        if cfg.max_minutes is None or self.state.step < 20:
+            return cfg.max_steps
+        per_step = self.elapsed() / self.state.step
+        return max(1, min(cfg.max_steps, int(cfg.max_minutes * 60 / per_step)))
+
+    # ---- validation ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Validation loss/perplexity and (greedy) BLEU on the validation split."""
+        from .validation import validation_bleu, validation_loss
+        self.model.eval()
+        out: dict[str, float] = {}
+        if self.data.valid:
+            loss, nll = validation_loss(self.model, self.data.valid, self.cfg, self.device)
+            out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
+        if self.cfg.train.eval_bleu and self.data.texts.valid:
+            out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.data.texts.valid,
+                                              self.cfg, self.device)
+        return out
+
+    def _improved(self, metrics: dict[str, float]) -> bool:
+        score = metrics.get("val_bleu", -metrics.get("val_loss", math.inf))
+        if self.state.best is None or score > self.state.best:
+            self.state.best, self.state.evals_since_best = score, 0
+            return True
+        self.state.evals_since_best += 1
+        return False
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.dist.is_main:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _should_stop(self) -> str | None:
+        cfg = self.cfg.train
+        if self.state.step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.max_epochs is not None and self.state.epoch >= cfg.max_epochs:
+            return "max_epochs"
+        if cfg.max_minutes is not None and self.elapsed() >= cfg.max_minutes * 60:
+            return "max_minutes"
+        if cfg.patience is not None and self.state.evals_since_best >= cfg.patience:
+            return "early stopping"
+        return None
+
+    def train(self) -> str:
+        """Train until a stop condition; returns which one."""
+        cfg = self.cfg.train
+        progress = Progress(cfg.max_steps, enabled=self.dist.is_main)
+        window_tokens, window_t0 = 0, time.monotonic()
+        while (reason := self._should_stop()) is None:
+            tokens_before = self.state.tokens
+            metrics = self.train_step()
+            window_tokens += self.state.tokens - tokens_before
+            step = self.state.step
+            if metrics is not None and (step % cfg.log_every == 0 or step == 1):
+                now = time.monotonic()
+                record = {"step": step, "epoch": self.state.epoch, "loss": metrics["loss"],
+                          "ppl": math.exp(min(metrics["nll"], 50.0)), "lr": metrics["lr"],
+                          "tokens_per_s": window_tokens / max(now - window_t0, 1e-9),
+                          "grad_norm": metrics["grad_norm"], "elapsed": self.elapsed()}
+                self.log(record)
+                progress.update(step, {k: record[k] for k in ("loss", "lr", "tokens_per_s")}, force=True)
+                window_tokens, window_t0 = 0, now
+            if step % cfg.eval_every == 0:
+                self._evaluate_and_keep_best(progress)
+            if step % cfg.save_every == 0:
+                self.save()
+        progress.close()
+        return reason
+
+    def _evaluate_and_keep_best(self, progress: Progress) -> dict[str, float]:
+        metrics = self.validate()
+        self.log({"step": self.state.step, "elapsed": self.elapsed(), **metrics})
+        progress.message(f"step {self.state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+        if self._improved(metrics) and self.dist.is_main:
+            save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best")
+        return metrics
+
+    def finish(self, reason: str) -> dict[str, float]:
+        """Final validation, checkpoint, and the ``model/`` directory (averaged if configured)."""
+        metrics = self._evaluate_and_keep_best(Progress(0, enabled=self.dist.is_main))
+        self.save()
+        if self.dist.is_main:
+            k = self.cfg.train.average_last
+            ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k else []
+            if len(ckpts) > 1:
+                average_checkpoints(ckpts, self.run_dir / "model")
+            else:
+                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model")
+            logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
+                        self.elapsed(), self.run_dir / "model")
+        return metrics
+
+
+def default_run_dir(config_path: str | None) -> Path:
+    return Path("runs") / (Path(config_path).stem if config_path else "run")
+
+
+def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
+    """Prepare data, build or restore the trainer, train, and write the final model."""
+    device = resolve_device(cfg.train.device)
+    dist = init_distributed(device.type)
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)
+    try:
+        if cfg.train.num_threads:
+            torch.set_num_threads(cfg.train.num_threads)
+        latest = latest_checkpoint(run_dir / "checkpoints")
+        if latest is not None and not resume:
+            raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
+                              "or choose a new --out")
+        if dist.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_yaml(cfg.to_dict(), run_dir / "config.yaml")
+            data = prepare(cfg.data, run_dir, cfg.train.seed)
+        barrier(dist)
+        if not dist.is_main:
+            data = prepare(cfg.data, run_dir, cfg.train.seed)
+        trainer = Trainer(cfg, run_dir, data, dist, device)
+        if resume and latest is not None:
+            trainer.restore(latest)
+        reason = trainer.train()
+        metrics = trainer.finish(reason)
+        return trainer, metrics
+    finally:
+        shutdown_distributed()
+
+
+def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool) -> int:
+    """``transduce train``: returns the process exit status."""
+    run_dir = Path(out) if out else default_run_dir(config_path)
+    if resume and config_path is None and (run_dir / "config.yaml").is_file():
+        config_path = str(run_dir / "config.yaml")  # resume with the run's own config
+    cfg = load_run_config(config_path, overrides)
+    run_training(cfg, run_dir, resume)
+    return 0

@@ -1,0 +1,1 @@
+"""Pictures: learning curves and attention maps (matplotlib, an optional extra)."""
