@@ -72,6 +72,78 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    """Search settings shared by translate and evaluate (defaults: the paper, Sec. 6.1)."""
+    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default: 4)")
+    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha (default: 0.6)")
+    p.add_argument("--max-len-a", type=float, default=1.0, help="max output = A * source_len + B (default A=1)")
+    p.add_argument("--max-len-b", type=int, default=50, help="(default B=50)")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="autocast precision (default: fp32)")
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="translate lines of text (stdin to stdout by default)")
+    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    p.add_argument("--input", default=None, help="input file, one sentence per line (default: stdin)")
+    p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
+    p.add_argument("--nbest", type=int, default=1,
+                   help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first")
+    _add_search_options(p)
+    p.set_defaults(func=_cmd_translate)
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from .inference import Translator, translate_file
+    translator = Translator.load(args.model_dir, args.device, args.precision)
+    translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
+                   args.max_len_a, args.max_len_b, args.batch_tokens)
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
+    p.add_argument("model_dir", help="model directory")
+    p.add_argument("--src", required=True, help="source file, one sentence per line")
+    p.add_argument("--ref", required=True, help="reference file, aligned with --src")
+    _add_search_options(p)
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from .evaluation import evaluate_files
+    from .inference import Translator
+    translator = Translator.load(args.model_dir, args.device, args.precision)
+    result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
+                            args.max_len_a, args.max_len_b, args.batch_tokens)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="plot encoder, decoder and cross-attention of one sentence")
+    p.add_argument("model_dir", help="model directory")
+    p.add_argument("sentence", help="the source sentence")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--layer", type=int, default=-1, help="layer index, negative from the top (default: -1)")
+    p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
+    p.add_argument("--beam", type=int, default=4, help="beam size for the translation (default: 4)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_attention)
+
+
+def _cmd_attention(args: argparse.Namespace) -> int:
+    from .inference import Translator, attention_maps, plot_attention
+    translator = Translator.load(args.model_dir, args.device)
+    maps = attention_maps(translator, args.sentence, args.layer, args.head, args.beam)
+    print(plot_attention(maps, args.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
@@ -81,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_average(sub)
     _add_plot(sub)
+    _add_translate(sub)
+    _add_evaluate(sub)
+    _add_attention(sub)
     return parser
 
 

@@ -1,0 +1,15 @@
+"""Decoding: greedy search, beam search, sampling, and the text-in text-out Translator."""
+
+from .attention import AttentionMaps, attention_maps, plot_attention
+from .batching import length_sorted_batches
+from .beam import beam_search
+from .files import read_lines, translate_file
+from .sampling import sample
+from .search import SearchOutput, greedy_search, length_penalty, max_lengths
+from .translator import Hypothesis, Translation, Translator
+
+__all__ = [
+    "greedy_search", "beam_search", "sample", "SearchOutput", "length_penalty", "max_lengths",
+    "length_sorted_batches", "Translator", "Translation", "Hypothesis", "translate_file", "read_lines",
+    "AttentionMaps", "attention_maps", "plot_attention",
+]

@@ -1,0 +1,111 @@
+"""Attention heatmaps of one translation: encoder self-, decoder self- and cross-attention.
+
+The sentence is translated first, then the model is re-run once with teacher forcing on the
+best hypothesis with ``need_weights=True`` (explicit softmax path), which gives all three maps
+of a layer at once. matplotlib is imported only inside :func:`plot_attention`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError, TransduceError
+from .translator import Translator
+
+
+@dataclass
+class AttentionMaps:
+    """Attention of one layer (one head, or the mean over heads).
+
+    Attributes:
+        source_pieces: source subwords + "</s>" (S).
+        target_pieces: decoder inputs, "<s>" + output subwords (T).
+        output_pieces: what each decoder position predicts, output subwords + "</s>" (T).
+        encoder: (S, S) encoder self-attention, rows attend over columns.
+        decoder: (T, T) masked decoder self-attention.
+        cross: (T, S) encoder-decoder attention.
+    """
+
+    source_pieces: list[str]
+    target_pieces: list[str]
+    output_pieces: list[str]
+    encoder: Tensor
+    decoder: Tensor
+    cross: Tensor
+    layer: int
+    head: int | None
+
+
+def _select(weights: list[Tensor], layer: int, head: int | None) -> Tensor:
+    """Layer ``layer``'s (1, H, Tq, Tk) map -> (Tq, Tk): one head or the mean of heads."""
+    w = weights[layer][0].float()                                        # (H, Tq, Tk)
+    return (w.mean(dim=0) if head is None else w[head]).cpu()
+
+
+def attention_maps(translator: Translator, text: str, layer: int = -1, head: int | None = None,
+                   beam: int = 4, lenpen: float = 0.6) -> AttentionMaps:
+    """Translate ``text`` and return the attention maps of ``layer`` (all layers' encoder,
+    decoder and cross attention come from the same layer index)."""
+    model, cfg = translator.model, translator.model.config
+    for name, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        if not -n <= layer < n:
+            raise ConfigError(f"--layer: must be in [{-n}, {n}) for the {n}-layer {name}; got {layer}")
+    if head is not None and not 0 <= head < cfg.n_heads:
+        raise ConfigError(f"--head: must be in [0, {cfg.n_heads}); got {head}")
+    result = translator.translate_detailed([text], beam=beam, lenpen=lenpen)[0]
+    if not result.source_tokens:
+        raise TransduceError("attention: the sentence is empty")
+    best = result.best
+    src = torch.tensor([result.source_tokens + [cfg.eos_id]], device=translator.device)  # (1, S)
+    tgt = torch.tensor([[cfg.bos_id] + best.tokens], device=translator.device)        # (1, T)
+    with torch.inference_mode(), translator.autocast():
+        enc = model.encode(src, need_weights=True)
+        dec = model.decode(tgt, enc, need_weights=True)
+    return AttentionMaps(
+        result.source_pieces + ["</s>"], ["<s>"] + best.pieces,
+        best.pieces + (["</s>"] if best.ended else ["…"]),
+        _select(enc.attentions, layer, head), _select(dec.self_attentions, layer, head),
+        _select(dec.cross_attentions, layer, head), layer, head,
+    )
+
+
+def plot_attention(maps: AttentionMaps, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """Draw the three heatmaps side by side with subwords on the axes; write a PNG atomically."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise TransduceError("attention plots need matplotlib: pip install 'transduce[plot]'") from None
+    panels = [("encoder self-attention", maps.encoder, maps.source_pieces, maps.source_pieces),
+              ("decoder self-attention", maps.decoder, maps.target_pieces, maps.target_pieces),
+              ("cross-attention", maps.cross, maps.output_pieces, maps.source_pieces)]
+    size = max(len(maps.source_pieces), len(maps.target_pieces))
+    fig, axes = plt.subplots(1, 3, figsize=(3 * (2 + 0.35 * size), 2 + 0.35 * size))
+    for ax, (title, w, rows, cols) in zip(axes, panels):
+        ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(title)
+        ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    head = "mean of heads" if maps.head is None else f"head {maps.head}"
+    fig.suptitle(f"layer {maps.layer}, {head}")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=dpi)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,222 @@
+"""Beam search (Sec. 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6").
+
+Batched over sentences and beams: one decoder call per step for all B*K hypotheses, one
+top-k over each sentence's K*V extensions, no Python loop over sentences or beams. The KV
+cache makes each step cost the same whatever the prefix length; cross-attention keys/values
+are projected once (first step) and the self-attention cache is reordered by the chosen
+parent beams.
+
+The step follows fairseq: take the best 2K extensions of each sentence; those of the top K
+that end (EOS, or the length limit) become finished hypotheses scored with the GNMT length
+penalty; the best K that do not end stay alive. A sentence is done once it has K finished
+hypotheses, and done sentences leave the batch.
+
+Legend: B active sentences, K beam, N = B*K rows, t tokens so far, S source, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .search import Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, step_log_probs
+
+
+@dataclass
+class Beams:
+    """The alive hypotheses of the active sentences."""
+
+    ids: Tensor              # (B,) index of each active sentence in the input batch
+    tokens: Tensor           # (B, k, t + 1) BOS + tokens so far; k = 1 before the first step
+    scores: Tensor           # (B, k) summed log-probs
+    limit: Tensor            # (B,) max output length of each sentence
+    attention: Tensor | None  # (B, k, t, S) cross-attention of each token so far
+
+
+@dataclass
+class Candidates:
+    """The best 2K one-token extensions of each sentence, best first."""
+
+    scores: Tensor    # (B, 2K) summed log-probs
+    parent: Tensor    # (B, 2K) which alive beam each extends
+    token: Tensor     # (B, 2K) the new token
+    ends: Tensor      # (B, 2K) bool: becomes a finished hypothesis
+
+
+@dataclass
+class Finished:
+    """The best K finished hypotheses of every input sentence (-inf score = empty slot)."""
+
+    tokens: Tensor           # (B0, K, T) PAD-padded
+    lengths: Tensor          # (B0, K)
+    scores: Tensor           # (B0, K) length-normalised
+    log_probs: Tensor        # (B0, K)
+    count: Tensor            # (B0,) how many hypotheses have finished so far
+    attention: Tensor | None  # (B0, K, T, S)
+
+
+def _pick(x: Tensor, index: Tensor) -> Tensor:
+    """Gather along dim 1 with trailing dims carried. x (B, k, *E), index (B, m) -> (B, m, *E)."""
+    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:]))
+
+
+def extend(history: Tensor, parent: Tensor, new: Tensor) -> Tensor:
+    """Append ``new`` to the histories of the chosen parents.
+
+    Shape: history (B, k, t, *E), parent (B, m), new (B, m, *E) -> (B, m, t + 1, *E).
+    """
+    return torch.cat([_pick(history, parent), new.unsqueeze(2)], dim=2)
+
+
+def candidates(logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) -> Candidates:
+    """Top 2K extensions over the flattened (beam, token) axis of each sentence.
+
+    Shape: logp (B*k, V) -> Candidates of width min(2K, k*V).
+    """
+    b, k = beams.scores.shape
+    v = logp.shape[-1]
+    total = beams.scores.unsqueeze(2) + logp.view(b, k, v)               # (B, k, V)
+    scores, flat = total.view(b, k * v).topk(min(2 * beam, k * v), dim=1)  # (B, 2K)
+    parent, token = flat // v, flat % v
+    ends = (token == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
+    ends[:, beam:] = False  # only the top K may finish, so finished ones beat the alive ones
+    return Candidates(scores, parent, token, ends)
+
+
+def _merge(old: Tensor, new: Tensor, best: Tensor) -> Tensor:
+    """Pick ``best`` (B, K) along dim 1 of ``cat([old, new], 1)``; trailing dims follow."""
+    return _pick(torch.cat([old, new], dim=1), best)
+
+
+def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: float, pad_id: int,
+           attn: Tensor | None) -> None:
+    """Merge the ending candidates into ``fin``, keeping each sentence's best K (in place).
+
+    Finished hypotheses are ranked by log P(Y|X) / lp(Y) (:func:`length_penalty`); ``attn``
+    (B, k, S) is this step's cross-attention of each alive beam.
+    """
+    k_fin, t_cap = fin.scores.shape[1], fin.tokens.shape[2]
+    m = min(k_fin, cand.scores.shape[1])
+    parent, ends = cand.parent[:, :m], cand.ends[:, :m]                   # (B, m)
+    new_logp = torch.where(ends, cand.scores[:, :m], -math.inf)
+    new_scores = new_logp / length_penalty(step + 1, lenpen)
+    tokens = extend(beams.tokens, parent, cand.token[:, :m])[:, :, 1:]    # (B, m, t + 1)
+    tokens = F.pad(tokens, (0, t_cap - tokens.shape[2]), value=pad_id)    # (B, m, T)
+    new_len = torch.full_like(parent, step + 1)
+    ids = beams.ids
+    best = torch.cat([fin.scores[ids], new_scores], dim=1).topk(k_fin, dim=1).indices  # (B, K)
+    fin.scores[ids] = _merge(fin.scores[ids], new_scores, best)
+    fin.log_probs[ids] = _merge(fin.log_probs[ids], new_logp, best)
+    fin.lengths[ids] = _merge(fin.lengths[ids], new_len, best)
+    fin.tokens[ids] = _merge(fin.tokens[ids], tokens, best)
+    fin.count[ids] += ends.sum(dim=1)
+    if fin.attention is not None:
+        a = F.pad(extend(beams.attention, parent, _pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
+        fin.attention[ids] = _merge(fin.attention[ids], a, best)
+
+
+def advance(beams: Beams, cand: Candidates, beam: int, attn: Tensor | None) -> tuple[Beams, Tensor]:
+    """Keep the best K candidates that do not end; returns the new beams and, for the cache,
+    the decoder row (B*k numbering) each new beam continues. -> Beams, rows (B*K,)."""
+    b, width = cand.scores.shape
+    order = torch.arange(width, device=cand.scores.device)
+    key = cand.ends.long() * width + order                                # ending ones sort last
+    pick = key.topk(beam, dim=1, largest=False).indices                   # (B, K), ascending
+    scores = cand.scores.gather(1, pick).masked_fill(cand.ends.gather(1, pick), -math.inf)
+    parent, token = cand.parent.gather(1, pick), cand.token.gather(1, pick)
+    rows = (parent + torch.arange(b, device=parent.device).unsqueeze(1) * beams.scores.shape[1]).view(-1)
+    attention = None
+    if attn is not None:
+        attention = extend(beams.attention, parent, _pick(attn, parent))  # (B, K, t + 1, S)
+    return Beams(beams.ids, extend(beams.tokens, parent, token), scores, beams.limit, attention), rows
+
+
+def drop_done(beams: Beams, rows: Tensor, done: Tensor) -> tuple[Beams, Tensor]:
+    """Remove the sentences that are ``done`` (B,) bool and their rows of ``rows`` (B*K,)."""
+    keep = (~done).nonzero().squeeze(1)                                   # (B',)
+    attention = beams.attention[keep] if beams.attention is not None else None
+    kept = Beams(beams.ids[keep], beams.tokens[keep], beams.scores[keep], beams.limit[keep], attention)
+    return kept, rows.view(done.shape[0], -1)[keep].reshape(-1)
+
+
+def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: int,
+          need_attention: bool) -> tuple[Beams, Finished]:
+    """One alive hypothesis (BOS) per sentence, and an empty store of finished ones."""
+    b, s = src.shape
+    device = src.device
+    bos_id, pad_id = config.bos_id, config.pad_id
+    limit = max_lengths(src, config, max_len_a, max_len_b)               # (B,)
+    t_cap = int(limit.max())
+    beams = Beams(torch.arange(b, device=device), torch.full((b, 1, 1), bos_id, device=device),
+                  torch.zeros(b, 1, device=device), limit,
+                  torch.zeros(b, 1, 0, s, device=device) if need_attention else None)
+    fin = Finished(torch.full((b, beam, t_cap), pad_id, device=device),
+                   torch.zeros(b, beam, dtype=torch.long, device=device),
+                   torch.full((b, beam), -math.inf, device=device),
+                   torch.full((b, beam), -math.inf, device=device),
+                   torch.zeros(b, dtype=torch.long, device=device),
+                   torch.zeros(b, beam, t_cap, s, device=device) if need_attention else None)
+    return beams, fin
+
+
+def beam_search(
+    model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
+    max_len_b: int = 50, nbest: int | None = None, min_len: int = 0, need_attention: bool = False,
+    attention_layer: int = -1, attention_head: int | None = None,
+) -> SearchOutput:
+    """Beam search over a batch of sentences at once.
+
+    Args:
+        model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
+        src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
+        beam: hypotheses kept per sentence (K).
+        lenpen: alpha of the GNMT length penalty ((5 + |Y|) / 6) ** alpha; 0 disables it.
+        max_len_a, max_len_b: output limit a * source_len + b tokens (EOS counted).
+        nbest: hypotheses returned per sentence (default: all K).
+        min_len: EOS is forbidden for the first ``min_len`` tokens.
+        need_attention: also return each output token's cross-attention.
+        attention_layer, attention_head: which layer, and which head (None = mean of heads).
+
+    Returns:
+        :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
+    """
+    cfg = model.config
+    beams, fin = start(src, beam, cfg, max_len_a, max_len_b, need_attention)
+    enc, cache = model.encode(src), model.new_cache()
+    for step in range(fin.tokens.shape[2]):
+        n_rows = beams.scores.numel()
+        out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention)
+        logp = step_log_probs(out.logits[:, -1], cfg, step, min_len)     # (N, V)
+        attn = None
+        if need_attention:
+            attn = cross_attention_row(out.cross_attentions, attention_layer, attention_head)
+            attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
+        cand = candidates(logp, beams, beam, step, cfg.eos_id)
+        if bool(cand.ends.any()):
+            finish(fin, beams, cand, step, lenpen, cfg.pad_id, attn)
+        beams, rows = advance(beams, cand, beam, attn)
+        done = fin.count[beams.ids] >= beam                               # (B,)
+        if bool(done.all()):
+            break
+        regroup = step == 0 or bool(done.any())  # rows change sentence: move cross K/V too
+        if regroup:
+            beams, rows = drop_done(beams, rows, done)
+            enc = enc.index_select(rows)
+        cache = cache.reorder(rows, cross=regroup)
+    return _output(fin, nbest or beam)
+
+
+def _output(fin: Finished, nbest: int) -> SearchOutput:
+    """Sort each sentence's finished hypotheses by score, keep ``nbest``, trim padding."""
+    order = fin.scores.argsort(dim=1, descending=True)[:, :nbest]        # (B, n)
+    lengths = fin.lengths.gather(1, order)
+    t = max(int(lengths.max()), 1) if lengths.numel() else 1
+    tokens = _pick(fin.tokens, order)[:, :, :t]
+    attention = None
+    if fin.attention is not None:
+        attention = _pick(fin.attention, order)[:, :, :t]
+    return SearchOutput(tokens, lengths, fin.scores.gather(1, order), fin.log_probs.gather(1, order), attention)

@@ -1,0 +1,193 @@
+"""What every search shares: the output type, length limits, step log-probabilities, and the
+left-to-right loop behind greedy search and sampling.
+
+Legend: B sentences, K hypotheses per sentence (beam), N = B*K decoder rows, S source
+length, T output length, V target vocabulary.
+
+Conventions (all searches):
+  * the source ``src`` (B, S) holds token ids + EOS, right-padded with PAD;
+  * the decoder starts from BOS, a hypothesis ends when it emits EOS or reaches its
+    length limit ``max_len = floor(max_len_a * source_len + max_len_b)`` (source_len counts
+    EOS, as fairseq; the paper, Sec. 6.1, uses "input length + 50");
+  * output tokens exclude BOS and include the final EOS when there is one;
+  * PAD and BOS are never generated, EOS not before ``min_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+from torch import Tensor
+
+
+class Seq2Seq(Protocol):
+    """What search needs from a model (:class:`~transduce.model.Transformer` fits)."""
+
+    config: object  # with pad_id, bos_id, eos_id
+
+    def encode(self, src: Tensor): ...
+
+    def decode(self, tgt: Tensor, enc, cache=None, need_weights: bool = False): ...
+
+    def new_cache(self): ...
+
+
+@dataclass
+class SearchOutput:
+    """The hypotheses of a batch, best first for each sentence.
+
+    Attributes:
+        tokens: (B, K, T) output ids, PAD after each hypothesis' end.
+        lengths: (B, K) tokens per hypothesis (EOS counted when present).
+        scores: (B, K) the ranking score: the log-probability divided by the GNMT length
+            penalty for beam search, the plain log-probability otherwise.
+        log_probs: (B, K) sum of the token log-probabilities under the model.
+        attention: (B, K, T, S) cross-attention of each output token, or None.
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    scores: Tensor
+    log_probs: Tensor
+    attention: Tensor | None = None
+
+    def cpu(self) -> "SearchOutput":
+        """The same output with every tensor on the CPU."""
+        attention = None if self.attention is None else self.attention.cpu()
+        return SearchOutput(self.tokens.cpu(), self.lengths.cpu(), self.scores.cpu(), self.log_probs.cpu(), attention)
+
+    def hypothesis(self, i: int, k: int = 0) -> list[int]:
+        """Token ids of sentence ``i``'s ``k``-th best hypothesis."""
+        return self.tokens[i, k, : int(self.lengths[i, k])].tolist()
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, Eq. 14).
+
+    Beam search ranks finished hypotheses by log P(Y|X) / lp(Y); the paper uses alpha = 0.6.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_lengths(src: Tensor, config: object, max_len_a: float, max_len_b: int) -> Tensor:
+    """Per-sentence output limit floor(a * source_len + b), at least 1. (B, S) -> (B,) long.
+
+    With learned positions the decoder has ``max_positions`` of them, which caps the limit.
+    """
+    src_len = (src != config.pad_id).sum(dim=1).to(torch.float64)        # (B,)
+    limit = (max_len_a * src_len + max_len_b).floor().long().clamp(min=1)
+    if getattr(config, "positions", None) == "learned":
+        limit = limit.clamp(max=config.max_positions)
+    return limit
+
+
+def step_log_probs(logits: Tensor, config: object, step: int, min_len: int) -> Tensor:
+    """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS.
+
+    Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
+
+    Shape: logits (N, V) -> (N, V) float32.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp[:, config.pad_id] = -math.inf
+    logp[:, config.bos_id] = -math.inf
+    if step < min_len:
+        logp[:, config.eos_id] = -math.inf
+    return logp
+
+
+def cross_attention_row(cross: list[Tensor] | None, layer: int, head: int | None) -> Tensor:
+    """One step's cross-attention of layer ``layer``: head ``head`` or the mean over heads.
+
+    Shape: each entry (N, H, 1, S) -> (N, S).
+    """
+    w = cross[layer][:, :, -1]                                            # (N, H, S)
+    return w.mean(dim=1) if head is None else w[:, head]
+
+
+# Choose the next token from (N, V) log-probs: returns ids (N,) long.
+TokenChooser = Callable[[Tensor], Tensor]
+
+
+@dataclass
+class _Rows:
+    """Per-row state of the left-to-right loop; rows are dropped as they finish."""
+
+    ids: Tensor        # (N,) which sentence of the batch each active row is
+    last: Tensor       # (N, 1) the token fed to the next step
+    prefix: Tensor     # (N, t + 1) BOS + tokens so far (only read by the uncached path)
+    limit: Tensor      # (N,) max_len of each row
+
+
+def sequential_search(
+    model: Seq2Seq, src: Tensor, choose: TokenChooser, max_len_a: float, max_len_b: int,
+    min_len: int = 0, use_cache: bool = True, need_attention: bool = False,
+    attention_layer: int = -1, attention_head: int | None = None,
+) -> SearchOutput:
+    """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
+
+    Each step decodes only the newest token against the KV cache (``use_cache=False`` re-runs
+    the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
+    leave the batch.
+
+    Shape: src (B, S) -> SearchOutput with K = 1.
+    """
+    cfg, device = model.config, src.device
+    b = src.shape[0]
+    limit = max_lengths(src, cfg, max_len_a, max_len_b)                  # (B,)
+    t_cap = int(limit.max())
+    out_tokens = torch.full((b, t_cap), cfg.pad_id, dtype=torch.long, device=device)
+    out_lengths = torch.zeros(b, dtype=torch.long, device=device)
+    out_logp = torch.zeros(b, dtype=torch.float32, device=device)
+    out_attn = torch.zeros(b, t_cap, src.shape[1], device=device) if need_attention else None
+    enc = model.encode(src)
+    cache = model.new_cache() if use_cache else None
+    bos = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=device)
+    rows = _Rows(torch.arange(b, device=device), bos, bos, limit)
+    for step in range(t_cap):
+        out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention)
+        logp = step_log_probs(out.logits[:, -1], cfg, step, min_len)      # (N, V)
+        token = choose(logp)                                              # (N,)
+        out_tokens[rows.ids, step] = token
+        out_logp[rows.ids] += logp.gather(1, token[:, None]).squeeze(1)
+        if need_attention:
+            out_attn[rows.ids, step] = cross_attention_row(
+                out.cross_attentions, attention_layer, attention_head).float()
+        done = (token == cfg.eos_id) | (rows.limit <= step + 1)           # (N,)
+        out_lengths[rows.ids[done]] = step + 1
+        rows = _Rows(rows.ids, token[:, None], torch.cat([rows.prefix, token[:, None]], dim=1), rows.limit)
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero().squeeze(1)                           # (N',)
+            rows = _Rows(rows.ids[keep], rows.last[keep], rows.prefix[keep], rows.limit[keep])
+            enc = enc.index_select(keep)
+            cache = cache.reorder(keep) if cache is not None else None
+    return SearchOutput(out_tokens[:, None], out_lengths[:, None], out_logp[:, None].clone(),
+                        out_logp[:, None], None if out_attn is None else out_attn[:, None])
+
+
+def greedy_search(
+    model: Seq2Seq, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 0,
+    use_cache: bool = True, need_attention: bool = False, attention_layer: int = -1,
+    attention_head: int | None = None,
+) -> SearchOutput:
+    """Pick the most probable token at each step (beam search with a beam of one).
+
+    Args:
+        model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
+        src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
+        max_len_a, max_len_b: output limit a * source_len + b tokens (EOS counted).
+        min_len: EOS is forbidden for the first ``min_len`` tokens.
+        use_cache: decode incrementally with the KV cache (False re-runs the prefix).
+        need_attention: also return each output token's cross-attention.
+        attention_layer, attention_head: which layer, and which head (None = mean of heads).
+
+    Returns:
+        :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
+    """
+    return sequential_search(model, src, lambda logp: logp.argmax(dim=-1), max_len_a, max_len_b,
+                             min_len, use_cache, need_attention, attention_layer, attention_head)

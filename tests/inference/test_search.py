@@ -1,0 +1,169 @@
+"""Greedy search, beam search and sampling on id tensors: equivalences and designed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import BOS, EOS, PAD, MarkovModel, random_sources, tiny_transformer
+from transduce.inference import beam_search, greedy_search, length_penalty, max_lengths, sample
+from transduce.inference.sampling import filter_logits
+
+A, B = 4, 5
+
+
+def _single_rows(src: torch.Tensor):
+    """Each row of a padded batch alone, without its padding."""
+    for i in range(src.shape[0]):
+        n = int((src[i] != PAD).sum())
+        yield i, src[i:i + 1, :n]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("seed,min_len", [(0, 0), (1, 0), (2, 3)])
+def test_beam_of_one_equals_greedy(seed, min_len):
+    model = tiny_transformer(seed=seed)
+    src = random_sources([5, 3, 7, 1], seed=seed)
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=6, min_len=min_len)
+    beam = beam_search(model, src, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=6, min_len=min_len)
+    assert torch.equal(greedy.tokens, beam.tokens)
+    assert torch.equal(greedy.lengths, beam.lengths)
+    torch.testing.assert_close(greedy.log_probs, beam.log_probs, rtol=0, atol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("beam", [2, 4])
+def test_batched_beam_search_equals_each_sentence_alone(beam):
+    model = tiny_transformer(seed=3)
+    src = random_sources([6, 2, 9, 4, 1], seed=3)
+    batched = beam_search(model, src, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=5)
+    for i, one in _single_rows(src):
+        alone = beam_search(model, one, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=5)
+        t = alone.tokens.shape[2]
+        assert torch.equal(alone.tokens[0], batched.tokens[i, :, :t])
+        assert torch.equal(alone.lengths[0], batched.lengths[i])
+        torch.testing.assert_close(alone.scores[0], batched.scores[i], rtol=0, atol=1e-5)
+
+
+@torch.inference_mode()
+def test_cached_greedy_equals_rerunning_the_prefix():
+    model = tiny_transformer(seed=4)
+    src = random_sources([4, 8, 2], seed=4)
+    cached = greedy_search(model, src, max_len_a=0.0, max_len_b=12, min_len=12)
+    uncached = greedy_search(model, src, max_len_a=0.0, max_len_b=12, min_len=12, use_cache=False)
+    assert torch.equal(cached.tokens, uncached.tokens)
+    torch.testing.assert_close(cached.log_probs, uncached.log_probs, rtol=0, atol=1e-4)
+
+
+# Greedy takes A (0.6) but every continuation of A is poor; B (0.4) ends with probability 0.9.
+TRAP = {BOS: {A: 0.6, B: 0.4}, A: {EOS: 0.4, A: 0.3, B: 0.3}, B: {EOS: 0.9, A: 0.05, B: 0.05}}
+
+
+def test_beam_finds_the_better_sequence_that_greedy_misses():
+    model = MarkovModel(TRAP)
+    src = torch.tensor([[A, EOS]])
+    greedy = greedy_search(model, src, max_len_b=5)
+    beam = beam_search(model, src, beam=2, lenpen=0.0, max_len_b=5, nbest=2)
+    assert greedy.hypothesis(0) == [A, EOS]
+    assert math.isclose(float(greedy.log_probs[0, 0]), math.log(0.6 * 0.4), abs_tol=1e-4)
+    assert beam.hypothesis(0) == [B, EOS]
+    assert math.isclose(float(beam.scores[0, 0]), math.log(0.4 * 0.9), abs_tol=1e-4)
+    assert beam.hypothesis(0, 1) == [A, EOS]
+
+
+# [EOS] has probability 0.5 (length 1); [A, EOS] 0.45 * 0.8 = 0.36 (length 2).
+SHORT_OR_LONG = {BOS: {EOS: 0.5, A: 0.45, B: 0.05}, A: {EOS: 0.8, A: 0.12, B: 0.08},
+                 B: {EOS: 0.9, A: 0.05, B: 0.05}}
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0, 2.0, 3.0, 5.0])
+def test_length_penalty_ranks_by_the_gnmt_formula(alpha):
+    model = MarkovModel(SHORT_OR_LONG)
+    out = beam_search(model, torch.tensor([[A, EOS]]), beam=2, lenpen=alpha, max_len_b=5, nbest=2)
+    short = math.log(0.5) / ((5 + 1) / 6) ** alpha
+    long = math.log(0.45 * 0.8) / ((5 + 2) / 6) ** alpha
+    expected = [[EOS], [A, EOS]] if short > long else [[A, EOS], [EOS]]
+    assert [out.hypothesis(0, 0), out.hypothesis(0, 1)] == expected
+    torch.testing.assert_close(out.scores[0], torch.tensor(sorted([short, long], reverse=True)), rtol=0, atol=1e-4)
+    assert (alpha >= 3.0) == (expected[0] == [A, EOS])
+
+
+def test_length_penalty_values():
+    assert length_penalty(1, 0.0) == 1.0
+    assert math.isclose(length_penalty(10, 0.6), (15 / 6) ** 0.6)
+    assert length_penalty(torch.tensor([1, 7]), 1.0).tolist() == pytest.approx([1.0, 2.0])
+
+
+@torch.inference_mode()
+def test_nbest_is_sorted_consistent_and_distinct(model):
+    src = random_sources([5, 7], seed=5)
+    out = beam_search(model, src, beam=5, lenpen=0.6, max_len_b=6, nbest=5)
+    assert out.scores.shape == (2, 5)
+    assert torch.all(out.scores[:, :-1] >= out.scores[:, 1:])
+    torch.testing.assert_close(out.scores, out.log_probs / length_penalty(out.lengths.float(), 0.6))
+    for i in range(2):
+        hyps = [tuple(out.hypothesis(i, k)) for k in range(5)]
+        assert len(set(hyps)) == 5
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_max_length_is_respected_per_sentence(model, search):
+    src = random_sources([6, 2, 4], seed=6)
+    a, b = 0.5, 2
+    limit = max_lengths(src, model.config, a, b)
+    assert limit.tolist() == [math.floor(a * n + b) for n in (7, 3, 5)]
+    if search == "greedy":
+        out = greedy_search(model, src, a, b, min_len=100)
+    elif search == "beam":
+        out = beam_search(model, src, 3, 0.6, a, b, min_len=100)
+    else:
+        out = sample(model, src, seed=0, max_len_a=a, max_len_b=b, min_len=100)
+    # EOS is forbidden, so every hypothesis runs exactly to its own limit, PAD after it.
+    assert torch.equal(out.lengths, limit[:, None].expand_as(out.lengths))
+    for i, n in enumerate(limit.tolist()):
+        assert torch.all(out.tokens[i, :, n:] == PAD)
+        assert torch.all(out.tokens[i, :, :n] > EOS)  # no PAD, BOS or EOS inside
+
+
+@torch.inference_mode()
+def test_attention_rows_are_distributions_over_real_source_tokens(model):
+    src = random_sources([6, 2], seed=7)
+    plain = beam_search(model, src, beam=3, max_len_b=4)
+    out = beam_search(model, src, beam=3, max_len_b=4, need_attention=True, attention_head=1)
+    assert torch.equal(plain.tokens, out.tokens)
+    assert out.attention.shape == (*out.tokens.shape, src.shape[1])
+    n = int(out.lengths[1, 0])
+    rows = out.attention[1, 0, :n]
+    torch.testing.assert_close(rows.sum(-1), torch.ones(n))
+    assert torch.all(rows[:, 3:] == 0)  # sentence 1 has 3 real source positions
+    greedy = greedy_search(model, src, max_len_b=4, need_attention=True)
+    torch.testing.assert_close(greedy.attention[0, 0, :2].sum(-1), torch.ones(2))
+
+
+@torch.inference_mode()
+def test_sampling_with_top_k_one_is_greedy(model):
+    src = random_sources([5, 3, 8], seed=8)
+    greedy = greedy_search(model, src, max_len_b=6)
+    for kwargs in ({"top_k": 1}, {"top_p": 1e-6}, {"temperature": 1e-4}):
+        assert torch.equal(sample(model, src, seed=123, max_len_b=6, **kwargs).tokens, greedy.tokens)
+
+
+@torch.inference_mode()
+def test_sampling_is_reproducible_with_a_seed(model):
+    src = random_sources([5, 3, 8], seed=9)
+    first = sample(model, src, temperature=1.5, seed=7, max_len_b=8)
+    again = sample(model, src, temperature=1.5, seed=7, max_len_b=8)
+    other = sample(model, src, temperature=1.5, seed=8, max_len_b=8)
+    assert torch.equal(first.tokens, again.tokens)
+    assert not torch.equal(first.tokens, other.tokens)
+
+
+def test_filter_logits_top_k_and_top_p():
+    logp = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    assert torch.isfinite(filter_logits(logp, top_k=2)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logp, top_p=0.8)).tolist() == [[True, True, False, False]]
+    assert torch.isfinite(filter_logits(logp, top_p=0.81)).tolist() == [[True, True, True, False]]
+    torch.testing.assert_close(filter_logits(logp).exp(), logp.exp())

@@ -1,0 +1,105 @@
+"""Translator: text in, text out, in input order, with n-best, attention and precision options."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+
+from transduce.errors import CheckpointError, ConfigError, TransduceError
+from transduce.inference import Translator, attention_maps, plot_attention
+
+TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
+         "tea", "", "the bird sings a song"]
+
+
+@pytest.fixture(scope="module")
+def translator(model_dir) -> Translator:
+    return Translator.load(model_dir)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_translate_keeps_input_order_count_and_empty_lines(translator, beam):
+    out = translator.translate(TEXTS, beam=beam, max_len_b=6, batch_tokens=12)  # several batches
+    assert len(out) == len(TEXTS)
+    assert out[1] == "" and out[5] == ""
+    alone = [translator.translate([t], beam=beam, max_len_b=6)[0] for t in TEXTS]
+    assert out == alone
+    assert all(isinstance(t, str) and "\n" not in t for t in out)
+
+
+def test_translate_detailed_nbest_scores_pieces_and_attention(translator):
+    results = translator.translate_detailed(TEXTS[:3], beam=4, nbest=3, max_len_b=5, need_attention=True)
+    first = results[0]
+    assert len(first.hypotheses) == 3
+    scores = [h.score for h in first.hypotheses]
+    assert scores == sorted(scores, reverse=True)
+    for h in first.hypotheses:
+        assert len(h.pieces) == len(h.tokens)
+        assert h.text == translator.tokenizer.decode(h.tokens)
+        assert h.attention.shape == (len(h.tokens) + int(h.ended), len(first.source_tokens) + 1)
+        torch.testing.assert_close(h.attention.sum(-1), torch.ones(h.attention.shape[0]))
+    assert first.source_pieces == translator.tokenizer.pieces(first.source_tokens, side="src")
+    empty = results[1]
+    assert empty.source_tokens == [] and empty.best.text == "" and empty.best.score == 0.0
+
+
+def test_overlong_input_is_truncated_with_a_warning(model_dir, caplog):
+    short = Translator.load(model_dir, max_input_len=4)
+    with caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
+        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
+    assert result[0].truncated and len(result[0].source_tokens) == 4
+    assert not result[1].truncated
+    assert "truncated" in caplog.text
+    full = Translator.load(model_dir)
+    cut = short.tokenizer.decode(result[0].source_tokens, side="src")
+    assert result[0].best.tokens == full.translate_detailed([cut], beam=2, max_len_b=3)[0].best.tokens
+
+
+def test_bf16_autocast_runs_on_cpu(model_dir):
+    out = Translator.load(model_dir, precision="bf16").translate(TEXTS[:3], beam=2, max_len_b=4)
+    assert len(out) == 3 and out[1] == ""
+
+
+def test_sampling_through_the_translator_is_seeded(translator):
+    a = translator.sample(TEXTS, temperature=1.2, top_p=0.9, seed=3, max_len_b=5)
+    b = translator.sample(TEXTS, temperature=1.2, top_p=0.9, seed=3, max_len_b=5)
+    assert [t.best.text for t in a] == [t.best.text for t in b]
+    assert len(a) == len(TEXTS)
+
+
+def test_user_errors_are_one_line_transduce_errors(model_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        Translator.load(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="precision"):
+        Translator.load(model_dir, precision="fp8")
+    tr = Translator.load(model_dir)
+    with pytest.raises(ConfigError, match="decode.nbest"):
+        tr.translate_detailed(["a"], beam=2, nbest=3)
+    with pytest.raises(ConfigError, match="attention head"):
+        tr.translate_detailed(["a"], need_attention=True, attention_head=99)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA"):
+            Translator.load(model_dir, device="cuda")
+
+
+def test_attention_maps_and_png(translator, tmp_path):
+    maps = attention_maps(translator, "the cat sat", layer=0, head=1, beam=2)
+    s, t = len(maps.source_pieces), len(maps.target_pieces)
+    assert maps.encoder.shape == (s, s) and maps.decoder.shape == (t, t) and maps.cross.shape == (t, s)
+    assert torch.all(maps.decoder.triu(1) == 0)  # causal
+    pytest.importorskip("matplotlib")
+    path = plot_attention(maps, tmp_path / "attn.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*.png"))  # no temporary file left behind
+
+
+def test_attention_plot_without_matplotlib_is_a_clear_error(translator, tmp_path, monkeypatch):
+    maps = attention_maps(translator, "tea", beam=1)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(TransduceError, match="matplotlib"):
+        plot_attention(maps, tmp_path / "x.png")
+    with pytest.raises(TransduceError, match="empty"):
+        attention_maps(translator, "")
