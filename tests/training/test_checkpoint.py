@@ -1,0 +1,53 @@
+"""Checkpoint averaging and learning-curve plots."""
+
+import json
+
+import pytest
+import torch
+
+from transduce.config import ModelConfig
+from transduce.errors import CheckpointError
+from transduce.model import Transformer, load_model, save_model
+from transduce.training.checkpoint import average_checkpoints
+
+
+class _Tok:
+    def save(self, d):
+        (d / "spm.model").write_bytes(b"tok")
+
+
+def _saved(tmp_path, name, seed, **kw):
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(**{**dict(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                                              n_encoder_layers=1, n_decoder_layers=1, d_ff=16), **kw}))
+    save_model(model, tmp_path / name)
+    (tmp_path / name / "spm.model").write_bytes(b"tok")
+    return model
+
+
+def test_average_is_the_mean(tmp_path):
+    models = [_saved(tmp_path, f"c{i}", seed=i) for i in range(3)]
+    out = average_checkpoints([tmp_path / f"c{i}" for i in range(3)], tmp_path / "avg")
+    avg = load_model(out)
+    for name, p in avg.named_parameters():
+        expected = sum(dict(m.named_parameters())[name] for m in models) / 3
+        torch.testing.assert_close(p, expected, atol=1e-6, rtol=1e-6)
+    assert (out / "spm.model").read_bytes() == b"tok"
+
+
+def test_average_refuses_different_configs(tmp_path):
+    _saved(tmp_path, "a", 0)
+    _saved(tmp_path, "b", 0, d_ff=32)
+    with pytest.raises(CheckpointError, match="config differs"):
+        average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
+
+
+def test_plot_run(tmp_path):
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    from transduce.viz.curves import plot_run
+    lines = [{"step": s, "loss": 5 - s / 10, "lr": 1e-3, "ppl": 3.0} for s in range(1, 20)]
+    lines += [{"step": 10, "val_loss": 3.0, "val_bleu": 12.0}, {"step": 19, "val_loss": 2.5, "val_bleu": 20.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
+    out = plot_run(tmp_path)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000

@@ -1,0 +1,107 @@
+"""Data-parallel training on CPU with two gloo processes."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+WORKER = r"""
+import os, sys, torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from transduce.config import ModelConfig
+from transduce.data.corpus import collate
+from transduce.model import Transformer
+from transduce.training.loop import forward_backward
+
+def make():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=4,
+                                    n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.0))
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for n in (3, 5, 2, 4):  # four micro-batches of different sizes and lengths
+        pairs = [(torch.randint(4, 50, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist(),
+                  torch.randint(4, 50, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
+                 for _ in range(n)]
+        batches.append(collate(pairs))
+    return model, batches
+
+out = sys.argv[1]
+model, batches = make()
+total = sum(b.n_tgt_tokens for b in batches)
+cpu = torch.device("cpu")
+if os.environ.get("WORLD_SIZE", "1") == "1":
+    forward_backward(model, batches, 0.1, 0, total, "fp32", cpu)
+else:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = DistributedDataParallel(model)
+    forward_backward(ddp, batches[rank::world], 0.1, 0, total / world, "fp32", cpu)  # 2 micro-batches each
+if os.environ.get("RANK", "0") == "0":
+    torch.save({n: p.grad for n, p in model.named_parameters()}, out)
+if dist.is_initialized():
+    dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_gradients_equal_single_process(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single.pt")], capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ddp.pt")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out
+    a = torch.load(tmp_path / "single.pt", weights_only=True)
+    b = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_torchrun_train_then_resume_on_one_process(tmp_path):
+    cfg = {
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 150, "max_tokens": 256},
+        "train": {"max_steps": 6, "save_every": 3, "eval_every": 100, "log_every": 1, "eval_bleu": False,
+                  "num_threads": 1},
+    }
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "transduce", "train", str(cfg_path), "--out", str(run)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = yaml.safe_load((run / "checkpoints" / "step_00000006" / "state.json").read_text())
+    assert state["world_size"] == 2
+    assert state["train_state"]["offset"] == 12 or state["train_state"]["epoch"] > 0  # 2 batches a step
+    # continue the same run on one process
+    more = subprocess.run([sys.executable, "-m", "transduce", "train", "--out", str(run), "--resume",
+                           "--set", "train.max_steps=9"], capture_output=True, text=True, timeout=300)
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert (run / "checkpoints" / "step_00000009").is_dir()
+    assert (run / "model" / "model.safetensors").is_file()

@@ -1,0 +1,51 @@
+"""The loss and the learning-rate schedules against their formulas."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.config import TrainConfig
+from transduce.training.loss import label_smoothed_loss
+from transduce.training.schedule import learning_rate
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_equals_torch_cross_entropy(eps):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[1, 3:] = 0  # pad
+    out = label_smoothed_loss(logits, target, eps, pad_id=0)
+    ref = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), label_smoothing=eps, ignore_index=0,
+                          reduction="sum")
+    nll = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), ignore_index=0, reduction="sum")
+    torch.testing.assert_close(out.loss, ref)
+    torch.testing.assert_close(out.nll, nll)
+    assert out.n_tokens == 13
+
+
+def test_noam_schedule_is_equation_3():
+    cfg = TrainConfig(warmup_steps=4000)
+    for step in (1, 100, 3999, 4000, 4001, 100000):
+        expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+        assert learning_rate(step, cfg, 512) == pytest.approx(expected)
+    peak = learning_rate(4000, cfg, 512)
+    assert peak > learning_rate(3000, cfg, 512) and peak > learning_rate(5000, cfg, 512)
+    assert learning_rate(4000, TrainConfig(lr_scale=2.0), 512) == pytest.approx(2 * peak)
+
+
+def test_peak_lr_schedules():
+    inv = TrainConfig(schedule="inverse_sqrt", lr=1e-3, warmup_steps=100)
+    assert learning_rate(50, inv, 512) == pytest.approx(5e-4)
+    assert learning_rate(100, inv, 512) == pytest.approx(1e-3)
+    assert learning_rate(400, inv, 512) == pytest.approx(5e-4)
+    cos = TrainConfig(schedule="cosine", lr=1e-3, warmup_steps=10, max_steps=110, min_lr=1e-5)
+    assert learning_rate(10, cos, 512) == pytest.approx(1e-3)
+    assert learning_rate(60, cos, 512) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)
+    assert learning_rate(110, cos, 512) == pytest.approx(1e-5)
+    lin = TrainConfig(schedule="linear", lr=1e-3, warmup_steps=0, max_steps=100)
+    assert learning_rate(50, lin, 512) == pytest.approx(5e-4)
+    assert learning_rate(100, lin, 512, total_steps=200) == pytest.approx(5e-4)
+    assert math.isclose(learning_rate(1000, lin, 512), 0.0, abs_tol=1e-12)

@@ -1,0 +1,116 @@
+"""Exact resume after a real SIGKILL, and checkpoints that survive a kill during a save."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from transduce.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+
+CONFIG = {
+    "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+              "max_positions": 128},
+    "data": {"corpus": "toy", "toy_train_size": 1000, "toy_valid_size": 50, "toy_test_size": 50,
+             "vocab_size": 200, "max_tokens": 512},
+    "train": {"max_steps": 40, "save_every": 5, "eval_every": 1000, "log_every": 5, "eval_bleu": False,
+              "warmup_steps": 10, "num_threads": 1, "keep_last": 3},
+}
+
+
+def _train(cfg_path: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    return subprocess.Popen([sys.executable, "-m", "transduce", "train", str(cfg_path), "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(CONFIG))
+    _finish(_train(cfg_path, tmp_path / "a"))
+
+    proc = _train(cfg_path, tmp_path / "b")
+    target = tmp_path / "b" / "checkpoints" / "step_00000010"
+    deadline = time.monotonic() + 240
+    while not target.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_checkpoint(tmp_path / "b" / "checkpoints")
+    assert killed_at is not None and killed_at.name < "step_00000040", "the run ended before it was killed"
+    assert not (tmp_path / "b" / "model").exists()
+    _, _, info = load_checkpoint(killed_at)
+    assert info["train_state"]["offset"] > 0  # mid-epoch
+
+    out = _finish(_train(cfg_path, tmp_path / "b", "--resume"))
+    assert "resumed from" in out
+    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k] == b[k]).all(), f"{k} differs after resume"
+
+
+def test_existing_run_needs_resume(tmp_path):
+    from transduce.cli import main
+    cfg = {**CONFIG, "train": {**CONFIG["train"], "max_steps": 5}}
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(cfg_path), "--out", str(tmp_path / "r")]) == 0
+    assert main(["train", str(cfg_path), "--out", str(tmp_path / "r")]) == 2
+    assert main(["train", "--out", str(tmp_path / "r"), "--resume"]) == 0  # nothing left to do
+
+
+WRITER = r"""
+import sys, torch
+from pathlib import Path
+from transduce.config import ModelConfig
+from transduce.model import Transformer
+from transduce.training.checkpoint import save_checkpoint
+
+class Tok:
+    def save(self, d):
+        (Path(d) / "spm.model").write_bytes(b"x" * 1000)
+
+model = Transformer(ModelConfig(src_vocab_size=4000, tgt_vocab_size=4000, d_model=128, n_heads=2,
+                                n_encoder_layers=2, n_decoder_layers=2, d_ff=256))
+opt = torch.optim.Adam(model.parameters())
+step = 0
+while True:
+    step += 1
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float(step))
+    save_checkpoint(Path(sys.argv[1]), step, model, Tok(), {"optimizer": opt.state_dict(),
+                    "rng_cpu": torch.get_rng_state()}, {"train_state": {"step": step}}, keep_last=2)
+    print(step, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.7, 1.1])
+def test_checkpoint_survives_sigkill_during_save(tmp_path, delay):
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "1"  # at least one complete checkpoint exists
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    latest = latest_checkpoint(tmp_path / "ck")
+    weights, _, info = load_checkpoint(latest)
+    step = info["train_state"]["step"]
+    assert all((w == float(step)).all() for w in weights.values())
+    for ckpt in list_checkpoints(tmp_path / "ck"):  # every visible checkpoint is complete
+        load_checkpoint(ckpt)
