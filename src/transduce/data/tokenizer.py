@@ -1,0 +1,301 @@
+"""Subword tokenization with SentencePiece (Kudo & Richardson, 2018).
+
+The paper (Section 5.1) uses byte-pair encoding with a shared source-target vocabulary of about
+37,000 tokens for English-German; :meth:`Tokenizer.train` builds such a joint model, or two
+separate ones (one per side), with either BPE or the unigram language model.
+
+Special ids are fixed for the whole project and baked into every model we train::
+
+    PAD_ID = 0  <pad>   padding; never predicted, ignored by the loss
+    BOS_ID = 1  <s>     first decoder input
+    EOS_ID = 2  </s>    end of source and of target labels
+    UNK_ID = 3  <unk>   characters not covered by the model
+
+Text is normalised with SentencePiece's ``nmt_nfkc`` rule (NFKC plus the NMT clean-ups:
+control characters removed, all whitespace variants mapped to a space) and runs of spaces are
+collapsed, so ``decode(encode(s)) == s`` holds for text that is already normalised;
+:meth:`Tokenizer.normalize` gives that form. ``byte_fallback`` is off: a character never seen in
+training becomes ``<unk>`` rather than UTF-8 byte pieces.
+
+On disk a tokenizer is a directory holding ``spm.model`` (joint) or ``spm.src.model`` and
+``spm.tgt.model`` (separate), plus ``tokenizer.yaml`` recording which.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+import yaml
+
+from transduce.errors import ConfigError, DataError
+
+logger = logging.getLogger(__name__)
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
+SIDES = ("src", "tgt")
+MODEL_TYPES = ("bpe", "unigram")
+META_FILE = "tokenizer.yaml"
+JOINT_MODEL = "spm.model"
+SIDE_MODELS = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+NORMALIZATION_RULE = "nmt_nfkc"
+_NUM_THREADS = 2  # small: BPE training is nearly serial and the machines we target are small
+
+
+class Tokenizer:
+    """One joint or two separate (source, target) SentencePiece models.
+
+    Args:
+        src_proto: serialized SentencePiece model for the source side (or both, if joint).
+        tgt_proto: serialized model for the target side; ``None`` means joint.
+        name: where the models came from, used in error messages.
+
+    Examples:
+        >>> tok = Tokenizer.train(src, tgt, "run/tokenizer", vocab_size=8000)  # doctest: +SKIP
+        >>> ids = tok.encode("A dog runs.", side="src")                       # doctest: +SKIP
+        >>> tok.decode(ids, side="src")                                        # doctest: +SKIP
+        'A dog runs.'
+    """
+
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, name: str = "<memory>"):
+        self._joint = tgt_proto is None
+        self._protos = {"src": src_proto, "tgt": src_proto if tgt_proto is None else tgt_proto}
+        src_sp = _load_proto(src_proto, f"{name} (src)")
+        tgt_sp = src_sp if self._joint else _load_proto(self._protos["tgt"], f"{name} (tgt)")
+        self._sp = {"src": src_sp, "tgt": tgt_sp}
+
+    # ---- training -------------------------------------------------------------------------
+
+    @classmethod
+    def train(
+        cls,
+        src_lines: Iterable[str],
+        tgt_lines: Iterable[str],
+        out_dir: str | os.PathLike,
+        vocab_size: int,
+        model_type: str = "bpe",
+        joint: bool = True,
+        character_coverage: float = 1.0,
+        max_sentences: int | None = None,
+        seed: int = 0,
+    ) -> "Tokenizer":
+        """Train SentencePiece model(s) in memory, save them into ``out_dir`` and return them.
+
+        Deterministic: the same lines and arguments give byte-identical models.
+
+        Args:
+            src_lines, tgt_lines: training text, one sentence per item (empty lines skipped).
+            out_dir: directory to save into (created if needed).
+            vocab_size: pieces per model, special pieces included. If the text cannot fill it,
+                training is retried with ``hard_vocab_limit=False`` (a smaller vocabulary).
+            model_type: ``"bpe"`` or ``"unigram"``.
+            joint: one model for both sides (paper, Section 5.1) or one per side.
+            character_coverage: fraction of characters covered; 1.0 for small alphabets.
+            max_sentences: if set, train on at most this many lines *per side*, sampled with
+                ``seed``.
+            seed: seeds the sentence sample and SentencePiece's own generator.
+        """
+        if model_type not in MODEL_TYPES:
+            raise ConfigError(f"model_type: expected one of {MODEL_TYPES}, got {model_type!r}")
+        if vocab_size <= len(SPECIAL_PIECES):
+            raise ConfigError(f"vocab_size: must be greater than 4, got {vocab_size}")
+        src = _sample_lines(src_lines, max_sentences, seed)
+        tgt = _sample_lines(tgt_lines, max_sentences, seed + 1)
+        options = dict(vocab_size=vocab_size, model_type=model_type,
+                       character_coverage=character_coverage, seed=seed)
+        if joint:
+            tok = cls(_train_spm(src + tgt, **options), name="joint")
+        else:
+            tok = cls(_train_spm(src, **options), _train_spm(tgt, **options), name="separate")
+        tok.save(out_dir)
+        logger.info("trained %s %s tokenizer (vocab src %d, tgt %d) into %s",
+                    "joint" if joint else "separate", model_type,
+                    tok.src_vocab_size, tok.tgt_vocab_size, out_dir)
+        return cls.load(out_dir)  # what later runs will see
+
+    # ---- persistence ----------------------------------------------------------------------
+
+    def save(self, out_dir: str | os.PathLike) -> None:
+        """Write the model file(s) and ``tokenizer.yaml`` into ``out_dir`` (atomically per file)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self._joint:
+            _atomic_write(out / JOINT_MODEL, self._protos["src"])
+        else:
+            for side in SIDES:
+                _atomic_write(out / SIDE_MODELS[side], self._protos[side])
+        meta = {"joint": self._joint, "src_vocab_size": self.src_vocab_size,
+                "tgt_vocab_size": self.tgt_vocab_size, "normalization": NORMALIZATION_RULE}
+        _atomic_write(out / META_FILE, yaml.safe_dump(meta, sort_keys=False).encode("utf-8"))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> "Tokenizer":
+        """Load a tokenizer saved by :meth:`save`; a missing or corrupt one raises DataError."""
+        root = Path(directory)
+        joint = _read_meta(root / META_FILE)
+        if joint:
+            return cls(_read_model(root / JOINT_MODEL), name=str(root / JOINT_MODEL))
+        src = _read_model(root / SIDE_MODELS["src"])
+        tgt = _read_model(root / SIDE_MODELS["tgt"])
+        return cls(src, tgt, name=str(root))
+
+    @staticmethod
+    def exists(directory: str | os.PathLike) -> bool:
+        """Whether ``directory`` holds a saved tokenizer (metadata and model files present)."""
+        root = Path(directory)
+        if not (root / META_FILE).is_file():
+            return False
+        if (root / JOINT_MODEL).is_file():
+            return True
+        return all((root / name).is_file() for name in SIDE_MODELS.values())
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    @property
+    def joint(self) -> bool:
+        """True when source and target share one model (and one vocabulary)."""
+        return self._joint
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._sp["src"].get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._sp["tgt"].get_piece_size()
+
+    def encode(self, text: str, side: str = "src") -> list[int]:
+        """Token ids of ``text`` without BOS/EOS (those are added by ``corpus.collate``)."""
+        return self._side(side).encode(text, out_type=int)
+
+    def encode_batch(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:
+        """:meth:`encode` for many texts at once (parallel inside SentencePiece)."""
+        return self._side(side).encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
+
+    def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
+        """Text of ``ids``: stops at the first EOS and skips PAD and BOS."""
+        kept = []
+        for i in ids:
+            i = int(i)  # also accepts tensor elements
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                kept.append(i)
+        return self._side(side).decode(kept)
+
+    def pieces(self, ids: Iterable[int], side: str = "tgt") -> list[str]:
+        """Subword strings of ``ids`` (``▁`` marks a word start), e.g. for attention plots."""
+        sp = self._side(side)
+        return [sp.id_to_piece(int(i)) for i in ids]
+
+    def normalize(self, text: str, side: str = "src") -> str:
+        """``text`` as :meth:`decode` gives it back (nmt_nfkc, whitespace collapsed)."""
+        # SentencePiece marks spaces with U+2581 and adds one as a dummy word prefix
+        return self._side(side).normalize(text).replace("\u2581", " ").strip(" ")
+
+    def _side(self, side: str) -> spm.SentencePieceProcessor:
+        if side not in SIDES:
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+        return self._sp[side]
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(joint={self._joint}, src_vocab_size={self.src_vocab_size}, "
+                f"tgt_vocab_size={self.tgt_vocab_size})")
+
+
+def _sample_lines(lines: Iterable[str], max_sentences: int | None, seed: int) -> list[str]:
+    """Non-empty lines, or a seeded sample of ``max_sentences`` of them kept in corpus order."""
+    kept = [line for line in lines if line.strip()]
+    if max_sentences is not None and len(kept) > max_sentences:
+        picked = sorted(random.Random(seed).sample(range(len(kept)), max_sentences))
+        kept = [kept[i] for i in picked]
+    return kept
+
+
+def _train_spm(lines: list[str], vocab_size: int, model_type: str,
+               character_coverage: float, seed: int) -> bytes:
+    """Train one SentencePiece model on ``lines``; returns the serialized model."""
+    if not lines:
+        raise DataError("tokenizer training: no non-empty lines to train on")
+    try:
+        return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, True)
+    except RuntimeError as err:
+        if "Vocabulary size too high" not in str(err):
+            raise DataError(f"tokenizer training failed: {_one_line(err)}") from err
+    logger.warning("vocab_size %d is too large for %d lines; using a smaller vocabulary",
+                   vocab_size, len(lines))
+    try:
+        return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, False)
+    except RuntimeError as err:
+        raise DataError(f"tokenizer training failed: {_one_line(err)}") from err
+
+
+def _run_trainer(lines: list[str], vocab_size: int, model_type: str,
+                 character_coverage: float, seed: int, hard_vocab_limit: bool) -> bytes:
+    spm.set_random_generator_seed(seed)
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=buffer,
+        vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+        hard_vocab_limit=hard_vocab_limit,
+        pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+        pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
+        byte_fallback=False, normalization_rule_name=NORMALIZATION_RULE,
+        input_sentence_size=0, shuffle_input_sentence=False,  # we sample ourselves, seeded
+        max_sentence_length=1 << 16, num_threads=_NUM_THREADS, minloglevel=2,
+    )
+    return buffer.getvalue()
+
+
+def _load_proto(proto: bytes, name: str) -> spm.SentencePieceProcessor:
+    """A processor for ``proto``, checking the project's fixed special ids."""
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+    except (RuntimeError, OSError, TypeError) as err:
+        raise DataError(f"{name}: not a valid SentencePiece model ({_one_line(err)})") from err
+    found = (sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id())
+    if found != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
+        raise DataError(f"{name}: special ids (pad, bos, eos, unk) are {found}, expected (0, 1, 2, 3)")
+    return sp
+
+
+def _read_meta(path: Path) -> bool:
+    """The ``joint`` flag from ``tokenizer.yaml``."""
+    if not path.is_file():
+        raise DataError(f"{path}: no saved tokenizer here (missing {META_FILE})")
+    try:
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: unreadable tokenizer metadata ({_one_line(err)})") from err
+    if not isinstance(meta, dict) or not isinstance(meta.get("joint"), bool):
+        raise DataError(f"{path}: expected a mapping with a boolean 'joint' key")
+    return meta["joint"]
+
+
+def _read_model(path: Path) -> bytes:
+    if not path.is_file():
+        raise DataError(f"{path}: tokenizer model file is missing")
+    return path.read_bytes()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same directory, then rename over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())

@@ -1,0 +1,174 @@
+import gzip
+
+import pytest
+import torch
+
+from transduce.data import corpus
+from transduce.data.corpus import (Batch, FilterStats, collate, filter_and_encode, read_lines,
+                                   read_parallel)
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transduce.errors import DataError
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+# ---- read_lines --------------------------------------------------------------------------------
+
+def test_strips_only_line_terminators(tmp_path):
+    path = _write(tmp_path / "a.txt", b"one\r\n  two  \n\nthree\tx\nlast")
+    assert list(read_lines(path)) == ["one", "  two  ", "", "three\tx", "last"]
+
+
+def test_strips_a_leading_byte_order_mark(tmp_path):
+    path = _write(tmp_path / "bom.txt", "\ufeffHallo\nWelt\n".encode("utf-8"))
+    assert list(read_lines(path)) == ["Hallo", "Welt"]
+
+
+def test_gzip_is_detected_by_content_not_extension(tmp_path):
+    text = "Größe\nÜbung\n"
+    gz = _write(tmp_path / "plain.txt", gzip.compress(text.encode("utf-8")))
+    fake_gz = _write(tmp_path / "not_really.gz", text.encode("utf-8"))
+    assert list(read_lines(gz)) == ["Größe", "Übung"]
+    assert list(read_lines(fake_gz)) == ["Größe", "Übung"]
+
+
+def test_empty_file_has_no_lines(tmp_path):
+    assert list(read_lines(_write(tmp_path / "empty", b""))) == []
+
+
+def test_missing_file_fails_when_called(tmp_path):
+    with pytest.raises(DataError, match="nope.txt: no such file"):
+        read_lines(tmp_path / "nope.txt")  # eager: before any iteration
+
+
+def test_directory_is_not_a_file(tmp_path):
+    with pytest.raises(DataError, match="not a regular file"):
+        read_lines(tmp_path)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_invalid_utf8_names_file_and_line(tmp_path, compress):
+    data = b"fine\nstill fine\nbad \xff\xfe byte\n"
+    path = _write(tmp_path / "latin.txt", gzip.compress(data) if compress else data)
+    with pytest.raises(DataError, match=r"latin\.txt:3: invalid UTF-8") as info:
+        list(read_lines(path))
+    assert "\n" not in str(info.value)
+
+
+def test_binary_file_is_rejected(tmp_path):
+    path = _write(tmp_path / "model.bin", b"text\n\x00\x01\x02\x03\n")
+    with pytest.raises(DataError, match=r"model\.bin:2: NUL byte"):
+        list(read_lines(path))
+
+
+def test_truncated_gzip_is_a_data_error(tmp_path):
+    data = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    path = _write(tmp_path / "cut.gz", data[: len(data) // 2])
+    with pytest.raises(DataError, match=r"cut\.gz:\d+: cannot read"):
+        list(read_lines(path))
+
+
+# ---- read_parallel --------------------------------------------------------------------------
+
+def test_read_parallel_zips_lines(tmp_path):
+    src = _write(tmp_path / "s.en", b"a\nb\n")
+    tgt = _write(tmp_path / "s.de", gzip.compress(b"x\ny\n"))
+    assert list(read_parallel(src, tgt)) == [("a", "x"), ("b", "y")]
+
+
+@pytest.mark.parametrize("n_src,n_tgt", [(3, 5), (5, 3)])
+def test_misaligned_files_name_both_and_counts(tmp_path, n_src, n_tgt):
+    src = _write(tmp_path / "s.en", b"".join(b"%d\n" % i for i in range(n_src)))
+    tgt = _write(tmp_path / "s.de", b"".join(b"%d\n" % i for i in range(n_tgt)))
+    it = read_parallel(src, tgt)
+    assert [next(it) for _ in range(3)] == [("0", "0"), ("1", "1"), ("2", "2")]
+    with pytest.raises(DataError) as info:
+        next(it)
+    message = str(info.value)
+    assert "s.en" in message and "s.de" in message
+    assert "after 3 lines" in message and "has 5" in message and "line 4" in message
+
+
+def test_read_parallel_missing_target_fails_early(tmp_path):
+    src = _write(tmp_path / "s.en", b"a\n")
+    with pytest.raises(DataError, match="s.de: no such file"):
+        read_parallel(src, tmp_path / "s.de")
+
+
+# ---- filter_and_encode --------------------------------------------------------------------
+
+def test_filter_counts_each_reason(toy_tokenizer):
+    ok = ("The man sees the dog.", "Der Mann sieht den Hund.")
+    long_src = " ".join(["The man sees the dog."] * 10)
+    pairs = [
+        ok,
+        ("", "Der Hund."),                             # empty source
+        ("The dog.", "   "),                           # target empty after normalisation
+        (long_src, "Der Hund."),                       # too long
+        ("He sleeps.", "Heute sieht der Mann, der ein Buch liest, den Hund."),  # bad ratio
+        ("A cat sleeps.", "Eine Katze schläft."),
+    ]
+    kept, stats = filter_and_encode(pairs, toy_tokenizer, max_len=30, max_ratio=2.5)
+    assert stats == FilterStats(kept=2, empty=2, too_long=1, bad_ratio=1)
+    assert stats.total == 6
+    assert stats.summary() == "kept 2 of 6 pairs (empty 2, too long 1, bad ratio 1)"
+    assert kept[0] == (toy_tokenizer.encode(ok[0], "src"), toy_tokenizer.encode(ok[1], "tgt"))
+    assert len(kept) == 2
+
+
+def test_length_limit_is_inclusive(toy_tokenizer):
+    src = "The man sees the dog."
+    n = len(toy_tokenizer.encode(src, "src"))
+    kept, _ = filter_and_encode([(src, src)], toy_tokenizer, max_len=n, max_ratio=10)
+    assert len(kept) == 1
+    kept, stats = filter_and_encode([(src, src)], toy_tokenizer, max_len=n - 1, max_ratio=10)
+    assert not kept and stats.too_long == 1
+
+
+def test_chunked_encoding_matches_one_pass(toy_tokenizer, toy_pairs, monkeypatch):
+    pairs = toy_pairs[:200]
+    whole, whole_stats = filter_and_encode(pairs, toy_tokenizer, max_len=12, max_ratio=1.5)
+    monkeypatch.setattr(corpus, "ENCODE_CHUNK", 7)
+    chunked, chunked_stats = filter_and_encode(iter(pairs), toy_tokenizer, 12, 1.5)
+    assert chunked == whole and chunked_stats == whole_stats
+    assert 0 < whole_stats.kept < 200
+
+
+# ---- collate ----------------------------------------------------------------------------------
+
+def test_collate_adds_bos_eos_and_pads():
+    batch = collate([([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])])
+    assert batch.src.tolist() == [[5, 6, 7, EOS_ID], [10, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, 9, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13, 14]]
+    assert batch.tgt_out.tolist() == [[8, 9, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, 14, EOS_ID]]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (6, 8)
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
+    assert len(batch) == 2
+
+
+def test_collate_shifts_targets_by_one(toy_tokenizer, toy_pairs):
+    kept, _ = filter_and_encode(toy_pairs[:64], toy_tokenizer, max_len=50, max_ratio=3)
+    batch = collate(kept)
+    labels = batch.tgt_out != PAD_ID
+    assert int(labels.sum()) == batch.n_tgt_tokens
+    assert int((batch.src != PAD_ID).sum()) == batch.n_src_tokens
+    # teacher forcing: the decoder input at t + 1 is the label at t (except after EOS)
+    inner = labels[:, :-1] & (batch.tgt_out[:, :-1] != EOS_ID)
+    assert torch.equal(batch.tgt_in[:, 1:][inner], batch.tgt_out[:, :-1][inner])
+    assert (batch.tgt_out == EOS_ID).sum() == len(kept)
+
+
+def test_collate_custom_pad_and_to_device():
+    batch = collate([([5], [6, 7])], pad_id=99)
+    moved = batch.to("cpu")
+    assert isinstance(moved, Batch) and moved.src.device.type == "cpu"
+    two = collate([([5], [6, 7]), ([5, 5, 5], [6])], pad_id=99)
+    assert two.src[0].tolist() == [5, EOS_ID, 99, 99]
+
+
+def test_collate_rejects_empty_batch():
+    with pytest.raises(ValueError):
+        collate([])

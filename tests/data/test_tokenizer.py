@@ -1,0 +1,161 @@
+import itertools
+
+import pytest
+
+from transduce.data.corpus import read_lines
+from transduce.data.tokenizer import (BOS_ID, EOS_ID, JOINT_MODEL, META_FILE, PAD_ID, SIDE_MODELS,
+                                      UNK_ID, Tokenizer)
+from transduce.errors import ConfigError, DataError
+
+
+def _sides(pairs):
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def test_special_ids_are_fixed(toy_tokenizer):
+    assert (PAD_ID, BOS_ID, EOS_ID, UNK_ID) == (0, 1, 2, 3)
+    for side in ("src", "tgt"):
+        assert toy_tokenizer.pieces([0, 1, 2, 3], side) == ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_round_trip_on_toy_text(toy_tokenizer, toy_pairs, side):
+    texts = [p[0] if side == "src" else p[1] for p in toy_pairs[:300]]
+    for text in texts:
+        ids = toy_tokenizer.encode(text, side)
+        assert ids and min(ids) > UNK_ID  # no specials, no unknowns, no BOS/EOS added
+        assert toy_tokenizer.decode(ids, side) == text
+
+
+def test_decode_stops_at_eos_and_skips_pad_and_bos(toy_tokenizer):
+    ids = toy_tokenizer.encode("Der Mann sieht den Hund.", "tgt")
+    noisy = [BOS_ID] + ids[:2] + [PAD_ID] + ids[2:] + [EOS_ID] + ids + [PAD_ID, PAD_ID]
+    assert toy_tokenizer.decode(noisy, "tgt") == "Der Mann sieht den Hund."
+
+
+def test_encode_batch_matches_encode(toy_tokenizer, toy_pairs):
+    texts = [s for s, _ in toy_pairs[:50]]
+    assert toy_tokenizer.encode_batch(texts, "src") == [toy_tokenizer.encode(t) for t in texts]
+
+
+def test_pieces_spell_the_text(toy_tokenizer):
+    ids = toy_tokenizer.encode("The man sees the dog.")
+    assert "".join(toy_tokenizer.pieces(ids, "src")).replace("\u2581", " ").strip() == \
+        "The man sees the dog."
+
+
+def test_unknown_side_is_rejected(toy_tokenizer):
+    with pytest.raises(ValueError, match="side"):
+        toy_tokenizer.encode("x", side="source")
+
+
+@pytest.mark.parametrize("model_type,joint", itertools.product(["bpe", "unigram"], [True, False]))
+def test_train_save_load(toy_pairs, tmp_path, model_type, joint):
+    src, tgt = _sides(toy_pairs[:800])
+    tok = Tokenizer.train(src, tgt, tmp_path / "tok", vocab_size=300, model_type=model_type,
+                          joint=joint)
+    assert tok.joint is joint
+    assert tok.src_vocab_size == tok.tgt_vocab_size == 300
+    names = {p.name for p in (tmp_path / "tok").iterdir()}
+    expected = {JOINT_MODEL} if joint else set(SIDE_MODELS.values())
+    assert names == expected | {META_FILE}
+    assert Tokenizer.exists(tmp_path / "tok")
+    loaded = Tokenizer.load(tmp_path / "tok")
+    assert loaded.joint is joint
+    for side, texts in (("src", src[:50]), ("tgt", tgt[:50])):
+        assert loaded.encode_batch(texts, side) == tok.encode_batch(texts, side)
+        assert [loaded.decode(tok.encode(t, side), side) for t in texts] == texts
+
+
+def test_separate_models_have_separate_vocabularies(toy_pairs, tmp_path):
+    src, tgt = _sides(toy_pairs[:800])
+    tok = Tokenizer.train(src, tgt, tmp_path, vocab_size=300, joint=False)
+    src_pieces = set(tok.pieces(range(4, 300), "src"))
+    tgt_pieces = set(tok.pieces(range(4, 300), "tgt"))
+    assert "\u2581Hund" in tgt_pieces and "\u2581Hund" not in src_pieces
+
+
+def test_training_is_deterministic(toy_pairs, tmp_path):
+    src, tgt = _sides(toy_pairs[:800])
+    for model_type in ("bpe", "unigram"):
+        a = Tokenizer.train(src, tgt, tmp_path / f"a{model_type}", 300, model_type, seed=3)
+        b = Tokenizer.train(src, tgt, tmp_path / f"b{model_type}", 300, model_type, seed=3)
+        assert (tmp_path / f"a{model_type}" / JOINT_MODEL).read_bytes() == \
+            (tmp_path / f"b{model_type}" / JOINT_MODEL).read_bytes()
+        assert a.encode_batch(src[:20]) == b.encode_batch(src[:20])
+
+
+def test_max_sentences_samples_deterministically(toy_pairs, tmp_path):
+    src, tgt = _sides(toy_pairs)
+    a = Tokenizer.train(src, tgt, tmp_path / "a", 200, max_sentences=300, seed=5)
+    b = Tokenizer.train(src, tgt, tmp_path / "b", 200, max_sentences=300, seed=5)
+    c = Tokenizer.train(src, tgt, tmp_path / "c", 200, max_sentences=300, seed=6)
+    assert a.pieces(range(200)) == b.pieces(range(200))
+    assert a.pieces(range(200)) != c.pieces(range(200))
+
+
+def test_too_large_vocab_falls_back_to_a_smaller_one(tmp_path, caplog):
+    src = ["a cat sat on a mat", "the dog ran"] * 20
+    tok = Tokenizer.train(src, src, tmp_path, vocab_size=5000, model_type="unigram")
+    assert 4 < tok.src_vocab_size < 5000
+    assert "too large" in caplog.text
+    assert tok.decode(tok.encode("the cat ran")) == "the cat ran"
+
+
+def test_bad_training_arguments(tmp_path):
+    with pytest.raises(ConfigError, match="model_type"):
+        Tokenizer.train(["a b"], ["c d"], tmp_path, 100, model_type="wordpiece")
+    with pytest.raises(DataError, match="no non-empty lines"):
+        Tokenizer.train(["", "  "], [""], tmp_path, 100)
+
+
+def test_load_missing_directory(tmp_path):
+    assert not Tokenizer.exists(tmp_path / "nope")
+    with pytest.raises(DataError, match="no saved tokenizer"):
+        Tokenizer.load(tmp_path / "nope")
+
+
+def test_load_corrupt_model(toy_tokenizer, tmp_path):
+    toy_tokenizer.save(tmp_path)
+    (tmp_path / JOINT_MODEL).write_bytes(b"this is not a sentencepiece model")
+    with pytest.raises(DataError, match="not a valid SentencePiece model") as info:
+        Tokenizer.load(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_load_missing_side_model(toy_pairs, tmp_path):
+    src, tgt = _sides(toy_pairs[:500])
+    Tokenizer.train(src, tgt, tmp_path, 200, joint=False)
+    (tmp_path / SIDE_MODELS["tgt"]).unlink()
+    assert not Tokenizer.exists(tmp_path)
+    with pytest.raises(DataError, match="spm.tgt.model"):
+        Tokenizer.load(tmp_path)
+
+
+def test_load_corrupt_metadata(toy_tokenizer, tmp_path):
+    toy_tokenizer.save(tmp_path)
+    (tmp_path / META_FILE).write_text("joint: [unclosed\n")
+    with pytest.raises(DataError, match="tokenizer.yaml"):
+        Tokenizer.load(tmp_path)
+
+
+def test_round_trip_on_multi30k(multi30k_root, tmp_path):
+    src = list(itertools.islice(read_lines(multi30k_root / "train.en.gz"), 3000))
+    tgt = list(itertools.islice(read_lines(multi30k_root / "train.de.gz"), 3000))
+    tok = Tokenizer.train(src, tgt, tmp_path, vocab_size=2000)
+    checked = 0
+    for side, name in (("src", "val.en.gz"), ("tgt", "val.de.gz")):
+        for line in itertools.islice(read_lines(multi30k_root / name), 200):
+            ids = tok.encode(line, side)
+            if UNK_ID in ids:  # a character never seen in the 3,000 training lines
+                continue
+            assert tok.decode(ids, side) == tok.normalize(line, side)
+            checked += 1
+    assert checked > 350
+
+
+def test_normalize_matches_what_decode_returns(toy_tokenizer):
+    messy = "  The\u00a0man   sees\tthe dog. "
+    assert toy_tokenizer.normalize(messy) == "The man sees the dog."
+    assert toy_tokenizer.decode(toy_tokenizer.encode(messy, "src"), "src") == \
+        toy_tokenizer.normalize(messy)
