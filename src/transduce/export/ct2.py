@@ -1,0 +1,214 @@
+"""Export to CTranslate2 by filling a ``ctranslate2.specs.TransformerSpec`` from our weights.
+
+We build the spec directly rather than going through the Hugging Face Marian converter: that
+converter assumes OPUS-MT's conventions (PAD as decoder start, a zero start embedding), and
+CTranslate2's own spec covers every transduce option (pre-/post-LN, learned, sinusoidal or
+rotary positions, GELU/SwiGLU, bias-free layers, untied embeddings). As in CTranslate2's own
+converters, parameter names are the contract, mapped by one small function per layer.
+
+CTranslate2 fuses the self-attention q/k/v projections into one matrix and the cross-attention
+k/v into another. Our sinusoidal table is stored in the model (``position_encodings``), so its
+sin/cos interleaving needs no translation. The source side gets EOS appended by CTranslate2
+(``add_source_eos``), so callers pass plain SentencePiece pieces.
+
+Legend: D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..model import Transformer
+from .base import ExportError, load_for_export, require
+from .verify import check_close, check_same_outputs, eager_search, probe_sources
+
+logger = logging.getLogger(__name__)
+
+INT8_LOGPROB_TOL = 0.5  # int8 is not expected to match float32 closely; this catches breakage
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy().copy()
+
+
+def _set_linear(spec, layer: nn.Linear) -> None:
+    spec.weight = _np(layer.weight)
+    if layer.bias is not None:
+        spec.bias = _np(layer.bias)
+
+
+def _set_fused(spec, layers: list[nn.Linear]) -> None:
+    """Concatenate linears along the output axis (CTranslate2's fused q/k/v or k/v)."""
+    spec.weight = np.concatenate([_np(l.weight) for l in layers])
+    if layers[0].bias is not None:
+        spec.bias = np.concatenate([_np(l.bias) for l in layers])
+
+
+def _set_norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma = _np(norm.weight)
+    # CTranslate2 LayerNorms always have a beta; a bias-free one is a zero beta.
+    spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
+
+
+def _set_self_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
+    _set_fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    _set_linear(spec.linear[1], attn.out_proj)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_cross_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
+    _set_linear(spec.linear[0], attn.q_proj)
+    _set_fused(spec.linear[1], [attn.k_proj, attn.v_proj])
+    _set_linear(spec.linear[2], attn.out_proj)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec, ffn: nn.Module, norm: nn.LayerNorm) -> None:
+    # SwiGLU: silu(fc1 x) * fc_gate x -> CTranslate2's activated linear_0 and plain linear_0_noact.
+    _set_linear(spec.linear_0, ffn.fc1)
+    _set_linear(spec.linear_1, ffn.fc2)
+    if ffn.fc_gate is not None:
+        _set_linear(spec.linear_0_noact, ffn.fc_gate)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_encoder_layer(spec, layer: nn.Module) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
+    _set_ffn(spec.ffn, layer.ffn, layer.norm2)
+
+
+def _set_decoder_layer(spec, layer: nn.Module) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
+    _set_cross_attention(spec.attention, layer.cross_attn, layer.norm2)
+    _set_ffn(spec.ffn, layer.ffn, layer.norm3)
+
+
+def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
+    """Token embeddings, the sqrt(D) scale and the position table (none for RoPE)."""
+    emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    emb.weight = _np(embed.tokens.weight)
+    spec.scale_embeddings = cfg.scale_embeddings
+    if cfg.positions == "rope":
+        # The encoder spec declares a position table even with rotary attention; drop it.
+        if hasattr(spec, "position_encodings"):
+            delattr(spec, "position_encodings")
+    else:
+        spec.position_encodings.encodings = _np(embed.positions(0, cfg.max_positions))
+
+
+def _activation(cfg: ModelConfig):
+    Activation = require("ctranslate2.specs.common_spec").Activation
+    return {"relu": Activation.RELU, "gelu": Activation.GELU, "swiglu": Activation.SWISH}[cfg.activation]
+
+
+def transformer_spec(model: Transformer):
+    """A filled ``TransformerSpec`` (no vocabulary yet) for ``model``."""
+    ts = require("ctranslate2.specs.transformer_spec")
+    cfg = model.config
+    rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
+    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation == "swiglu", **rope)
+    encoder = ts.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **common)
+    decoder = ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **common)
+    _set_inputs(encoder, model.src_embed, cfg)
+    _set_inputs(decoder, model.tgt_embed, cfg)
+    for spec, layer in zip(encoder.layer, model.encoder_layers):
+        _set_encoder_layer(spec, layer)
+    for spec, layer in zip(decoder.layer, model.decoder_layers):
+        _set_decoder_layer(spec, layer)
+    if cfg.norm == "pre":
+        _set_norm(encoder.layer_norm, model.encoder_norm)
+        _set_norm(decoder.layer_norm, model.decoder_norm)
+    _set_linear(decoder.projection, model.output_proj)
+    spec = ts.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    return spec
+
+
+def _configure(spec, tok) -> None:
+    """Vocabularies (our pieces, by id) and the special tokens CTranslate2 must know."""
+    spec.register_source_vocabulary(tok.pieces(range(tok.src_vocab_size), "src"))
+    spec.register_target_vocabulary(tok.pieces(range(tok.tgt_vocab_size), "tgt"))
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
+    spec.config.decoder_start_token = "<s>"
+    spec.config.add_source_eos = True
+
+
+def export_ctranslate2(model_dir: str | os.PathLike, out: Path, quantization: str | None = None) -> dict[str, object]:
+    """Write a CTranslate2 model for ``model_dir`` into ``out`` and verify it.
+
+    Args:
+        quantization: None (float32) or "int8" (weights stored in int8).
+    """
+    require("ctranslate2")
+    model, tok = load_for_export(model_dir, need_tokenizer=True)
+    for key in ("n_encoder_layers", "n_decoder_layers"):
+        if getattr(model.config, key) == 0:
+            raise ExportError(f"cannot export to CTranslate2: model.{key}=0 (it needs at least one layer)")
+    spec = transformer_spec(model)
+    _configure(spec, tok)
+    try:
+        spec.validate()
+        spec.optimize(quantization=quantization or "float32")
+    except (ValueError, TypeError) as e:
+        raise ExportError(f"CTranslate2 rejected the model spec: {e}") from None
+    spec.save(str(out))
+    return verify_ctranslate2(model, tok, out, quantization)
+
+
+def ct2_translate_ids(translator, tok, src, beam: int, max_len: int, lenpen: float = 0.0) -> list[list[int]]:
+    """Run ``translator`` on id rows (tokens + EOS, padded) and return output ids (EOS appended)."""
+    eos = 2
+    sources = [tok.pieces([i for i in row.tolist() if i not in (0, eos)], "src") for row in src]
+    # CTranslate2's default min_decoding_length is 1; ours (min_len) is 0.
+    results = translator.translate_batch(
+        sources, beam_size=beam, max_decoding_length=max_len, min_decoding_length=0, length_penalty=lenpen,
+        suppress_sequences=[["<pad>"], ["<s>"]], return_end_token=True)
+    vocab = {p: i for i, p in enumerate(tok.pieces(range(tok.tgt_vocab_size), "tgt"))}
+    return [[vocab[p] for p in r.hypotheses[0]] for r in results]
+
+
+def ct2_log_probs(translator, tok, src, tgt_ids: list[list[int]]) -> list[float]:
+    """CTranslate2's log P(target | source) per sentence, targets as ids (EOS included if present).
+
+    ``score_batch`` always scores an EOS after the target; it is left out for targets that
+    have none (a hypothesis cut at the length limit), so both sides sum the same tokens.
+    """
+    eos = 2
+    sources = [tok.pieces([i for i in row.tolist() if i not in (0, eos)], "src") for row in src]
+    targets = [tok.pieces([i for i in t if i != eos], "tgt") for t in tgt_ids]
+    results = translator.score_batch(sources, targets)
+    return [sum(r.log_probs[: len(t)]) for r, t in zip(results, tgt_ids)]
+
+
+@torch.no_grad()
+def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | None) -> dict[str, object]:
+    """Load ``out``; compare sequence log-probs and greedy/beam outputs with the eager model."""
+    from .verify import sequence_log_prob
+
+    ctranslate2 = require("ctranslate2")
+    translator = ctranslate2.Translator(str(out), device="cpu", compute_type="default", intra_threads=1)
+    src = probe_sources(model)
+    checks: dict[str, object] = {}
+    greedy = eager_search(model, src, 1, 12)
+    want = torch.tensor([sequence_log_prob(model, src[i], g) for i, g in enumerate(greedy)])
+    got = torch.tensor(ct2_log_probs(translator, tok, src, greedy))
+    tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
+    checks["max_logprob_diff"] = check_close("CTranslate2 sequence log-probs", got, want, tol)
+    if quantization:  # int8 outputs may legitimately differ; report how often they agree
+        got_ids = ct2_translate_ids(translator, tok, src, 1, 12)
+        checks["greedy_agreement"] = sum(a == b for a, b in zip(greedy, got_ids)) / len(greedy)
+        return checks
+    for beam in (1, 4):
+        want_ids = greedy if beam == 1 else eager_search(model, src, beam, 12)
+        got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
+        name = "greedy" if beam == 1 else "beam"
+        checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids, got_ids,
+                                                           beam=beam > 1, other_search=beam > 1)
+    return checks

@@ -1,0 +1,231 @@
+"""Export to a Hugging Face ``MarianMTModel`` directory (config, safetensors, tokenizer files).
+
+Marian is the paper's post-LN Transformer with sinusoidal positions, so a transduce model with
+those options maps onto it weight for weight, with one twist: our position table interleaves
+sin and cos (dims 2i, 2i+1, Sec. 3.5) while Marian puts all sines first and all cosines second.
+The Transformer is equivariant to a fixed permutation of the residual-stream channels, so we
+permute every D-facing weight axis (embeddings, the input side of q/k/v/fc1 and the output
+projection, the output side of out_proj/fc2, the LayerNorms) by ``P = [0, 2, 4, ..., 1, 3, ...]``;
+Marian's own table then equals ours under ``P`` and the two models compute the same logits.
+Head dimensions (q/k/v outputs) are not in the residual stream and stay as they are.
+
+Options Marian cannot express (pre-LN, RoPE or learned positions, SwiGLU, bias-free layers, a
+LayerNorm epsilon other than 1e-5, an odd D) are refused
+with a one-line error naming the option.
+
+Legend: D d_model, V vocabulary, P the channel permutation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..model import Transformer
+from .base import ExportError, load_for_export, require
+from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
+                     probe_targets)
+
+logger = logging.getLogger(__name__)
+
+MARIAN_LN_EPS = 1e-5  # nn.LayerNorm's default, which Marian layers use without a config key
+
+
+def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """The options of ``cfg`` that MarianMTModel cannot express, one phrase each."""
+    problems = []
+    if cfg.norm != "post":
+        problems.append(f"model.norm={cfg.norm} (Marian has post-LN layers only)")
+    if cfg.positions != "sinusoidal":
+        problems.append(f"model.positions={cfg.positions} (Marian has sinusoidal positions only)")
+    if cfg.activation not in ("relu", "gelu"):
+        problems.append(f"model.activation={cfg.activation} (Marian's FFN is not gated)")
+    if not cfg.bias:
+        problems.append("model.bias=false (Marian's linear layers and LayerNorms have biases)")
+    if cfg.layer_norm_eps != MARIAN_LN_EPS:
+        problems.append(f"model.layer_norm_eps={cfg.layer_norm_eps} (Marian uses {MARIAN_LN_EPS})")
+    if cfg.d_model % 2:
+        problems.append(f"model.d_model={cfg.d_model} (odd widths have a different position table)")
+    return problems
+
+
+def check_marian_compatible(cfg: ModelConfig) -> None:
+    """Raise ExportError naming the first option Marian cannot express."""
+    problems = marian_incompatibilities(cfg)
+    if problems:
+        raise ExportError(f"cannot export to Hugging Face Marian: {'; '.join(problems)}")
+
+
+def residual_permutation(d_model: int) -> Tensor:
+    """P such that Marian channel c holds our channel P[c]: evens (sines), then odds (cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _linear(name: str, layer: nn.Linear, perm: Tensor, side: str) -> dict[str, Tensor]:
+    """Weights of one Linear with its residual-facing ``side`` ("in" or "out") permuted."""
+    w = layer.weight.detach()                                            # (out, in)
+    out = {f"{name}.weight": w[:, perm] if side == "in" else w[perm]}
+    if layer.bias is not None:
+        b = layer.bias.detach()
+        out[f"{name}.bias"] = b[perm] if side == "out" else b
+    return out
+
+
+def _norm(name: str, norm: nn.LayerNorm, perm: Tensor) -> dict[str, Tensor]:
+    return {f"{name}.weight": norm.weight.detach()[perm], f"{name}.bias": norm.bias.detach()[perm]}
+
+
+def _attention(name: str, attn: nn.Module, perm: Tensor) -> dict[str, Tensor]:
+    return {**_linear(f"{name}.q_proj", attn.q_proj, perm, "in"),
+            **_linear(f"{name}.k_proj", attn.k_proj, perm, "in"),
+            **_linear(f"{name}.v_proj", attn.v_proj, perm, "in"),
+            **_linear(f"{name}.out_proj", attn.out_proj, perm, "out")}
+
+
+def _ffn(name: str, ffn: nn.Module, perm: Tensor) -> dict[str, Tensor]:
+    return {**_linear(f"{name}.fc1", ffn.fc1, perm, "in"), **_linear(f"{name}.fc2", ffn.fc2, perm, "out")}
+
+
+def _encoder_layer(i: int, layer: nn.Module, perm: Tensor) -> dict[str, Tensor]:
+    p = f"model.encoder.layers.{i}"
+    return {**_attention(f"{p}.self_attn", layer.self_attn, perm),
+            **_norm(f"{p}.self_attn_layer_norm", layer.norm1, perm),
+            **_ffn(p, layer.ffn, perm),
+            **_norm(f"{p}.final_layer_norm", layer.norm2, perm)}
+
+
+def _decoder_layer(i: int, layer: nn.Module, perm: Tensor) -> dict[str, Tensor]:
+    p = f"model.decoder.layers.{i}"
+    return {**_attention(f"{p}.self_attn", layer.self_attn, perm),
+            **_norm(f"{p}.self_attn_layer_norm", layer.norm1, perm),
+            **_attention(f"{p}.encoder_attn", layer.cross_attn, perm),
+            **_norm(f"{p}.encoder_attn_layer_norm", layer.norm2, perm),
+            **_ffn(p, layer.ffn, perm),
+            **_norm(f"{p}.final_layer_norm", layer.norm3, perm)}
+
+
+def _embeddings(model: Transformer, perm: Tensor) -> dict[str, Tensor]:
+    """Token embeddings, output layer, position tables (Marian recomputes the same ones)."""
+    cfg = model.config
+    src = model.src_embed.tokens.weight.detach()[:, perm]                # (V_src, D)
+    tgt = model.tgt_embed.tokens.weight.detach()[:, perm]                # (V_tgt, D)
+    table = model.src_embed.positions(0, cfg.max_positions).detach()[:, perm]  # (P, D)
+    out = {"model.encoder.embed_tokens.weight": src, "model.decoder.embed_tokens.weight": tgt,
+           "model.encoder.embed_positions.weight": table, "model.decoder.embed_positions.weight": table,
+           "lm_head.weight": model.output_proj.weight.detach()[:, perm],
+           "final_logits_bias": torch.zeros(1, cfg.tgt_vocab_size)}
+    if cfg.share_embeddings:
+        out["model.shared.weight"] = src
+    return out
+
+
+def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
+    """Our weights under MarianMTModel's parameter names, residual channels permuted by P."""
+    perm = residual_permutation(model.config.d_model)
+    state = _embeddings(model, perm)
+    for i, layer in enumerate(model.encoder_layers):
+        state.update(_encoder_layer(i, layer, perm))
+    for i, layer in enumerate(model.decoder_layers):
+        state.update(_decoder_layer(i, layer, perm))
+    return {k: v.float().contiguous() for k, v in state.items()}
+
+
+def marian_config(cfg: ModelConfig):
+    """The MarianConfig of the same shape; generation starts from our BOS, not Marian's PAD."""
+    transformers = require("transformers")
+    return transformers.MarianConfig(
+        vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size,
+        d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
+        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_output,
+        pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
+        decoder_start_token_id=cfg.bos_id, forced_eos_token_id=None,
+    )
+
+
+def generation_config(cfg: ModelConfig):
+    """Defaults for ``generate``: beam 4, never PAD or BOS (as our search), stop at K finished.
+
+    HF divides scores by len ** length_penalty, not by the GNMT penalty we use; with
+    ``length_penalty=0`` (our ``lenpen=0``) both rank hypotheses by their plain log-probability.
+    """
+    transformers = require("transformers")
+    return transformers.GenerationConfig(
+        decoder_start_token_id=cfg.bos_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
+        pad_token_id=cfg.pad_id, bad_words_ids=[[cfg.pad_id], [cfg.bos_id]], num_beams=4,
+        early_stopping=True, length_penalty=0.6, max_length=min(512, cfg.max_positions),
+    )
+
+
+def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, max_len: int) -> None:
+    """source.spm, target.spm, vocab.json (+ target_vocab.json) and tokenizer_config.json.
+
+    Our SentencePiece ids are the model ids, so vocab.json maps each piece to its own id.
+    """
+    from ..data.tokenizer import JOINT_MODEL, SIDE_MODELS
+
+    root = Path(model_dir)
+    for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
+        path = root / (JOINT_MODEL if tok.joint else SIDE_MODELS[side])
+        (out / name).write_bytes(path.read_bytes())
+    vocab = {p: i for i, p in enumerate(tok.pieces(range(tok.src_vocab_size), "src"))}
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    if not tok.joint:
+        tvocab = {p: i for i, p in enumerate(tok.pieces(range(tok.tgt_vocab_size), "tgt"))}
+        (out / "target_vocab.json").write_text(json.dumps(tvocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not tok.joint,
+              "model_max_length": max_len, "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "pad_token": "<pad>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+
+
+def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
+    """Write a MarianMTModel directory for ``model_dir`` into ``out`` and verify it."""
+    transformers = require("transformers")
+    model, tok = load_for_export(model_dir, need_tokenizer=True)
+    cfg = model.config
+    check_marian_compatible(cfg)
+    if (tok.src_vocab_size, tok.tgt_vocab_size) != (cfg.src_vocab_size, cfg.tgt_vocab_size):
+        raise ExportError(f"{model_dir}: tokenizer vocabularies ({tok.src_vocab_size}, {tok.tgt_vocab_size}) "
+                          f"do not match the model's ({cfg.src_vocab_size}, {cfg.tgt_vocab_size})")
+    hf = transformers.MarianMTModel(marian_config(cfg))
+    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
+    if missing or unexpected:
+        raise ExportError(f"Marian weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    hf.generation_config = generation_config(cfg)
+    hf.save_pretrained(out)
+    write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
+    return verify_hf(model, out)
+
+
+@torch.no_grad()
+def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
+    """Reload ``out`` with transformers; compare logits, greedy and beam outputs to eager."""
+    transformers = require("transformers")
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    src = probe_sources(model)
+    tgt = probe_targets(model, src.shape[0])
+    mask = src != model.config.pad_id
+    got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+    checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, eager_logits(model, src, tgt), atol)}
+    max_len = 12
+    for beam in (1, 4):
+        want = eager_search(model, src, beam, max_len)
+        options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+        gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_new_tokens=max_len,
+                          do_sample=False, **options)
+        got_ids = [row[1:].tolist() for row in gen]  # drop the decoder start token
+        name = "greedy" if beam == 1 else "beam"
+        checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
+                                                           beam=beam > 1)
+    return checks

@@ -1,0 +1,232 @@
+"""Export to ONNX: an encoder graph and a one-step decoder graph with an explicit KV cache.
+
+``encoder.onnx``:  src (B, S) int64 -> cross_k_i, cross_v_i (B, H, S, Dh) for each decoder layer
+                   (the encoder output is only ever used through these projections).
+``decoder.onnx``:  tokens (B, 1) int64, src_mask (B, S) bool, self_k_i / self_v_i (B, H, t, Dh),
+                   cross_k_i / cross_v_i -> logits (B, V), new_self_k_i / new_self_v_i (B, H, t+1, Dh).
+
+Batch, source length and cache length are dynamic axes; the first step passes a cache of
+length 0. :class:`OnnxGreedy` is the small numpy + onnxruntime loop that decodes with them.
+The graphs come from ``torch.onnx.export(dynamo=True)`` (torch.export), which traces the
+cache length as a symbolic size so positions and masks stay correct at every step.
+
+Legend: B batch, S source length, t cached target positions, H heads, Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..model import Transformer
+from ..model.attention import KVCache, LayerCache
+from ..model.transformer import EncoderOutput
+from .base import ExportError, load_for_export, require
+from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
+
+logger = logging.getLogger(__name__)
+
+ENCODER, DECODER, META = "encoder.onnx", "decoder.onnx", "onnx_config.json"
+OPSET = 18
+
+
+class EncoderGraph(nn.Module):
+    """src (B, S) -> [cross_k_0, cross_v_0, ...], each (B, H, S, Dh)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(src).memory                             # (B, S, D)
+        out: list[Tensor] = []
+        for layer in self.model.decoder_layers:
+            out.extend(layer.cross_attn.project_kv(memory))                # 2 x (B, H, S, Dh)
+        return tuple(out)
+
+
+class DecoderStepGraph(nn.Module):
+    """One decoding step with flat cache tensors in and out (see the module docstring)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        self.n_layers = len(model.decoder_layers)
+
+    def forward(self, tokens: Tensor, src_mask: Tensor, *caches: Tensor) -> tuple[Tensor, ...]:
+        n = self.n_layers
+        self_kv, cross_kv = caches[: 2 * n], caches[2 * n:]
+        layers = [LayerCache(self_kv[2 * i], self_kv[2 * i + 1], cross_kv[2 * i], cross_kv[2 * i + 1])
+                  for i in range(n)]
+        cache = KVCache(layers, length=self_kv[0].shape[2])              # symbolic t
+        enc = EncoderOutput(memory=None, mask=src_mask[:, None, None, :])  # (B, 1, 1, S)
+        out = self.model.decode(tokens, enc, cache)
+        new = [t for c in out.cache.layers for t in (c.self_k, c.self_v)]
+        return (out.logits[:, -1], *new)                                   # (B, V), 2n x (B, H, t+1, Dh)
+
+
+def _names(n: int, prefix: str) -> list[str]:
+    return [f"{prefix}_{kind}_{i}" for i in range(n) for kind in ("k", "v")]
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+            dynamic_shapes: tuple) -> None:
+    """torch.onnx.export with the dynamo exporter, quietly; ExportError with a one-line reason."""
+    require("onnxscript")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
+                                        dynamic_shapes=dynamic_shapes, opset_version=OPSET, verbose=False)
+        program.save(str(path), external_data=False)
+    except Exception as e:  # the exporter raises many types; report the first line only
+        raise ExportError(f"torch.onnx.export failed for {path.name}: {str(e).splitlines()[0]}") from None
+
+
+def _example(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3) -> tuple:
+    """Example inputs for tracing: a source batch and a decoder step with ``past`` cached positions."""
+    cfg = model.config
+    n, h, dh = len(model.decoder_layers), cfg.n_heads, cfg.head_dim
+    src = torch.full((batch, src_len), 5, dtype=torch.long)
+    kv = lambda t: torch.zeros(batch, h, t, dh)  # noqa: E731
+    caches = [kv(past) for _ in range(2 * n)] + [kv(src_len) for _ in range(2 * n)]
+    step = (torch.full((batch, 1), 5, dtype=torch.long), torch.ones(batch, src_len, dtype=torch.bool), *caches)
+    return src, step
+
+
+def export_graphs(model: Transformer, out: Path) -> None:
+    """Write encoder.onnx and decoder.onnx for ``model`` into ``out``."""
+    Dim = torch.export.Dim
+    n = len(model.decoder_layers)
+    batch, src_len = Dim("batch", min=1, max=4096), Dim("src_len", min=1, max=model.config.max_positions)
+    past = Dim("past_len", min=0, max=model.config.max_positions - 1)
+    src, step = _example(model)
+    cross = _names(n, "cross")
+    _export(EncoderGraph(model), (src,), out / ENCODER, ["src"], cross, ({0: batch, 1: src_len},))
+    caches = (*[{0: batch, 2: past}] * (2 * n), *[{0: batch, 2: src_len}] * (2 * n))
+    shapes = ({0: batch}, {0: batch, 1: src_len}, caches)  # the varargs are one tuple
+    _export(DecoderStepGraph(model), step, out / DECODER, ["tokens", "src_mask", *_names(n, "self"), *cross],
+            ["logits", *_names(n, "new_self")], shapes)
+
+
+class OnnxGreedy:
+    """Greedy decoding with the exported graphs in ONNX Runtime (numpy in, numpy out).
+
+    Args:
+        directory: an ONNX export directory (encoder.onnx, decoder.onnx, onnx_config.json).
+        threads: intra-op threads for ONNX Runtime (None: its default).
+
+    Examples:
+        >>> runner = OnnxGreedy("exported/onnx")                 # doctest: +SKIP
+        >>> runner.greedy(np.array([[17, 9, 2]]), max_len=20)   # doctest: +SKIP
+        [[31, 8, 2]]
+    """
+
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
+        ort = require("onnxruntime")
+        root = Path(directory)
+        self.meta = json.loads((root / META).read_text(encoding="utf-8"))
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        providers = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(str(root / ENCODER), opts, providers=providers)
+        self.decoder = ort.InferenceSession(str(root / DECODER), opts, providers=providers)
+        self.n_layers = self.meta["n_decoder_layers"]
+
+    def start(self, src: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """Encode ``src`` (B, S): the source mask, empty self caches and the cross caches."""
+        cross = self.encoder.run(None, {"src": src.astype(np.int64)})
+        b, h, dh = src.shape[0], self.meta["n_heads"], self.meta["head_dim"]
+        empty = [np.zeros((b, h, 0, dh), dtype=np.float32) for _ in range(2 * self.n_layers)]
+        return src != self.meta["pad_id"], empty, cross
+
+    def step(self, tokens: np.ndarray, mask: np.ndarray, self_kv: list[np.ndarray],
+             cross: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder step: tokens (B, 1) -> logits (B, V) and the extended self caches."""
+        feeds = {"tokens": tokens.astype(np.int64), "src_mask": mask}
+        feeds.update(zip(_names(self.n_layers, "self"), self_kv))
+        feeds.update(zip(_names(self.n_layers, "cross"), cross))
+        logits, *new = self.decoder.run(None, feeds)
+        return logits, new
+
+    def greedy(self, src: np.ndarray, max_len: int) -> list[list[int]]:
+        """Greedy search as :func:`~transduce.inference.search.greedy_search` (PAD/BOS never chosen).
+
+        Args:
+            src: (B, S) ids, each row ending in EOS, right-padded with PAD.
+            max_len: output limit in tokens (EOS counted).
+
+        Returns:
+            Output ids per sentence, ending in EOS unless the limit was reached.
+        """
+        m = self.meta
+        mask, self_kv, cross = self.start(src)
+        b = src.shape[0]
+        tokens = np.full((b, 1), m["bos_id"], dtype=np.int64)
+        outputs: list[list[int]] = [[] for _ in range(b)]
+        done = np.zeros(b, dtype=bool)
+        for _ in range(max_len):
+            logits, self_kv = self.step(tokens, mask, self_kv, cross)
+            logits[:, [m["pad_id"], m["bos_id"]]] = -np.inf
+            nxt = logits.argmax(axis=-1)                                    # (B,)
+            for i in np.flatnonzero(~done):
+                outputs[i].append(int(nxt[i]))
+            done |= nxt == m["eos_id"]
+            if done.all():
+                break
+            tokens = nxt[:, None].astype(np.int64)
+        return outputs
+
+
+def _write_meta(model: Transformer, out: Path) -> None:
+    cfg = model.config
+    meta = dict(n_decoder_layers=len(model.decoder_layers), n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+                pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, tgt_vocab_size=cfg.tgt_vocab_size,
+                max_positions=cfg.max_positions, opset=OPSET)
+    (out / META).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def _copy_tokenizer(model_dir: str | os.PathLike, out: Path) -> None:
+    from ..data.tokenizer import JOINT_MODEL, META_FILE, SIDE_MODELS
+
+    for name in (META_FILE, JOINT_MODEL, *SIDE_MODELS.values()):
+        if (Path(model_dir) / name).is_file():
+            shutil.copy2(Path(model_dir) / name, out / name)
+
+
+def export_onnx(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
+    """Write the two graphs (+ config and tokenizer files) for ``model_dir`` into ``out``; verify."""
+    require("onnx")
+    model, _ = load_for_export(model_dir, need_tokenizer=False)
+    export_graphs(model, out)
+    _write_meta(model, out)
+    _copy_tokenizer(model_dir, out)
+    return verify_onnx(model, out)
+
+
+@torch.no_grad()
+def verify_onnx(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
+    """Step-by-step teacher-forced logits and greedy outputs in ONNX Runtime vs the eager model."""
+    runner = OnnxGreedy(out)
+    src = probe_sources(model)
+    tgt = probe_targets(model, src.shape[0])
+    want = eager_logits(model, src, tgt)                                   # (B, T, V)
+    mask, self_kv, cross = runner.start(src.numpy())
+    got = []
+    for t in range(tgt.shape[1]):
+        logits, self_kv = runner.step(tgt[:, t: t + 1].numpy(), mask, self_kv, cross)
+        got.append(torch.from_numpy(logits))
+    checks: dict[str, object] = {
+        "max_logit_diff": check_close("ONNX Runtime logits", torch.stack(got, dim=1), want, atol)}
+    greedy = eager_search(model, src, 1, 12)
+    checks["greedy_differences"] = check_same_outputs("ONNX greedy", model, src, greedy, runner.greedy(src.numpy(), 12))
+    return checks
