@@ -92,12 +92,16 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nbest", type=int, default=1,
                    help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first")
     _add_search_options(p)
+    p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
     p.set_defaults(func=_cmd_translate)
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import Translator, translate_file
     translator = Translator.load(args.model_dir, args.device, args.precision)
+    if args.int8:
+        from .export import quantize_translator
+        translator = quantize_translator(translator)
     translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
                    args.max_len_a, args.max_len_b, args.batch_tokens)
     return 0
@@ -144,6 +148,45 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a model to Hugging Face Marian, CTranslate2 or ONNX (verified)")
+    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx"], help="target format")
+    p.add_argument("--out", required=True, help="directory to write (written atomically)")
+    p.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (ctranslate2 only)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_model
+    report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force)
+    print(report.summary())
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="HTTP translation server with dynamic batching and a demo page")
+    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long to gather concurrent requests into one batch (default: 5)")
+    p.add_argument("--no-batching", action="store_true", help="run each request on its own")
+    p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation (CPU)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import ServeConfig, serve
+    serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
+                                      batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
+                                      int8=args.int8, device=args.device))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
@@ -156,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_translate(sub)
     _add_evaluate(sub)
     _add_attention(sub)
+    _add_export(sub)
+    _add_serve(sub)
     return parser
 
 

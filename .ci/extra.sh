@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Extra CI setup for the export, serving and web-page tests (tests/export, tests/serve).
+# Run it after .ci/run has created and activated .venv-ci and installed '.[test]', e.g.
+#     . .venv-ci/bin/activate && .ci/extra.sh && python -m pytest -q
+# Without it those tests skip with a reason naming the missing package or binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore DEBIAN_FRONTEND=noninteractive
+# Debian's Chromium and its WebDriver, for the headless-browser test of the demo page.
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver
+# transformers, ctranslate2, onnx, onnxruntime, onnxscript; fastapi, uvicorn; selenium, httpx.
+pip install -q -e '.[test,export,serve,web-test]'
+python -c "import transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, selenium; print('extras ok')"

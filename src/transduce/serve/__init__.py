@@ -1,0 +1,11 @@
+"""Serve a model over HTTP: ``transduce serve MODEL_DIR`` (FastAPI + uvicorn, optional extra).
+
+Concurrent requests are gathered into token-budget batches by :class:`DynamicBatcher`; a demo
+page at ``/`` translates typed sentences and shows each translation's cross-attention.
+"""
+
+from .app import BackgroundServer, ServeConfig, TranslationService, create_app, load_service, serve
+from .batcher import BatchStats, DynamicBatcher
+
+__all__ = ["BackgroundServer", "ServeConfig", "TranslationService", "create_app", "load_service", "serve",
+           "BatchStats", "DynamicBatcher"]

@@ -1,0 +1,347 @@
+"""The HTTP server: FastAPI routes around a :class:`~transduce.inference.Translator` and a
+:class:`~.batcher.DynamicBatcher` that owns it.
+
+Routes:
+    POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50}
+                     -> {"translations": [...]} in input order
+    POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
+                     -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
+    GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
+    GET  /           -> the demo page (static/index.html)
+
+Errors are JSON ``{"error": "..."}``: 413 for a body, a sentence list or a sentence over the
+limits, 422 for malformed or invalid requests, 503 when the queue is full, 504 when a request
+waits longer than ``request_timeout_s``, 500 if a batch fails; the server keeps serving.
+FastAPI and uvicorn are optional (``pip install 'transduce[serve]'``) and imported lazily.
+"""
+
+# No "from __future__ import annotations": FastAPI reads the route annotations at runtime, and
+# the classes they name (Request) are imported lazily inside create_app.
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any, Hashable
+
+from ..errors import ConfigError, TransduceError
+from .batcher import DynamicBatcher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Server settings; every limit is a field, checked on creation."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    batch_tokens: int = 4096
+    batch_wait_ms: float = 5.0
+    batching: bool = True
+    max_body_bytes: int = 256 * 1024
+    max_sentences: int = 64
+    max_sentence_chars: int = 2000
+    max_queued: int = 1024
+    request_timeout_s: float = 30.0
+    int8: bool = False
+    device: str = "cpu"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
+        if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
+            raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
+
+
+def require(module: str) -> Any:
+    """Import an optional serving dependency or raise a one-line TransduceError."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise TransduceError(f"serving needs the optional package {module!r}; "
+                             "install it with: pip install 'transduce[serve]'") from None
+
+
+class TranslationService:
+    """The model side of the server: a Translator run by a DynamicBatcher's worker thread.
+
+    Args:
+        translator: a :class:`~transduce.inference.Translator` (only the worker thread uses it).
+        cfg: the server settings (token budget, batching wait, queue size).
+    """
+
+    def __init__(self, translator, cfg: ServeConfig):
+        self.translator, self.cfg = translator, cfg
+        self.batcher = DynamicBatcher(self._run, max_cost=cfg.batch_tokens, wait_ms=cfg.batch_wait_ms,
+                                      max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
+
+    def cost(self, texts: list[str]) -> int:
+        """Source tokens + EOS of ``texts``: what the token budget counts."""
+        return sum(len(self.translator.tokenizer.encode(t, "src")) + 1 for t in texts)
+
+    def _run(self, key: Hashable, items: list[str]) -> list[Any]:
+        kind, options = key[0], dict(key[1:])
+        if kind == "translate":
+            return self.translator.translate(items, batch_tokens=self.cfg.batch_tokens, **options)
+        results = self.translator.translate_detailed(items, batch_tokens=self.cfg.batch_tokens,
+                                                     need_attention=True, **options)
+        return [attention_payload(r) for r in results]
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+def attention_payload(result) -> dict[str, Any]:
+    """A Translation with attention -> JSON: pieces on both axes and the (T x S) matrix."""
+    best = result.best
+    target = list(best.pieces) + (["</s>"] if best.ended else [])
+    source = list(result.source_pieces) + (["</s>"] if result.source_tokens else [])
+    matrix = [] if best.attention is None else [[round(float(x), 5) for x in row] for row in best.attention]
+    return {"translation": best.text, "source": source, "target": target, "matrix": matrix}
+
+
+def load_service(model_dir: str | os.PathLike, cfg: ServeConfig) -> TranslationService:
+    """Load the model directory into a TranslationService (int8 and threads as configured)."""
+    import torch
+
+    from ..inference.translator import Translator
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    translator = Translator.load(model_dir, cfg.device)
+    if cfg.int8:
+        from ..export.quantize import quantize_translator
+        translator = quantize_translator(translator)
+    return TranslationService(translator, cfg)
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": message}`` with an HTTP status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over ``max_bytes`` (declared or streamed), before parsing."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            return await _send_json(send, 413, {"error": f"request body over {self.max_bytes} bytes"})
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise ApiError(413, f"request body over {self.max_bytes} bytes")
+            return message
+
+        return await self.app(scope, limited, send)
+
+
+async def _send_json(send, status: int, payload: dict) -> None:
+    import json
+
+    body = json.dumps(payload).encode("utf-8")
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def request_models():
+    """The pydantic models of the request bodies (built on demand: pydantic comes with FastAPI)."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class TranslateRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        sentences: list[str]
+        beam: int = Field(4, ge=1, le=16)
+        lenpen: float = Field(0.6, ge=0.0, le=5.0)
+        max_len_a: float = Field(1.0, ge=0.0, le=4.0)
+        max_len_b: int = Field(50, ge=0, le=1024)
+
+    class AttentionRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        sentence: str
+        beam: int = Field(4, ge=1, le=16)
+        lenpen: float = Field(0.6, ge=0.0, le=5.0)
+        layer: int = -1
+        head: int | None = None
+
+    return TranslateRequest, AttentionRequest
+
+
+async def parse_body(request, model):
+    """The JSON body validated as ``model``; ApiError(422) with the first problem otherwise."""
+    from pydantic import ValidationError
+
+    try:
+        data = await request.json()
+    except ValueError:
+        raise ApiError(422, "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ApiError(422, "request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "body"
+        raise ApiError(422, f"{where}: {err['msg']}") from None
+
+
+def check_sentences(sentences: list[str], cfg: ServeConfig) -> None:
+    """413 for too many or too long sentences."""
+    if len(sentences) > cfg.max_sentences:
+        raise ApiError(413, f"{len(sentences)} sentences; at most {cfg.max_sentences} per request")
+    longest = max((len(s) for s in sentences), default=0)
+    if longest > cfg.max_sentence_chars:
+        raise ApiError(413, f"a sentence of {longest} characters; at most {cfg.max_sentence_chars}")
+
+
+async def run_job(service: TranslationService, key: Hashable, items: list[str]) -> list[Any]:
+    """Submit to the batcher and wait (503 queue full, 504 timeout, 422/500 on failure)."""
+    try:
+        future = service.batcher.submit(key, items, service.cost(items))
+    except RuntimeError as e:
+        raise ApiError(503, str(e)) from None
+    try:
+        return await await_job(future, service.cfg.request_timeout_s)
+    except asyncio.TimeoutError:
+        future.cancel()
+        raise ApiError(504, f"not answered within {service.cfg.request_timeout_s:g} s") from None
+    except TransduceError as e:
+        raise ApiError(422, str(e)) from None
+    except Exception as e:  # noqa: BLE001 - reported to the client, logged by the batcher
+        raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+
+
+def create_app(service: TranslationService, title: str = "transduce"):
+    """The FastAPI application for ``service`` (see the module docstring for the routes)."""
+    fastapi = require("fastapi")
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse, JSONResponse
+
+    TranslateRequest, AttentionRequest = request_models()
+    cfg, model_cfg = service.cfg, service.translator.model.config
+    app = fastapi.FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.post("/translate")
+    async def translate(request: Request):
+        req = await parse_body(request, TranslateRequest)
+        check_sentences(req.sentences, cfg)
+        if not req.sentences:
+            return {"translations": []}
+        key = ("translate", ("beam", req.beam), ("lenpen", req.lenpen), ("max_len_a", req.max_len_a),
+               ("max_len_b", req.max_len_b))
+        return {"translations": await run_job(service, key, req.sentences)}
+
+    @app.post("/attention")
+    async def attention(request: Request):
+        req = await parse_body(request, AttentionRequest)
+        check_sentences([req.sentence], cfg)
+        if not req.sentence.strip():
+            raise ApiError(422, "sentence: is empty")
+        n = model_cfg.n_decoder_layers
+        if not -n <= req.layer < n or (req.head is not None and not 0 <= req.head < model_cfg.n_heads):
+            raise ApiError(422, f"layer must be in [{-n}, {n}) and head in [0, {model_cfg.n_heads}) or null")
+        key = ("attention", ("beam", req.beam), ("lenpen", req.lenpen), ("attention_layer", req.layer),
+               ("attention_head", req.head))
+        return (await run_job(service, key, [req.sentence]))[0]
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
+                "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
+                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": cfg.batch_tokens,
+                           "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return HTMLResponse(index_html())
+
+    return app
+
+
+class BackgroundServer:
+    """A uvicorn server in a thread, for tests and benchmarks (``port=0`` picks a free port).
+
+    Examples:
+        >>> with BackgroundServer(app) as server:      # doctest: +SKIP
+        ...     httpx.get(server.url + "/health")
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        uvicorn = require("uvicorn")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="transduce-uvicorn", daemon=True)
+        self.url = ""
+
+    def start(self, timeout: float = 20.0) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.02)
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(model_dir: str | os.PathLike, cfg: ServeConfig) -> None:
+    """Load ``model_dir`` and serve it with uvicorn until interrupted (``transduce serve``)."""
+    uvicorn = require("uvicorn")
+    require("fastapi")
+    service = load_service(model_dir, cfg)
+    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s: reachable from other machines (there is no authentication)", cfg.host)
+    logger.info("serving %s on http://%s:%d (settings: %s)", model_dir, cfg.host, cfg.port, asdict(cfg))
+    try:
+        uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
+                    host=cfg.host, port=cfg.port, log_level="info")
+    finally:
+        service.close()
+
+
+def index_html() -> str:
+    """The demo page shipped as package data (serve/static/index.html)."""
+    return resources.files("transduce.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+async def await_job(future, timeout: float) -> Any:
+    """Wait for a batcher future from async code without blocking the event loop."""
+    return await asyncio.wait_for(asyncio.wrap_future(future), timeout)

@@ -1,0 +1,132 @@
+"""The HTTP server, live on loopback: correct answers under concurrency, batching, limits, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from transduce.errors import TransduceError
+from transduce.inference.translator import Translator
+from toy_model import toy_pairs  # tests/export/toy_model.py, registered by conftest.py
+
+httpx = pytest.importorskip("httpx", reason="httpx is needed to talk to the test server")
+
+
+@pytest.fixture(scope="module")
+def client(live_server):
+    with httpx.Client(base_url=live_server.url, timeout=30) as c:
+        yield c
+
+
+def test_concurrent_requests_are_answered_in_order_and_batched(client, trained_dir):
+    sentences = [s for s, _ in toy_pairs(48, seed=11)]
+    requests = [sentences[i: i + 3] for i in range(0, 48, 3)] * 2              # 32 requests
+    expected = Translator.load(trained_dir).translate(sentences, beam=2)
+    want = {s: t for s, t in zip(sentences, expected)}
+    before = client.get("/health").json()["batching"]
+
+    def ask(batch):
+        r = httpx.post(client.base_url.join("/translate"), json={"sentences": batch, "beam": 2}, timeout=30)
+        return r.status_code, r.json()
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, requests))
+    for batch, (status, body) in zip(requests, answers):
+        assert status == 200
+        assert body["translations"] == [want[s] for s in batch]
+    after = client.get("/health").json()["batching"]
+    assert after["requests"] - before["requests"] == len(requests)
+    assert after["max_requests_per_batch"] > 1                                   # dynamic batching happened
+    assert after["batches"] - before["batches"] < len(requests)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 422, "not valid JSON"),
+    (b"[1, 2]", 422, "must be a JSON object"),
+    (json.dumps({"sentences": "a dog"}).encode(), 422, "sentences"),
+    (json.dumps({"sentences": [1, 2]}).encode(), 422, "sentences.0"),
+    (json.dumps({"sentences": ["a"], "beam": 0}).encode(), 422, "beam"),
+    (json.dumps({"sentences": ["a"], "beam": "4"}).encode(), 422, "beam"),
+    (json.dumps({"sentences": ["a"], "color": "red"}).encode(), 422, "color"),
+    (json.dumps({}).encode(), 422, "sentences"),
+    (json.dumps({"sentences": ["a dog"] * 9}).encode(), 413, "at most 8"),
+    (json.dumps({"sentences": ["dog " * 60]}).encode(), 413, "at most 200"),
+    (json.dumps({"sentences": ["a"], "pad": "x" * 9000}).encode(), 413, "over 8192 bytes"),
+    (b"\xff\xfe\x00garbage", 422, "not valid JSON"),
+])
+def test_bad_requests_get_json_errors_and_the_server_keeps_serving(client, body, status, message):
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    assert message in r.json()["error"]
+    ok = client.post("/translate", json={"sentences": ["the red dog"], "beam": 1})
+    assert ok.status_code == 200 and len(ok.json()["translations"]) == 1
+
+
+def test_streamed_oversized_body_is_cut_off(client):
+    chunks = (b" " * 1024 for _ in range(64))                                   # no content-length
+    r = client.post("/translate", content=chunks, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_empty_list_and_search_options(client):
+    assert client.post("/translate", json={"sentences": []}).json() == {"translations": []}
+    r = client.post("/translate", json={"sentences": ["a cat", ""], "beam": 3, "lenpen": 1, "max_len_b": 5})
+    assert r.status_code == 200 and r.json()["translations"][1] == ""
+
+
+def test_attention_endpoint(client):
+    r = client.post("/attention", json={"sentence": "the red dog sleeps", "beam": 1})
+    assert r.status_code == 200
+    data = r.json()
+    assert data["source"][-1] == "</s>" and data["target"][-1] == "</s>"
+    assert len(data["matrix"]) == len(data["target"])
+    assert all(len(row) == len(data["source"]) and abs(sum(row) - 1) < 1e-3 for row in data["matrix"])
+    assert client.post("/attention", json={"sentence": "  "}).status_code == 422
+    assert client.post("/attention", json={"sentence": "a dog", "layer": 5}).status_code == 422
+
+
+def test_page_is_served(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'id="translate"' in r.text and "/attention" in r.text
+
+
+class _StubTranslator:
+    """Looks like a Translator to the server; slow, and fails on the sentence "boom"."""
+
+    def __init__(self, real: Translator, delay: float):
+        self.model, self.tokenizer, self.delay = real.model, real.tokenizer, delay
+
+    def translate(self, texts, **options):
+        time.sleep(self.delay)
+        if "boom" in texts:
+            raise RuntimeError("stub failure")
+        return [t.upper() for t in texts]
+
+
+def test_timeouts_and_failures_are_answered(trained_dir):
+    from transduce.serve import BackgroundServer, ServeConfig, TranslationService, create_app
+
+    service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.3),
+                                 ServeConfig(request_timeout_s=0.1, batch_wait_ms=1))
+    with BackgroundServer(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        r = c.post("/translate", json={"sentences": ["slow"]})
+        assert r.status_code == 504 and "within 0.1 s" in r.json()["error"]
+        service.cfg = ServeConfig(request_timeout_s=5.0)
+        r = c.post("/translate", json={"sentences": ["boom"]})
+        assert r.status_code == 500 and "stub failure" in r.json()["error"]
+        assert c.post("/translate", json={"sentences": ["fine"]}).json() == {"translations": ["FINE"]}
+    service.close()
+
+
+def test_defaults_and_missing_extra():
+    from transduce.serve import ServeConfig
+    from transduce.serve.app import require
+
+    assert ServeConfig().host == "127.0.0.1"
+    with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
+        require("transduce_no_such_package")
