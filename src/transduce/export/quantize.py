@@ -36,12 +36,23 @@ def quantize_dynamic_int8(model: nn.Module, inplace: bool = False) -> nn.Module:
     """
     target = model if inplace else copy.deepcopy(model)
     target = target.to("cpu").float().eval()
+    _plain_linears(target)
     # torch.ao.quantization is deprecated in favour of torchao but still the one built-in path;
     # its warnings say so on every call, which is noise for users of this function.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=DeprecationWarning)
         warnings.simplefilter("ignore", category=UserWarning)
         return torch.ao.quantization.quantize_dynamic(target, {nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def _plain_linears(model: nn.Module) -> None:
+    """Turn ``nn.Linear`` subclasses that only change ``forward`` (such as the Translator's
+    OneDNNLinear) back into ``nn.Linear``: ``quantize_dynamic`` matches exact types and would
+    silently skip them."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear \
+                and set(module.state_dict()) <= {"weight", "bias"}:
+            module.__class__ = nn.Linear
 
 
 def quantize_translator(translator):
