@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .search import Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, step_log_probs
+from .search import (Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, new_cache,
+                     step_log_probs)
 
 
 @dataclass
@@ -73,15 +74,19 @@ def extend(history: Tensor, parent: Tensor, new: Tensor) -> Tensor:
 
 
 def candidates(logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) -> Candidates:
-    """Top 2K extensions over the flattened (beam, token) axis of each sentence.
+    """Top 2K extensions over the (beam, token) pairs of each sentence.
+
+    Two stages, so nothing of size (N, V) is written: each row's best 2K tokens (the sentence's
+    best 2K extensions can only come from those), then the best 2K of the K * 2K survivors.
 
     Shape: logp (B*k, V) -> Candidates of width min(2K, k*V).
     """
     b, k = beams.scores.shape
-    v = logp.shape[-1]
-    total = beams.scores.unsqueeze(2) + logp.view(b, k, v)               # (B, k, V)
-    scores, flat = total.view(b, k * v).topk(min(2 * beam, k * v), dim=1)  # (B, 2K)
-    parent, token = flat // v, flat % v
+    per_row = min(2 * beam, logp.shape[-1])
+    row_logp, row_token = logp.topk(per_row, dim=1)                      # (N, w)
+    total = (beams.scores.view(-1, 1) + row_logp).view(b, k * per_row)   # (B, k*w)
+    scores, flat = total.topk(min(2 * beam, k * per_row), dim=1)          # (B, 2K)
+    parent, token = flat // per_row, row_token.view(b, -1).gather(1, flat)
     ends = (token == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
     ends[:, beam:] = False  # only the top K may finish, so finished ones beat the alive ones
     return Candidates(scores, parent, token, ends)
@@ -186,7 +191,7 @@ def beam_search(
     """
     cfg = model.config
     beams, fin = start(src, beam, cfg, max_len_a, max_len_b, need_attention)
-    enc, cache = model.encode(src), model.new_cache()
+    enc, cache = model.encode(src), new_cache(model)
     for step in range(fin.tokens.shape[2]):
         n_rows = beams.scores.numel()
         out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention)

@@ -108,6 +108,13 @@ def cross_attention_row(cross: list[Tensor] | None, layer: int, head: int | None
     return w.mean(dim=1) if head is None else w[:, head]
 
 
+def new_cache(model: Seq2Seq):
+    """The model's empty KV cache, switched to in-place preallocated buffers when it can be
+    (no per-step reallocation; see :meth:`~transduce.model.KVCache.in_place`)."""
+    cache = model.new_cache()
+    return cache.in_place() if hasattr(cache, "in_place") else cache
+
+
 # Choose the next token from (N, V) log-probs: returns ids (N,) long.
 TokenChooser = Callable[[Tensor], Tensor]
 
@@ -144,7 +151,7 @@ def sequential_search(
     out_logp = torch.zeros(b, dtype=torch.float32, device=device)
     out_attn = torch.zeros(b, t_cap, src.shape[1], device=device) if need_attention else None
     enc = model.encode(src)
-    cache = model.new_cache() if use_cache else None
+    cache = new_cache(model) if use_cache else None
     bos = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=device)
     rows = _Rows(torch.arange(b, device=device), bos, bos, limit)
     for step in range(t_cap):

@@ -23,6 +23,7 @@ from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .beam import beam_search
+from .cpu import use_onednn_linears
 from .sampling import check_sampling, sample
 from .search import SearchOutput, greedy_search
 
@@ -95,6 +96,9 @@ class Translator:
         device: "cpu", "cuda", "cuda:1" or "auto".
         precision: "fp32", or "bf16"/"fp16" autocast (meant for CUDA).
         max_input_len: longer inputs are cut to this many tokens, with a warning.
+
+    On CPU the model's linear layers are switched in place to oneDNN (same parameters and
+    results; see :func:`~transduce.inference.cpu.use_onednn_linears`).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
@@ -103,6 +107,8 @@ class Translator:
             raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()
+        if self.device.type == "cpu":
+            use_onednn_linears(self.model)  # same math, faster CPU matmuls (see inference.cpu)
         self.tokenizer = tokenizer
         self.precision = precision
         cfg = model.config

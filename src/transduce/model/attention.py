@@ -39,6 +39,10 @@ def scaled_dot_product_attention(
     Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask broadcastable to (B, H, Tq, Tk)
     -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk) or None.
     """
+    if not need_weights and q.shape[-2] == 1 and q.device.type == "cpu" and not dropout:
+        # One query per row (incremental decoding): two small matmuls beat the CPU flash
+        # kernel several times over, and accept the strided keys of an in-place cache.
+        return attention_weights(q, k, mask) @ v, None                  # (B, H, 1, Dh)
     if not need_weights:
         t_q, t_k = q.shape[-2], k.shape[-2]
         # SDPA takes a mask or is_causal, not both, and aligns is_causal top-left; we need
@@ -55,12 +59,68 @@ def scaled_dot_product_attention(
 
 @dataclass
 class LayerCache:
-    """One decoder layer's cached keys and values. Shapes (B, H, T, Dh) and (B, H, S, Dh)."""
+    """One decoder layer's cached keys and values. Shapes (B, H, T, Dh) and (B, H, S, Dh).
+
+    By default :meth:`append` grows ``self_k``/``self_v`` with ``torch.cat`` (functional and
+    traceable, for export). With ``chunk > 0`` they are views of preallocated (B, H, capacity,
+    Dh) buffers written in place and grown ``chunk`` positions at a time; :meth:`reorder`
+    then gathers into a recycled spare pair of buffers, so a search step allocates nothing.
+    The price: after ``reorder`` the source cache is spent and must not be used again.
+    """
 
     self_k: Tensor | None = None
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    chunk: int = 0
+    buffers: tuple[Tensor, Tensor] | None = None
+    spare: tuple[Tensor, Tensor] | None = None
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
+        if not self.chunk:
+            if self.self_k is not None:
+                k = torch.cat([self.self_k, k], dim=2)                   # (B, H, t + T, Dh)
+                v = torch.cat([self.self_v, v], dim=2)
+            self.self_k, self.self_v = k, v
+            return k, v
+        t = 0 if self.self_k is None else self.self_k.shape[2]
+        end = t + k.shape[2]
+        if self.buffers is None or self.buffers[0].shape[2] < end:
+            self.buffers, self.spare = self._grown(k, end), None
+        self.buffers[0][:, :, t:end] = k
+        self.buffers[1][:, :, t:end] = v
+        self.self_k, self.self_v = (buf[:, :, :end] for buf in self.buffers)
+        return self.self_k, self.self_v
+
+    def _grown(self, like: Tensor, end: int) -> tuple[Tensor, Tensor]:
+        """Buffers with room for ``end`` positions (rounded up to ``chunk``), old part copied."""
+        b, h, _, dh = like.shape
+        capacity = -(-end // self.chunk) * self.chunk
+        bufs = (like.new_empty(b, h, capacity, dh), like.new_empty(b, h, capacity, dh))
+        if self.buffers is not None:
+            t = self.self_k.shape[2]
+            bufs[0][:, :, :t], bufs[1][:, :, :t] = self.self_k, self.self_v
+        return bufs
+
+    def reorder(self, index: Tensor, cross: bool = True) -> "LayerCache":
+        """A cache holding batch rows ``index`` (B',) of this one (see :meth:`KVCache.reorder`)."""
+        def pick(t: Tensor | None, do: bool = True) -> Tensor | None:
+            return t.index_select(0, index) if (t is not None and do) else t
+
+        cross_k, cross_v = pick(self.cross_k, cross), pick(self.cross_v, cross)
+        if self.buffers is None:
+            return LayerCache(pick(self.self_k), pick(self.self_v), cross_k, cross_v, self.chunk)
+        shape = (index.numel(), *self.buffers[0].shape[1:])
+        spare = self.spare if self.spare is not None and self.spare[0].shape == shape else None
+        if spare is None:
+            spare = (self.buffers[0].new_empty(shape), self.buffers[1].new_empty(shape))
+        for new, old in zip(spare, self.buffers):
+            torch.index_select(old, 0, index, out=new)                   # (B', H, capacity, Dh)
+        t = self.self_k.shape[2]
+        out = LayerCache(spare[0][:, :, :t], spare[1][:, :, :t], cross_k, cross_v, self.chunk, spare, self.buffers)
+        self.self_k = self.self_v = self.buffers = self.spare = None      # spent: buffers recycled
+        return out
 
 
 @dataclass
@@ -75,8 +135,17 @@ class KVCache:
     length: int = 0
 
     @classmethod
-    def empty(cls, n_layers: int) -> "KVCache":
-        return cls([LayerCache() for _ in range(n_layers)])
+    def empty(cls, n_layers: int, chunk: int = 0) -> "KVCache":
+        """An empty cache; ``chunk > 0`` selects in-place preallocated buffers (see LayerCache)."""
+        return cls([LayerCache(chunk=chunk) for _ in range(n_layers)])
+
+    def in_place(self, chunk: int = 16) -> "KVCache":
+        """An empty cache like this one that writes keys/values in place into preallocated
+        buffers and recycles them on ``reorder`` (faster search; not for tracing/export; a
+        reordered cache's source is spent). Only valid before the first step."""
+        if self.length:
+            raise ValueError("in_place() needs an empty cache")
+        return KVCache.empty(len(self.layers), chunk)
 
     def reorder(self, index: Tensor, cross: bool = True) -> "KVCache":
         """Select batch rows (beam reordering / expansion). index: (B',) long.
@@ -84,12 +153,7 @@ class KVCache:
         ``cross=False`` leaves cross-attention entries alone, valid when ``index`` only permutes
         rows that share a source sentence (beams of one sentence).
         """
-        def pick(t: Tensor | None, do: bool = True) -> Tensor | None:
-            return t.index_select(0, index) if (t is not None and do) else t
-
-        layers = [LayerCache(pick(c.self_k), pick(c.self_v), pick(c.cross_k, cross), pick(c.cross_v, cross))
-                  for c in self.layers]
-        return KVCache(layers, self.length)
+        return KVCache([c.reorder(index, cross) for c in self.layers], self.length)
 
 
 class MultiHeadAttention(nn.Module):

@@ -100,7 +100,8 @@ class DecoderLayer(nn.Module):
         kv = None
         if cache is not None:
             if cache.cross_k is None:  # first step: project the encoder output once
-                cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
+                # contiguous once here, or every step's matmul would copy the strided heads
+                cache.cross_k, cache.cross_v = (t.contiguous() for t in self.cross_attn.project_kv(memory))
             kv = (cache.cross_k, cache.cross_v)
         h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, need_weights=need_weights)
         x = self._residual(x, h, self.norm2)
@@ -112,11 +113,7 @@ class DecoderLayer(nn.Module):
             # Right-padded targets need no padding mask here: the causal mask already keeps
             # real positions from seeing the pads after them, and pad positions are not scored.
             return self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
-        k, v = self.self_attn.project_kv(h, start)                      # (B, H, T, Dh)
-        if cache.self_k is not None:
-            k = torch.cat([cache.self_k, k], dim=2)                      # (B, H, start+T, Dh)
-            v = torch.cat([cache.self_v, v], dim=2)
-        cache.self_k, cache.self_v = k, v
+        k, v = cache.append(*self.self_attn.project_kv(h, start))      # (B, H, start+T, Dh)
         causal = h.shape[1] > 1  # a single new position may see the whole cache
         return self.self_attn(h, None, None, is_causal=causal, kv=(k, v), start=start,
                               need_weights=need_weights)

@@ -1,0 +1,177 @@
+"""Decoding speed: transduce vs Hugging Face ``generate`` vs CTranslate2, on one CPU process.
+
+Every system decodes the same batch of source ids with a model of the same shape (random
+weights; 3+3 layers, d_model 256, 4 heads, FFN 1024, 8k vocabulary) and is forced to produce
+exactly ``--out-len`` tokens (EOS forbidden until then: our ``min_len``, HF ``min_new_tokens``,
+CT2 ``min_decoding_length``), so all do the same work. Systems are interleaved, each run
+``--runs`` times after a warm-up, and the median sentences/s is reported as JSON.
+
+Needs the ``bench`` extra: ``pip install 'transduce[bench]'`` (transformers, ctranslate2).
+
+Usage:
+    python bench/decode_speed.py [--sentences 64] [--src-len 20] [--out-len 32] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+from transduce.config import ModelConfig
+from transduce.inference import beam_search, greedy_search
+from transduce.inference.cpu import use_onednn_linears
+from transduce.model import Transformer
+
+VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
+SHAPE = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024)
+
+
+def ours(src: torch.Tensor, out_len: int, beam: int) -> Callable[[], int]:
+    """Our beam search (greedy when beam == 1) on a random model; returns tokens produced."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)).eval()
+    use_onednn_linears(model)  # what Translator does on CPU
+
+    def run() -> int:
+        with torch.inference_mode():
+            if beam == 1:
+                out = greedy_search(model, src, 0.0, out_len, min_len=out_len)
+            else:
+                out = beam_search(model, src, beam, 0.6, 0.0, out_len, nbest=1, min_len=out_len)
+        return int(out.lengths.sum())
+    return run
+
+
+def marian(out_dir: str):
+    """A random-weight MarianMTModel of the same shape; pad is the last id (CT2 expects it)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    pad = VOCAB - 1
+    cfg = MarianConfig(vocab_size=VOCAB, d_model=SHAPE["d_model"], encoder_layers=3, decoder_layers=3,
+                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                       decoder_ffn_dim=1024, activation_function="relu", max_position_embeddings=512,
+                       pad_token_id=pad, eos_token_id=EOS, decoder_start_token_id=pad, dropout=0.0,
+                       scale_embedding=True, share_encoder_decoder_embeddings=True)
+    model = MarianMTModel(cfg).eval()
+    model.save_pretrained(out_dir)
+    return model
+
+
+def hf(model, src: torch.Tensor, out_len: int, beam: int) -> Callable[[], int]:
+    mask = torch.ones_like(src)
+
+    def run() -> int:
+        with torch.inference_mode():
+            out = model.generate(input_ids=src, attention_mask=mask, num_beams=beam, do_sample=False,
+                                 max_new_tokens=out_len, min_new_tokens=out_len, num_return_sequences=1)
+        return int((out[:, 1:] != model.config.pad_token_id).sum())
+    return run
+
+
+class _Vocab:
+    """The little of a tokenizer that CTranslate2's Marian converter reads."""
+
+    eos_token, unk_token, bos_token = "</s>", "<unk>", "<s>"
+
+    def get_vocab(self) -> dict[str, int]:
+        names = {BOS: "<s>", EOS: "</s>", 3: "<unk>", VOCAB - 1: "<pad>"}
+        return {names.get(i, f"t{i}"): i for i in range(VOCAB)}
+
+    def convert_ids_to_tokens(self, i: int) -> str:
+        return {v: k for k, v in self.get_vocab().items()}[i]
+
+
+def ct2(marian_dir: str, out_dir: str, src: torch.Tensor, out_len: int, beam: int, compute_type: str,
+        threads: int) -> Callable[[], int]:
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    class Converter(TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return _Vocab()
+
+    model_dir = os.path.join(out_dir, "ct2")
+    if not os.path.isdir(model_dir):
+        Converter(marian_dir).convert(model_dir, quantization=None)
+    translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+    names = _Vocab().get_vocab()
+    inverse = {i: t for t, i in names.items()}
+    source = [[inverse[int(i)] for i in row] for row in src]  # ids + "</s>", as HF feeds them
+
+    def run() -> int:
+        results = translator.translate_batch(source, beam_size=beam, length_penalty=0.6,
+                                             min_decoding_length=out_len, max_decoding_length=out_len,
+                                             max_batch_size=0)
+        return sum(len(r.hypotheses[0]) for r in results)
+    return run
+
+
+def measure(systems: dict[str, Callable[[], int]], runs: int, expected_tokens: int) -> dict[str, dict]:
+    """Warm up each system, then ``runs`` interleaved timed rounds; medians in sentences/s."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    for name, run in systems.items():
+        produced = run()
+        if produced != expected_tokens:
+            raise RuntimeError(f"{name} produced {produced} tokens, expected {expected_tokens}")
+    for _ in range(runs):
+        for name, run in systems.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: {"median_s": statistics.median(t), "runs_s": [round(x, 4) for x in t]}
+            for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sentences", type=int, default=64)
+    p.add_argument("--src-len", type=int, default=20)
+    p.add_argument("--out-len", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=4)
+    p.add_argument("--systems", default="ours,hf,ct2", help="comma-separated subset of ours,hf,ct2")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB - 1, (args.sentences, args.src_len + 1), generator=g)
+    src[:, -1] = EOS
+    chosen = args.systems.split(",")
+    systems: dict[str, Callable[[], int]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_model = marian(os.path.join(tmp, "marian")) if ("hf" in chosen or "ct2" in chosen) else None
+        for beam, label in ((4, "beam4"), (1, "greedy")):
+            if "ours" in chosen:
+                systems[f"transduce {label}"] = ours(src, args.out_len, beam)
+            if "hf" in chosen:
+                systems[f"hf generate {label}"] = hf(hf_model, src, args.out_len, beam)
+            if "ct2" in chosen:
+                for ct in ("float32", "int8"):
+                    systems[f"ctranslate2 {ct} {label}"] = ct2(os.path.join(tmp, "marian"), tmp, src,
+                                                                args.out_len, beam, ct, args.threads)
+        results = measure(systems, args.runs, args.sentences * args.out_len)
+    for r in results.values():
+        r["sentences_per_s"] = round(args.sentences / r["median_s"], 1)
+    report = {
+        "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
+        "python": sys.version.split()[0], "sentences": args.sentences, "src_len": args.src_len,
+        "out_len": args.out_len, "results": results,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The Multi30k-style tokenized lowercase BLEU."""
+
+from pathlib import Path
+
+import pytest
+
+from transduce.data.corpus import read_lines
+
+pytest.importorskip("sacremoses", reason="the moses extra is not installed")
+from transduce.evaluation.moses import moses_lc_bleu, moses_lc_tokenize  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+
+
+def test_escaping_and_lowercasing():
+    assert moses_lc_tokenize(["A man's \"Hat\", red."], "en") == ["a man &apos;s &quot; hat , &quot; red ."]  # normalisation moves the comma
+
+
+@pytest.mark.skipif(not (ROOT / "tok").is_dir(), reason="Multi30k is not beside the repository")
+def test_raw_references_score_100_against_official_tokenized_ones():
+    raw = list(read_lines(ROOT / "test_2016_flickr.de.gz"))
+    tok = list(read_lines(ROOT / "tok" / "test_2016_flickr.lc.norm.tok.de"))
+    assert moses_lc_bleu(raw, tok, "de")["bleu_moses_lc"] == pytest.approx(100.0)
+    # a degraded hypothesis scores lower
+    assert moses_lc_bleu([" ".join(s.split()[:-2]) for s in raw], tok, "de")["bleu_moses_lc"] < 90

@@ -1,0 +1,36 @@
+"""oneDNN linear layers: same parameters, same outputs, F.linear whenever gradients are on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import random_sources, tiny_transformer
+from transduce.inference import beam_search
+from transduce.inference.cpu import OneDNNLinear, use_onednn_linears
+
+
+def test_switch_keeps_parameters_and_outputs():
+    plain, fast = tiny_transformer(seed=5), tiny_transformer(seed=5)
+    names = [n for n, _ in fast.named_parameters()]
+    n = use_onednn_linears(fast)
+    if n == 0:
+        pytest.skip("oneDNN is not available in this PyTorch build")
+    assert all(type(m) is not torch.nn.Linear for m in fast.modules())
+    assert isinstance(fast.output_proj, OneDNNLinear)
+    assert fast.output_proj.weight is fast.src_embed.tokens.weight  # the tie survives
+    assert [n for n, _ in fast.named_parameters()] == names
+    src = random_sources([5, 2, 7], seed=5)
+    with torch.inference_mode():
+        a = beam_search(plain, src, beam=3, max_len_b=6)
+        b = beam_search(fast, src, beam=3, max_len_b=6)
+    assert torch.equal(a.tokens, b.tokens)
+    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-5)
+
+
+def test_training_still_gets_gradients():
+    layer = torch.nn.Linear(4, 3)
+    use_onednn_linears(layer)
+    x = torch.randn(2, 4, requires_grad=True)
+    layer(x).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
