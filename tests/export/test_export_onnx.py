@@ -67,3 +67,12 @@ def test_directory_contents(onnx_dir):
     assert isinstance(inputs["tokens"][0], str)           # dynamic batch
     assert isinstance(inputs["self_k_0"][2], str)         # dynamic cache length
     assert isinstance(inputs["cross_k_0"][2], str)        # dynamic source length
+
+
+def test_source_longer_than_the_position_table_is_refused(onnx_dir):
+    from transduce.export import ExportError
+
+    runner = OnnxGreedy(onnx_dir, threads=1)
+    too_long = np.full((1, runner.meta["max_positions"] + 1), 5, dtype=np.int64)
+    with pytest.raises(ExportError, match="max_positions=64"):
+        runner.greedy(too_long, max_len=5)

@@ -217,7 +217,8 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
     tgt = probe_targets(model, src.shape[0])
     mask = src != model.config.pad_id
     got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
-    checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, eager_logits(model, src, tgt), atol)}
+    want = eager_logits(model, src, tgt)
+    checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, want, atol)}
     max_len = 12
     for beam in (1, 4):
         want = eager_search(model, src, beam, max_len)

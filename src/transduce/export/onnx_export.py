@@ -5,8 +5,9 @@
 ``decoder.onnx``:  tokens (B, 1) int64, src_mask (B, S) bool, self_k_i / self_v_i (B, H, t, Dh),
                    cross_k_i / cross_v_i -> logits (B, V), new_self_k_i / new_self_v_i (B, H, t+1, Dh).
 
-Batch, source length and cache length are dynamic axes; the first step passes a cache of
-length 0. :class:`OnnxGreedy` is the small numpy + onnxruntime loop that decodes with them.
+Batch, source length and cache length are dynamic axes (up to the model's ``max_positions``,
+whose position table is baked into the graphs); the first step passes a cache of length 0.
+:class:`OnnxGreedy` is the small numpy + onnxruntime loop that decodes with them.
 The graphs come from ``torch.onnx.export(dynamo=True)`` (torch.export), which traces the
 cache length as a symbolic size so positions and masks stay correct at every step.
 
@@ -143,7 +144,14 @@ class OnnxGreedy:
         self.n_layers = self.meta["n_decoder_layers"]
 
     def start(self, src: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        """Encode ``src`` (B, S): the source mask, empty self caches and the cross caches."""
+        """Encode ``src`` (B, S): the source mask, empty self caches and the cross caches.
+
+        Raises:
+            ExportError: S exceeds the graphs' position table (``max_positions``).
+        """
+        if src.shape[1] > self.meta["max_positions"]:
+            raise ExportError(f"a source of {src.shape[1]} tokens is longer than the ONNX graphs' "
+                              f"max_positions={self.meta['max_positions']}")
         cross = self.encoder.run(None, {"src": src.astype(np.int64)})
         b, h, dh = src.shape[0], self.meta["n_heads"], self.meta["head_dim"]
         empty = [np.zeros((b, h, 0, dh), dtype=np.float32) for _ in range(2 * self.n_layers)]
@@ -158,25 +166,29 @@ class OnnxGreedy:
         logits, *new = self.decoder.run(None, feeds)
         return logits, new
 
-    def greedy(self, src: np.ndarray, max_len: int) -> list[list[int]]:
+    def greedy(self, src: np.ndarray, max_len: int, min_len: int = 0) -> list[list[int]]:
         """Greedy search as :func:`~transduce.inference.search.greedy_search` (PAD/BOS never chosen).
 
         Args:
             src: (B, S) ids, each row ending in EOS, right-padded with PAD.
             max_len: output limit in tokens (EOS counted).
+            min_len: EOS is forbidden for the first ``min_len`` tokens.
 
         Returns:
             Output ids per sentence, ending in EOS unless the limit was reached.
         """
         m = self.meta
+        max_len = min(max_len, m["max_positions"])  # the decoder's position table ends there
         mask, self_kv, cross = self.start(src)
         b = src.shape[0]
         tokens = np.full((b, 1), m["bos_id"], dtype=np.int64)
         outputs: list[list[int]] = [[] for _ in range(b)]
         done = np.zeros(b, dtype=bool)
-        for _ in range(max_len):
+        for step in range(max_len):
             logits, self_kv = self.step(tokens, mask, self_kv, cross)
             logits[:, [m["pad_id"], m["bos_id"]]] = -np.inf
+            if step < min_len:
+                logits[:, m["eos_id"]] = -np.inf
             nxt = logits.argmax(axis=-1)                                    # (B,)
             for i in np.flatnonzero(~done):
                 outputs[i].append(int(nxt[i]))

@@ -1,0 +1,158 @@
+"""Server throughput and latency under a bounded load, with and without dynamic batching.
+
+Starts ``transduce serve MODEL`` in a child process on loopback (once with batching, once with
+``--no-batching``), then sends ``--requests`` POST /translate requests, one sentence each, from
+``--clients`` concurrent clients in this process (asyncio + httpx), and prints one JSON object:
+requests/s, p50/p90/p99 latency, and the server's batching counters from /health.
+
+Model: ``--model DIR`` (e.g. ``runs/demo/model``); without it, a fixed random-weight model of the
+demo's shape whose outputs are cut at ``--max-len-b`` tokens (random weights never emit EOS).
+
+Needs the ``serve`` extra and httpx. Usage:
+    python bench/serve_load.py [--model runs/demo/model] [--clients 32] [--requests 2000] [--beam 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from transduce.data.toy import generate_pairs
+
+SEED = 20240602
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir: Path, port: int, batching: bool, threads: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port)]
+    if not batching:
+        cmd.append("--no-batching")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+async def load(url: str, sentences: list[str], clients: int, options: dict) -> tuple[list[float], int, float]:
+    """Send one request per sentence with ``clients`` in flight; returns latencies, errors, wall time."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for s in sentences:
+        queue.put_nowait(s)
+    latencies: list[float] = []
+    errors = 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal errors
+        while not queue.empty():
+            sentence = queue.get_nowait()
+            start = time.perf_counter()
+            r = await http.post("/translate", json={"sentences": [sentence], **options})
+            latencies.append(time.perf_counter() - start)
+            errors += r.status_code != 200
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        return latencies, errors, time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
+
+
+def run_one(model_dir: Path, batching: bool, args, sentences: list[str]) -> dict:
+    port = free_port()
+    proc = start_server(model_dir, port, batching, args.threads)
+    url = f"http://127.0.0.1:{port}"
+    options = {"beam": args.beam, "max_len_b": args.max_len_b}
+    try:
+        asyncio.run(load(url, sentences[:64], min(8, args.clients), options))  # warm-up
+        before = httpx.get(url + "/health").json()["batching"]
+        latencies, errors, wall = asyncio.run(load(url, sentences, args.clients, options))
+        after = httpx.get(url + "/health").json()["batching"]
+        stats = {k: after[k] - before[k] for k in ("batches", "requests")}
+        stats["max_requests_per_batch"] = after["max_requests_per_batch"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return {"requests_per_s": round(len(sentences) / wall, 1), "p50_ms": percentile(latencies, 50),
+            "p90_ms": percentile(latencies, 90), "p99_ms": percentile(latencies, 99), "errors": errors,
+            "seconds": round(wall, 1), "batches": stats["batches"],
+            "mean_requests_per_batch": round(stats["requests"] / max(1, stats["batches"]), 2),
+            "max_requests_per_batch": stats["max_requests_per_batch"]}
+
+
+def machine() -> str:
+    """CPU model and count, e.g. "AMD EPYC 7B13, 2 CPUs, Linux"."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{name}, {os.cpu_count()} CPUs, {platform.system()}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model directory (default: runs/demo/model if present)")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--max-len-b", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the server process")
+    ap.add_argument("--modes", default="batching,no-batching")
+    args = ap.parse_args()
+    sentences = [s for s, _ in generate_pairs(args.requests, SEED)]
+    model = args.model or ("runs/demo/model" if Path("runs/demo/model/config.yaml").is_file() else None)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if model:
+            model_dir = Path(model)
+        else:
+            sys.path.insert(0, str(Path(__file__).parent))
+            from export_speed import random_model_dir
+            model_dir = random_model_dir(Path(tmp) / "random", sentences)
+        for mode in args.modes.split(","):
+            results[mode] = run_one(model_dir, mode == "batching", args, sentences)
+            print(f"{mode}: {results[mode]}", file=sys.stderr)
+    print(json.dumps({
+        "benchmark": "serve_load", "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "model": model or f"random (demo shape), outputs cut at {args.max_len_b} tokens",
+        "clients": args.clients, "requests": args.requests, "sentences_per_request": 1, "beam": args.beam,
+        "server_threads": args.threads, "results": results,
+    }, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
