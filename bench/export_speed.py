@@ -11,7 +11,7 @@ is used on the same sentences and every system is forced to produce ``--out-len`
 forbidden until then), so all do the same work; BLEU is then meaningless and omitted.
 
 Needs the ``export`` extra. Usage:
-    python bench/export_speed.py [--model runs/demo/model] [--sentences 1000] [--threads 2]
+    python bench/export_speed.py [--model runs/demo/model] [--sentences 1000] [--threads 1]
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="trained model directory (default: runs/demo/model if present)")
     ap.add_argument("--sentences", type=int, default=1000)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads per system (more threads are slower on a busy 2-core machine)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences per batch for ONNX / CTranslate2")
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8")

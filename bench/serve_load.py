@@ -42,11 +42,11 @@ def free_port() -> int:
 
 
 def start_server(model_dir: Path, port: int, batching: bool, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port)]
+    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port),
+           "--threads", str(threads)]
     if not batching:
         cmd.append("--no-batching")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -128,7 +128,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--max-len-b", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=2, help="torch threads of the server process")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the server process")
     ap.add_argument("--modes", default="batching,no-batching")
     args = ap.parse_args()
     sentences = [s for s, _ in generate_pairs(args.requests, SEED)]

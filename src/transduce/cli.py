@@ -176,6 +176,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-batching", action="store_true", help="run each request on its own")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation (CPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -183,7 +184,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, serve
     serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
-                                      int8=args.int8, device=args.device))
+                                      int8=args.int8, device=args.device, threads=args.threads))
     return 0
 
 
