@@ -74,6 +74,34 @@ def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch CPU threads: exports trace and verify on tiny probe
+    batches, where extra threads only add OpenMP spin-waiting (badly so on a busy machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Raise the level of third-party loggers (e.g. the ONNX optimizer's) for the block."""
+    loggers = [logging.getLogger(n) for n in names]
+    before = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, lvl in zip(loggers, before):
+            lg.setLevel(lvl)
+
+
 def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     """The eager model (eval, CPU, float32) and its tokenizer (None if absent and not needed)."""
     from ..data.tokenizer import Tokenizer
@@ -109,7 +137,7 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
-    with staging_dir(out, force) as tmp:
+    with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)
@@ -120,5 +148,5 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
             from .onnx_export import export_onnx
             checks = export_onnx(model_dir, tmp)
     report = ExportReport(fmt, Path(out), checks)
-    logger.info(report.summary())
+    logger.debug(report.summary())
     return report

@@ -18,10 +18,12 @@ Legend: D d_model, V vocabulary, P the channel permutation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -203,9 +205,23 @@ def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     if missing or unexpected:
         raise ExportError(f"Marian weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
     hf.generation_config = generation_config(cfg)
-    hf.save_pretrained(out)
-    write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
-    return verify_hf(model, out)
+    with _no_progress_bars(transformers):
+        hf.save_pretrained(out)
+        write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
+        return verify_hf(model, out)
+
+
+@contextlib.contextmanager
+def _no_progress_bars(transformers) -> Iterator[None]:
+    """transformers draws progress bars when saving and loading; an export has its own report."""
+    hf_logging = transformers.utils.logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 @torch.no_grad()
@@ -223,8 +239,8 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
     for beam in (1, 4):
         want = eager_search(model, src, beam, max_len)
         options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-        gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_new_tokens=max_len,
-                          do_sample=False, **options)
+        gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_length=max_len + 1,
+                          do_sample=False, **options)  # max_length counts the decoder start token
         got_ids = [row[1:].tolist() for row in gen]  # drop the decoder start token
         name = "greedy" if beam == 1 else "beam"
         checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
-from .base import ExportError, load_for_export, require
+from .base import ExportError, load_for_export, quiet_loggers, require
 from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
     """torch.onnx.export with the dynamo exporter, quietly; ExportError with a one-line reason."""
     require("onnxscript")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_loggers("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
                                         dynamic_shapes=dynamic_shapes, opset_version=OPSET, verbose=False)
