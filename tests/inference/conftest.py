@@ -1,36 +1,12 @@
-"""Fixtures for the search and Translator tests: tiny random Transformers, a hand-built Markov
-"model" whose token distributions we choose, and a saved model directory with a tokenizer."""
+"""Fixtures for the inference tests (helpers live in ``inference_helpers``)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
 import torch
-from torch import Tensor, nn
 
-from transduce.config import model_preset
+from inference_helpers import SENTENCES, tiny_transformer
 from transduce.model import Transformer
-
-PAD, BOS, EOS, UNK = 0, 1, 2, 3
-
-
-def tiny_transformer(vocab: int = 40, seed: int = 0, **overrides) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = model_preset("tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=32, n_heads=4,
-                       n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, **overrides)
-    return Transformer(cfg).eval()
-
-
-def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> Tensor:
-    """(B, S) ids + EOS, right-padded; row i has lengths[i] tokens before EOS."""
-    g = torch.Generator().manual_seed(seed)
-    src = torch.full((len(lengths), max(lengths) + 1), PAD)
-    for i, n in enumerate(lengths):
-        src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
-        src[i, n] = EOS
-    return src
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -46,83 +22,6 @@ def _one_thread():
 @pytest.fixture
 def model() -> Transformer:
     return tiny_transformer()
-
-
-# ---- a hand-built model: next-token probabilities depend only on the previous token ---------
-
-@dataclass
-class _Config:
-    pad_id: int = PAD
-    bos_id: int = BOS
-    eos_id: int = EOS
-
-
-@dataclass
-class _Enc:
-    memory: Tensor
-    mask: Tensor
-
-    def index_select(self, index: Tensor) -> "_Enc":
-        return _Enc(self.memory.index_select(0, index), self.mask.index_select(0, index))
-
-
-@dataclass
-class _Cache:
-    length: int = 0
-
-    def reorder(self, index: Tensor, cross: bool = True) -> "_Cache":
-        return _Cache(self.length)
-
-
-@dataclass
-class _Out:
-    logits: Tensor
-    cache: _Cache | None
-    cross_attentions: list[Tensor] | None = None
-
-
-class MarkovModel(nn.Module):
-    """P(y_t | y_<t, x) = table[y_{t-1}]: a transition table over a tiny vocabulary.
-
-    ``table`` maps a previous token to {next token: probability}; unlisted tokens get a tiny
-    probability so no log-prob is -inf.
-    """
-
-    def __init__(self, table: dict[int, dict[int, float]], vocab: int = 8):
-        super().__init__()
-        self.config = _Config()
-        logp = torch.full((vocab, vocab), math.log(1e-6))
-        for prev, row in table.items():
-            for tok, p in row.items():
-                logp[prev, tok] = math.log(p)
-        self.register_buffer("logp", logp)
-
-    def encode(self, src: Tensor) -> _Enc:
-        return _Enc(torch.zeros(*src.shape, 1), (src != PAD)[:, None, None, :])
-
-    def new_cache(self) -> _Cache:
-        return _Cache()
-
-    def decode(self, tgt: Tensor, enc: _Enc, cache: _Cache | None = None, need_weights: bool = False) -> _Out:
-        logits = self.logp[tgt]                                           # (B, T, V)
-        if cache is not None:
-            cache.length += tgt.shape[1]
-        cross = None
-        if need_weights:
-            s = enc.mask.shape[-1]
-            w = enc.mask.float().expand(tgt.shape[0], 1, tgt.shape[1], s)
-            cross = [w / w.sum(-1, keepdim=True)]
-        return _Out(logits, cache, cross)
-
-
-# ---- a saved model directory with a trained tokenizer ---------------------------------------
-
-SENTENCES = [
-    "the cat sat on the mat", "a dog runs in the park", "the bird sings a song",
-    "my friend reads a book", "the sun is warm today", "we walk to the river",
-    "a child plays with a ball", "the old man drinks tea", "she writes a long letter",
-    "they eat bread and cheese",
-]
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_sources, tiny_transformer
+from inference_helpers import random_sources, tiny_transformer
 from transduce.inference import beam_search
 from transduce.inference.cpu import OneDNNLinear, use_onednn_linears
 

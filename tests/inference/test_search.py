@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import BOS, EOS, PAD, MarkovModel, random_sources, tiny_transformer
+from inference_helpers import BOS, EOS, PAD, MarkovModel, random_sources, tiny_transformer
 from transduce.inference import beam_search, greedy_search, length_penalty, max_lengths, sample
 from transduce.inference.sampling import filter_logits
 
@@ -187,3 +187,14 @@ def test_in_place_cache_gives_the_same_results_as_the_functional_one(monkeypatch
     slow = run()
     assert torch.equal(fast.tokens, slow.tokens)
     torch.testing.assert_close(fast.scores, slow.scores, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("v,k", [(8000, 8), (6400, 1), (37000, 10), (8003, 8), (40, 8)])
+def test_topk_rows_matches_topk(v, k):
+    from transduce.inference.search import topk_rows
+    x = torch.randn(7, v, generator=torch.Generator().manual_seed(v))
+    x[:, :3] = -math.inf
+    values, index = topk_rows(x, k)
+    expected = x.topk(k, dim=1)
+    assert torch.equal(values, expected.values)
+    assert torch.equal(x.gather(1, index), values)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .search import (Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, new_cache,
-                     step_log_probs)
+                     step_log_probs, topk_rows)
 
 
 @dataclass
@@ -83,7 +83,7 @@ def candidates(logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) ->
     """
     b, k = beams.scores.shape
     per_row = min(2 * beam, logp.shape[-1])
-    row_logp, row_token = logp.topk(per_row, dim=1)                      # (N, w)
+    row_logp, row_token = topk_rows(logp, per_row)                       # (N, w)
     total = (beams.scores.view(-1, 1) + row_logp).view(b, k * per_row)   # (B, k*w)
     scores, flat = total.topk(min(2 * beam, k * per_row), dim=1)          # (B, 2K)
     parent, token = flat // per_row, row_token.view(b, -1).gather(1, flat)

@@ -99,6 +99,34 @@ def step_log_probs(logits: Tensor, config: object, step: int, min_len: int) -> T
     return logp
 
 
+def _block_size(v: int, k: int) -> int | None:
+    """A divisor of ``v`` near 100 leaving at least ``k`` blocks, or None."""
+    for c in sorted(range(64, 161), key=lambda c: abs(c - 100)):
+        if v % c == 0 and v // c >= k:
+            return c
+    return None
+
+
+def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``x.topk(k, dim=1)`` for wide rows (a vocabulary), about twice as fast on CPU.
+
+    The k best entries of a row lie in the k blocks with the largest maxima, so one cheap
+    max per block of ~100 entries narrows the search to k blocks. Falls back to ``topk``
+    when no block size divides the row.
+
+    Shape: x (N, V) -> values (N, k), indices (N, k).
+    """
+    n, v = x.shape
+    c = _block_size(v, k)
+    if c is None or x.device.type != "cpu":
+        return x.topk(k, dim=1)
+    blocks = x.view(n, v // c, c)                                         # (N, V/c, c)
+    best = blocks.amax(dim=2).topk(k, dim=1).indices                      # (N, k) blocks
+    rows = torch.arange(n, device=x.device).unsqueeze(1)
+    values, i = blocks[rows, best].view(n, k * c).topk(k, dim=1)          # (N, k)
+    return values, best.gather(1, i // c) * c + i % c
+
+
 def cross_attention_row(cross: list[Tensor] | None, layer: int, head: int | None) -> Tensor:
     """One step's cross-attention of layer ``layer``: head ``head`` or the mean over heads.
 

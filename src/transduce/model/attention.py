@@ -27,6 +27,23 @@ def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causa
     return torch.softmax(scores.float(), dim=-1).to(q.dtype)
 
 
+def _single_query_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Eq. 1 for one query per row (incremental decoding) as two batched matmuls over B*H,
+    several times faster on CPU than the flash kernel at this shape.
+
+    Shape: q (B, H, 1, Dh), k and v (B, H, Tk, Dh), mask broadcastable to (B, H, 1, Tk)
+    -> (B, H, 1, Dh).
+    """
+    b, h, _, dh = q.shape
+    t_k = k.shape[-2]
+    scores = torch.bmm(q.reshape(b * h, 1, dh), k.reshape(b * h, t_k, dh).transpose(1, 2))  # (BH, 1, Tk)
+    scores = scores.view(b, h, 1, t_k).mul_(1.0 / math.sqrt(dh))
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.bmm(weights.view(b * h, 1, t_k), v.reshape(b * h, t_k, dh)).view(b, h, 1, dh)
+
+
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0,
     is_causal: bool = False, need_weights: bool = False,
@@ -40,9 +57,7 @@ def scaled_dot_product_attention(
     -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk) or None.
     """
     if not need_weights and q.shape[-2] == 1 and q.device.type == "cpu" and not dropout:
-        # One query per row (incremental decoding): two small matmuls beat the CPU flash
-        # kernel several times over, and accept the strided keys of an in-place cache.
-        return attention_weights(q, k, mask) @ v, None                  # (B, H, 1, Dh)
+        return _single_query_attention(q, k, v, mask), None
     if not need_weights:
         t_q, t_k = q.shape[-2], k.shape[-2]
         # SDPA takes a mask or is_causal, not both, and aligns is_causal top-left; we need
@@ -61,11 +76,15 @@ def scaled_dot_product_attention(
 class LayerCache:
     """One decoder layer's cached keys and values. Shapes (B, H, T, Dh) and (B, H, S, Dh).
 
-    By default :meth:`append` grows ``self_k``/``self_v`` with ``torch.cat`` (functional and
-    traceable, for export). With ``chunk > 0`` they are views of preallocated (B, H, capacity,
-    Dh) buffers written in place and grown ``chunk`` positions at a time; :meth:`reorder`
-    then gathers into a recycled spare pair of buffers, so a search step allocates nothing.
-    The price: after ``reorder`` the source cache is spent and must not be used again.
+    By default :meth:`append` grows ``self_k``/``self_v`` with ``torch.cat`` and
+    :meth:`reorder` gathers rows at once: functional and traceable (export uses this).
+
+    With ``chunk > 0`` (search, see :meth:`KVCache.in_place`) keys/values live in two
+    preallocated flat pools used in turn: each append writes the old entries (gathered by a
+    pending reorder, if any) and the new ones into the other pool as one contiguous
+    (B, H, t + T, Dh) tensor. A beam step then costs one copy per tensor and no allocation,
+    and attention reads tightly packed keys. ``reorder`` is lazy (applied by the next append,
+    so ``self_k``/``self_v`` keep the old rows until then) and spends the source cache.
     """
 
     self_k: Tensor | None = None
@@ -73,8 +92,8 @@ class LayerCache:
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
     chunk: int = 0
-    buffers: tuple[Tensor, Tensor] | None = None
-    spare: tuple[Tensor, Tensor] | None = None
+    pools: tuple | None = None        # ((k, v) flat pool holding self_k/self_v, (k, v) the other)
+    pending: Tensor | None = None     # (B',) rows to gather at the next append
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
@@ -85,23 +104,24 @@ class LayerCache:
             self.self_k, self.self_v = k, v
             return k, v
         t = 0 if self.self_k is None else self.self_k.shape[2]
-        end = t + k.shape[2]
-        if self.buffers is None or self.buffers[0].shape[2] < end:
-            self.buffers, self.spare = self._grown(k, end), None
-        self.buffers[0][:, :, t:end] = k
-        self.buffers[1][:, :, t:end] = v
-        self.self_k, self.self_v = (buf[:, :, :end] for buf in self.buffers)
+        b, h, n_new, dh = k.shape
+        need = b * h * (t + n_new) * dh
+        current, other = self.pools if self.pools is not None else (None, None)
+        if other is None or other[0].numel() < need:
+            size = b * h * (t + n_new + self.chunk) * dh
+            other = (k.new_empty(size), k.new_empty(size))
+        views = []
+        for pool, old, new in zip(other, (self.self_k, self.self_v), (k, v)):
+            view = pool[:need].view(b, h, t + n_new, dh)                 # contiguous
+            if old is not None and self.pending is not None:
+                torch.index_select(old, 0, self.pending, out=view[:, :, :t])  # reorder + copy
+            elif old is not None:
+                view[:, :, :t] = old
+            view[:, :, t:] = new
+            views.append(view)
+        self.self_k, self.self_v = views
+        self.pools, self.pending = (other, current), None
         return self.self_k, self.self_v
-
-    def _grown(self, like: Tensor, end: int) -> tuple[Tensor, Tensor]:
-        """Buffers with room for ``end`` positions (rounded up to ``chunk``), old part copied."""
-        b, h, _, dh = like.shape
-        capacity = -(-end // self.chunk) * self.chunk
-        bufs = (like.new_empty(b, h, capacity, dh), like.new_empty(b, h, capacity, dh))
-        if self.buffers is not None:
-            t = self.self_k.shape[2]
-            bufs[0][:, :, :t], bufs[1][:, :, :t] = self.self_k, self.self_v
-        return bufs
 
     def reorder(self, index: Tensor, cross: bool = True) -> "LayerCache":
         """A cache holding batch rows ``index`` (B',) of this one (see :meth:`KVCache.reorder`)."""
@@ -109,17 +129,11 @@ class LayerCache:
             return t.index_select(0, index) if (t is not None and do) else t
 
         cross_k, cross_v = pick(self.cross_k, cross), pick(self.cross_v, cross)
-        if self.buffers is None:
+        if not self.chunk or self.self_k is None:
             return LayerCache(pick(self.self_k), pick(self.self_v), cross_k, cross_v, self.chunk)
-        shape = (index.numel(), *self.buffers[0].shape[1:])
-        spare = self.spare if self.spare is not None and self.spare[0].shape == shape else None
-        if spare is None:
-            spare = (self.buffers[0].new_empty(shape), self.buffers[1].new_empty(shape))
-        for new, old in zip(spare, self.buffers):
-            torch.index_select(old, 0, index, out=new)                   # (B', H, capacity, Dh)
-        t = self.self_k.shape[2]
-        out = LayerCache(spare[0][:, :, :t], spare[1][:, :, :t], cross_k, cross_v, self.chunk, spare, self.buffers)
-        self.self_k = self.self_v = self.buffers = self.spare = None      # spent: buffers recycled
+        pending = index if self.pending is None else self.pending.index_select(0, index)
+        out = LayerCache(self.self_k, self.self_v, cross_k, cross_v, self.chunk, self.pools, pending)
+        self.self_k = self.self_v = self.pools = self.pending = None       # spent: pools move on
         return out
 
 
@@ -140,9 +154,9 @@ class KVCache:
         return cls([LayerCache(chunk=chunk) for _ in range(n_layers)])
 
     def in_place(self, chunk: int = 16) -> "KVCache":
-        """An empty cache like this one that writes keys/values in place into preallocated
-        buffers and recycles them on ``reorder`` (faster search; not for tracing/export; a
-        reordered cache's source is spent). Only valid before the first step."""
+        """An empty cache like this one that keeps keys/values in two preallocated pools per
+        tensor (grown ``chunk`` positions at a time) and reorders lazily: faster search, not
+        for tracing/export, and a reordered cache's source is spent. Only before the first step."""
         if self.length:
             raise ValueError("in_place() needs an empty cache")
         return KVCache.empty(len(self.layers), chunk)
