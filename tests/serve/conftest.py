@@ -32,7 +32,7 @@ def trained_dir(tmp_path_factory):
     return toy_model.toy_model_dir(tmp_path_factory)
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Tiny models gain nothing from threads; on a busy 2-core machine OpenMP spin-waiting
     makes each op much slower. Restore the setting afterwards."""
