@@ -73,3 +73,25 @@ def test_missing_file_and_bad_override(tmp_path):
         load_run_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="--set"):
         apply_overrides({}, ["max_steps=3"])
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "configs"
+    found = sorted(root.glob("*.yaml"))
+    assert found, "no configs/*.yaml"
+    for path in found:
+        load_run_config(path)
+    assert load_run_config(root / "base.yaml").model.d_model == 512
+    assert load_run_config(root / "big.yaml").model.d_model == 1024
+
+
+def test_toy_config_is_the_demo():
+    from dataclasses import replace
+    from pathlib import Path
+
+    from transduce.demo import demo_config
+    toy = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "toy.yaml")
+    demo = demo_config()
+    assert replace(demo.train, num_threads=None) == toy.train
+    assert demo.model == toy.model and demo.data == toy.data

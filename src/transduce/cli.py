@@ -188,6 +188,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="fetch a public corpus")
+    corpora = p.add_subparsers(dest="corpus", required=True, metavar="CORPUS")
+    m = corpora.add_parser("multi30k", help="Multi30k task 1 (en, de, fr, cs), checksum-verified")
+    m.add_argument("--dest", required=True, help="directory for the .gz files")
+    m.add_argument("--url", default=None, help="base URL (default: the dataset's GitHub repository)")
+    m.set_defaults(func=_cmd_data_multi30k)
+
+
+def _cmd_data_multi30k(args: argparse.Namespace) -> int:
+    from .data import multi30k
+    paths = multi30k.download(args.dest, base_url=args.url or multi30k.DEFAULT_URL)
+    print(f"{len(paths)} files verified in {args.dest}; use them with: --set data.corpus=multi30k "
+          f"--set data.root={args.dest}  (or export TRANSDUCE_MULTI30K={args.dest})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
@@ -197,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_average(sub)
     _add_plot(sub)
+    _add_data(sub)
     _add_translate(sub)
     _add_evaluate(sub)
     _add_attention(sub)

@@ -131,3 +131,13 @@ def test_unreachable_server_is_a_data_error(tmp_path):
         download(tmp_path, base_url="http://127.0.0.1:9", splits=("val",), langs=("en",),
                  timeout=5)
     assert _leftovers(tmp_path) == []
+
+
+def test_cli_download_from_local_server(tmp_path, serve, multi30k_root, capsys):
+    from transduce.cli import main
+    url = serve(multi30k_root)
+    assert main(["data", "multi30k", "--dest", str(tmp_path / "m"), "--url", url]) == 0
+    assert "12 files verified" in capsys.readouterr().out
+    assert sha256_file(tmp_path / "m" / "val.de.gz") == MULTI30K_SHA256["val.de.gz"]
+    assert main(["data", "multi30k", "--dest", str(tmp_path / "bad"), "--url", url + "/nothing"]) == 2
+    assert "error" in capsys.readouterr().err

@@ -141,6 +141,7 @@ class Trainer:
         self.batches = BatchIterator(src_lens, self.tgt_lens, cfg.data.max_tokens, seed=cfg.train.seed)
         self.state = TrainState()
         self.metrics_path = run_dir / "metrics.jsonl"
+        self._last_eval: dict[str, float] | None = None
         self._t0 = time.monotonic()
 
     # ---- state ---------------------------------------------------------------------------------
@@ -319,6 +320,7 @@ class Trainer:
 
     def _evaluate_and_keep_best(self, progress: Progress) -> dict[str, float]:
         metrics = self.validate()
+        self._last_eval = {"step": self.state.step, **metrics}
         self.log({"step": self.state.step, "elapsed": self.elapsed(), **metrics})
         progress.message(f"step {self.state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if self._improved(metrics) and self.dist.is_main:
@@ -327,8 +329,11 @@ class Trainer:
 
     def finish(self, reason: str) -> dict[str, float]:
         """Final validation, checkpoint, and the ``model/`` directory (averaged if configured)."""
-        metrics = self._evaluate_and_keep_best(Progress(0, enabled=self.dist.is_main))
-        self.save()
+        metrics = self._last_eval
+        if metrics is None or metrics.get("step") != self.state.step:
+            metrics = self._evaluate_and_keep_best(Progress(0, enabled=self.dist.is_main))
+        if self.state.step % self.cfg.train.save_every:
+            self.save()
         if self.dist.is_main:
             k = self.cfg.train.average_last
             ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k else []
