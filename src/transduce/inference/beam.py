@@ -168,6 +168,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
     return beams, fin
 
 
+@torch.no_grad()  # search never needs gradients (and the in-place cache forbids them)
 def beam_search(
     model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
     max_len_b: int = 50, nbest: int | None = None, min_len: int = 0, need_attention: bool = False,

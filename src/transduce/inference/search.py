@@ -157,6 +157,7 @@ class _Rows:
     limit: Tensor      # (N,) max_len of each row
 
 
+@torch.no_grad()  # search never needs gradients (and the in-place cache forbids them)
 def sequential_search(
     model: Seq2Seq, src: Tensor, choose: TokenChooser, max_len_a: float, max_len_b: int,
     min_len: int = 0, use_cache: bool = True, need_attention: bool = False,
