@@ -36,14 +36,17 @@ VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
 SHAPE = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024)
 
 
-def ours(src: torch.Tensor, out_len: int, beam: int) -> Callable[[], int]:
-    """Our beam search (greedy when beam == 1) on a random model; returns tokens produced."""
+def ours(src: torch.Tensor, out_len: int, beam: int, bf16: bool = False) -> Callable[[], int]:
+    """Our beam search (greedy when beam == 1) on a random model; returns tokens produced.
+
+    ``bf16`` runs under CPU bfloat16 autocast (reduced precision, like CT2's int8 rows).
+    """
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)).eval()
     use_onednn_linears(model)  # what Translator does on CPU
 
     def run() -> int:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if beam == 1:
                 out = greedy_search(model, src, 0.0, out_len, min_len=out_len)
             else:
@@ -142,18 +145,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=4)
     p.add_argument("--systems", default="ours,hf,ct2", help="comma-separated subset of ours,hf,ct2")
+    p.add_argument("--bf16", action="store_true", help="also time ours under CPU bfloat16 autocast")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, VOCAB - 1, (args.sentences, args.src_len + 1), generator=g)
     src[:, -1] = EOS
     chosen = args.systems.split(",")
+    load_before = os.getloadavg()[0]
     systems: dict[str, Callable[[], int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         hf_model = marian(os.path.join(tmp, "marian")) if ("hf" in chosen or "ct2" in chosen) else None
         for beam, label in ((4, "beam4"), (1, "greedy")):
             if "ours" in chosen:
                 systems[f"transduce {label}"] = ours(src, args.out_len, beam)
+                if args.bf16:
+                    systems[f"transduce bf16-autocast {label}"] = ours(src, args.out_len, beam, bf16=True)
             if "hf" in chosen:
                 systems[f"hf generate {label}"] = hf(hf_model, src, args.out_len, beam)
             if "ct2" in chosen:
@@ -163,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
         results = measure(systems, args.runs, args.sentences * args.out_len)
     for r in results.values():
         r["sentences_per_s"] = round(args.sentences / r["median_s"], 1)
+    for label in ("beam4", "greedy"):  # the targets are stated against CTranslate2 float32
+        base = results.get(f"ctranslate2 float32 {label}")
+        for name, r in results.items():
+            if base and name.endswith(label):
+                r["vs_ct2_float32"] = round(base["median_s"] / r["median_s"], 2)
     report = {
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
         "python": sys.version.split()[0], "sentences": args.sentences, "src_len": args.src_len,
-        "out_len": args.out_len, "results": results,
+        "out_len": args.out_len, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
     }
     print(json.dumps(report, indent=2))
     return 0
