@@ -198,3 +198,19 @@ def test_topk_rows_matches_topk(v, k):
     expected = x.topk(k, dim=1)
     assert torch.equal(values, expected.values)
     assert torch.equal(x.gather(1, index), values)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
+def test_search_works_with_gradients_enabled(search):
+    """A model straight from training (grad mode on) decodes like one under inference_mode."""
+    model = tiny_transformer(seed=12)
+    src = random_sources([4, 2], seed=12)
+    fns = {"greedy": lambda: greedy_search(model, src, max_len_b=5),
+           "beam": lambda: beam_search(model, src, beam=2, max_len_b=5),
+           "sample": lambda: sample(model, src, seed=1, max_len_b=5)}
+    assert torch.is_grad_enabled()
+    out = fns[search]()
+    with torch.inference_mode():
+        expected = fns[search]()
+    assert torch.equal(out.tokens, expected.tokens)
+    assert not out.scores.requires_grad
