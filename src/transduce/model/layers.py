@@ -6,7 +6,6 @@ x + Dropout(Sublayer(LayerNorm(x))) ("pre", Xiong et al., 2020, https://arxiv.or
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
