@@ -34,3 +34,14 @@ def test_training_still_gets_gradients():
     x = torch.randn(2, 4, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_translator_leaves_the_global_rng_alone():
+    import torch
+
+    from transduce.inference.cpu import _onednn_ok, use_onednn_linears
+    model = tiny_transformer()
+    _onednn_ok.cache_clear()  # the check itself must not draw from the global generator
+    state = torch.get_rng_state()
+    use_onednn_linears(model)
+    assert torch.equal(torch.get_rng_state(), state)
