@@ -1,0 +1,42 @@
+"""Fixtures shared across test directories (the directories are not packages)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _toy_model_module():
+    """tests/export/toy_model.py, registered in ``sys.modules`` by path so ``from toy_model
+    import ...`` works under any pytest import mode."""
+    if "toy_model" not in sys.modules:
+        path = Path(__file__).resolve().parent / "export" / "toy_model.py"
+        spec = importlib.util.spec_from_file_location("toy_model", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["toy_model"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["toy_model"]
+
+
+toy_model = _toy_model_module()
+
+
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory):
+    """A small trained model directory (config.yaml, model.safetensors, tokenizer files),
+    trained once per session for the export and serving tests."""
+    return toy_model.toy_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from threads; on a busy 2-core machine OpenMP spin-waiting
+    makes each op much slower. Restores the setting afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
