@@ -1,0 +1,58 @@
+"""The Trainer's guards: non-finite steps, bf16 autocast, early stopping, keep-last-K."""
+
+import math
+
+import pytest
+import torch
+
+import transduce.training.loop as loop
+from transduce.config import RunConfig
+from transduce.training.checkpoint import list_checkpoints
+from transduce.training.distributed import DistInfo
+from transduce.training.prepare import prepare
+
+
+def _trainer(tmp_path, **train):
+    cfg = RunConfig.from_dict({
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 120, "max_tokens": 256},
+        "train": {"eval_bleu": False, "warmup_steps": 5, "log_every": 1, **train},
+    })
+    data = prepare(cfg.data, tmp_path, seed=0)
+    return loop.Trainer(cfg, tmp_path, data, DistInfo(), torch.device("cpu"))
+
+
+def test_non_finite_steps_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path, max_bad_steps=2)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    real = loop.forward_backward
+
+    def poisoned(*args, **kwargs):
+        real(*args, **kwargs)
+        return math.nan, math.nan, 1
+
+    monkeypatch.setattr(loop, "forward_backward", poisoned)
+    assert trainer.train_step() is None and trainer.train_step() is None
+    assert trainer.state.skipped_steps == 2
+    for k, v in trainer.model.state_dict().items():  # no NaN written, no update applied
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(loop.TrainingError, match="non-finite"):
+        trainer.train_step()
+    monkeypatch.setattr(loop, "forward_backward", real)
+
+
+def test_bf16_autocast_step_on_cpu(tmp_path):
+    trainer = _trainer(tmp_path, precision="bf16")
+    metrics = trainer.train_step()
+    assert metrics is not None and math.isfinite(metrics["loss"])
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())  # master weights stay fp32
+
+
+def test_early_stopping_and_keep_last(tmp_path):
+    trainer = _trainer(tmp_path, max_steps=100, eval_every=1, save_every=1, keep_last=2, patience=1,
+                       schedule="constant", lr=1e-30, warmup_steps=0)
+    reason = trainer.train()  # a learning rate of 1e-30 cannot improve the validation loss for long
+    assert reason == "early stopping" and trainer.state.step < 100
+    assert len(list_checkpoints(tmp_path / "checkpoints")) == 2
+    assert (tmp_path / "best" / "model.safetensors").is_file()
