@@ -112,6 +112,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", help="model directory")
     p.add_argument("--src", required=True, help="source file, one sentence per line")
     p.add_argument("--ref", required=True, help="reference file, aligned with --src")
+    p.add_argument("--tok-ref", default=None,
+                   help="lowercased Moses-tokenized references (e.g. Multi30k's *.lc.norm.tok.*): adds the "
+                        "published-style tokenized BLEU 'bleu_moses_lc' (needs the moses extra)")
+    p.add_argument("--lang", default=None, help="target language for --tok-ref (Moses rules), e.g. de")
     _add_search_options(p)
     p.set_defaults(func=_cmd_evaluate)
 
@@ -123,7 +127,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .inference import Translator
     translator = Translator.load(args.model_dir, args.device, args.precision)
     result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
-                            args.max_len_a, args.max_len_b, args.batch_tokens)
+                            args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 

@@ -105,3 +105,25 @@ def test_attention_command_writes_a_png(model_dir, tmp_path, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert main(["attention", str(model_dir), "tea", "--out", str(png), "--layer", "7"]) == 2
     assert "--layer" in capsys.readouterr().err
+
+
+def test_evaluate_with_tokenized_references(model_dir, tmp_path, capsys):
+    pytest.importorskip("sacremoses", reason="the moses extra is not installed")
+    from transduce.evaluation.moses import moses_lc_tokenize
+    src, ref, tok = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "ref.tok"
+    src.write_text("the cat sat on the mat\na dog runs\n", encoding="utf-8")
+    ref.write_text("The cat's mat.\nA dog, running.\n", encoding="utf-8")
+    tok.write_text("\n".join(moses_lc_tokenize(["The cat's mat.", "A dog, running."], "en")) + "\n", encoding="utf-8")
+    hyp = tmp_path / "hyp.txt"
+    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(hyp), *FAST]) == 0
+    hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    capsys.readouterr()
+    assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--tok-ref", str(tok),
+                 "--lang", "en", *FAST]) == 0
+    report = json.loads(capsys.readouterr().out)
+    expected = sacrebleu.corpus_bleu(moses_lc_tokenize(hyps, "en"), [tok.read_text().split("\n")[:-1]],
+                                     tokenize="none", force=True).score
+    assert report["bleu_moses_lc"] == pytest.approx(expected)
+    assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--tok-ref", str(tok),
+                 *FAST]) == 2
+    assert "--lang" in capsys.readouterr().err
