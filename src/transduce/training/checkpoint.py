@@ -81,8 +81,17 @@ def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: A
     path = write_dir_atomically(ckpt_root / f"step_{step:08d}", fill)
     atomic_write_text(ckpt_root / "latest", path.name + "\n")
     for old in list_checkpoints(ckpt_root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_dir_atomically(old)
     return path
+
+
+def remove_dir_atomically(path: Path) -> None:
+    """Rename aside first (atomic), then delete: a kill never leaves a half-deleted checkpoint
+    under a name that :func:`list_checkpoints` would offer."""
+    trash = path.parent / f".{path.name}.deleting"
+    shutil.rmtree(trash, ignore_errors=True)
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
