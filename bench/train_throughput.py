@@ -1,0 +1,181 @@
+"""Training throughput: transduce vs Hugging Face MarianMTModel vs torch.nn.Transformer.
+
+Each system trains a random-weight model of the same shape on the same batch (one
+forward + backward + Adam step, the same label-smoothed loss computed from its logits), in one
+process, interleaved, and reports the median target tokens/s after a warm-up. Model FLOPs
+utilisation (MFU) is the model's matmul FLOPs per second against a measured ``torch.mm`` peak.
+
+Needs ``transformers`` for the Marian row (``pip install 'transduce[bench]'``); without it the
+row is left out.
+
+Usage:
+    python bench/train_throughput.py [--shape tiny|base|both] [--runs 4] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from transduce.config import ModelConfig
+from transduce.data.corpus import collate
+from transduce.model import Transformer
+from transduce.model.embeddings import sinusoidal_table
+from transduce.training.loss import label_smoothed_loss
+
+VOCAB, PAD = 8000, 0
+SHAPES = {
+    # (layers each side, d_model, heads, d_ff, sentences, tokens per sentence)
+    "tiny": (3, 256, 4, 1024, 128, 32),
+    "base": (6, 512, 8, 2048, 64, 32),
+}
+
+
+def make_batch(n: int, t: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    pairs = [(torch.randint(4, VOCAB, (t - 1,), generator=g).tolist(),
+              torch.randint(4, VOCAB, (t - 1,), generator=g).tolist()) for _ in range(n)]
+    return collate(pairs)
+
+
+def train_step(model: nn.Module, forward: Callable, batch) -> Callable[[], None]:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+
+    def step() -> None:
+        logits = forward(batch)                                          # (B, T, V)
+        out = label_smoothed_loss(logits, batch.tgt_out, 0.1, PAD)
+        (out.loss / out.n_tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def ours(layers, d, h, ff, batch):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=d, n_heads=h,
+                                    n_encoder_layers=layers, n_decoder_layers=layers, d_ff=ff)).train()
+    return train_step(model, lambda b: model(b.src, b.tgt_in), batch)
+
+
+class TorchTransformer(nn.Module):
+    """``nn.Transformer`` with shared scaled embeddings, sinusoidal positions, tied output."""
+
+    def __init__(self, layers, d, h, ff):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, d, padding_idx=PAD)
+        self.register_buffer("pe", sinusoidal_table(512, d), persistent=False)
+        self.core = nn.Transformer(d, h, layers, layers, ff, dropout=0.1, batch_first=True)
+        self.scale, self.drop = d ** 0.5, nn.Dropout(0.1)
+
+    def forward(self, src, tgt):
+        emb = lambda x: self.drop(self.embed(x) * self.scale + self.pe[: x.shape[1]])  # noqa: E731
+        t = tgt.shape[1]
+        out = self.core(emb(src), emb(tgt), tgt_mask=nn.Transformer.generate_square_subsequent_mask(t),
+                        src_key_padding_mask=src == PAD, memory_key_padding_mask=src == PAD, tgt_is_causal=True)
+        return out @ self.embed.weight.T
+
+
+def plain_torch(layers, d, h, ff, batch):
+    torch.manual_seed(0)
+    model = TorchTransformer(layers, d, h, ff).train()
+    return train_step(model, lambda b: model(b.src, b.tgt_in), batch)
+
+
+def marian(layers, d, h, ff, batch):
+    from transformers import MarianConfig, MarianMTModel
+    cfg = MarianConfig(vocab_size=VOCAB, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=h, decoder_attention_heads=h, encoder_ffn_dim=ff,
+                       decoder_ffn_dim=ff, max_position_embeddings=512, activation_function="relu",
+                       dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
+                       pad_token_id=PAD, eos_token_id=2, decoder_start_token_id=1)
+    torch.manual_seed(0)
+    model = MarianMTModel(cfg).train()
+    mask = batch.src != PAD
+    return train_step(model, lambda b: model(input_ids=b.src, attention_mask=mask,
+                                             decoder_input_ids=b.tgt_in).logits, batch)
+
+
+def flops_per_step(layers, d, ff, batch) -> float:
+    """Matmul FLOPs of forward + backward (3x forward) for this batch, padding included."""
+    b, s = batch.src.shape
+    t = batch.tgt_in.shape[1]
+    enc = b * s * layers * (2 * (4 * d * d + 2 * d * ff) + 4 * s * d)
+    dec = b * t * layers * (2 * (6 * d * d + 2 * d * ff) + 4 * t * d + 4 * s * d)
+    cross_kv = b * s * layers * 2 * 2 * d * d
+    out = b * t * 2 * d * VOCAB
+    return 3.0 * (enc + dec + cross_kv + out)
+
+
+def mm_peak(n: int = 2048, reps: int = 10) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / statistics.median(times)
+
+
+def bench_shape(name: str, runs: int, steps: int) -> dict:
+    layers, d, h, ff, n, t = SHAPES[name]
+    batch = make_batch(n, t)
+    systems = {"transduce": ours, "nn.Transformer": plain_torch}
+    try:
+        import transformers  # noqa: F401
+        systems["marian"] = marian
+    except ImportError:
+        pass
+    steps_fns = {k: fn(layers, d, h, ff, batch) for k, fn in systems.items()}
+    for fn in steps_fns.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in steps_fns}
+    for _ in range(runs):  # interleaved
+        for k, fn in steps_fns.items():
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[k].append((time.perf_counter() - t0) / steps)
+    flops = flops_per_step(layers, d, ff, batch)
+    result = {}
+    for k, ts in times.items():
+        sec = statistics.median(ts)
+        result[k] = {"tgt_tokens_per_s": round(batch.n_tgt_tokens / sec), "step_s": round(sec, 4),
+                     "gflops": round(flops / sec / 1e9, 1)}
+    best_peer = max(v["tgt_tokens_per_s"] for k, v in result.items() if k != "transduce")
+    result["transduce"]["vs_best_peer"] = round(result["transduce"]["tgt_tokens_per_s"] / best_peer, 2)
+    return {"shape": {"layers": layers, "d_model": d, "heads": h, "d_ff": ff, "vocab": VOCAB,
+                      "batch": f"{n}x{t}", "tgt_tokens": batch.n_tgt_tokens}, "systems": result}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=["tiny", "base", "both"], default="tiny")
+    ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3, help="steps per timed run")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    peak = mm_peak()
+    shapes = ["tiny", "base"] if args.shape == "both" else [args.shape]
+    report = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+              "torch": torch.__version__, "threads": args.threads, "mm_peak_gflops": round(peak / 1e9, 1),
+              "results": {}}
+    for name in shapes:
+        r = bench_shape(name, args.runs, args.steps)
+        for v in r["systems"].values():
+            v["mfu"] = round(v["gflops"] * 1e9 / peak, 3)
+        report["results"][name] = r
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
