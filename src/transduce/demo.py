@@ -60,6 +60,7 @@ def demo_config(steps: int | None = None) -> RunConfig:
 def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> DemoResult:
     """Train (or, if ``out`` already holds the finished run, reuse) and evaluate the demo model."""
     from .evaluation.metrics import evaluate
+    from .data.toy import write_splits
     from .inference.translator import Translator
     from .training.checkpoint import atomic_write_text, latest_checkpoint
     from .training.loop import run_training
@@ -72,6 +73,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     train_seconds = time.monotonic() - t0
     translator = Translator.load(run_dir / "model")
     test = trainer.data.texts.test
+    texts = trainer.data.texts  # the corpus as files, for `transduce translate/evaluate`
+    write_splits(run_dir / "data", {"train": texts.train, "valid": texts.valid, "test": test})
     sources, refs = [s for s, _ in test], [t for _, t in test]
     scores = evaluate(translator, sources, refs, beam=4, lenpen=0.6)
     hyps = translator.translate(sources[:4], beam=4, lenpen=0.6)
