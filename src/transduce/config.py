@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 import yaml
 
+from .atomic import atomic_write_text
 from .errors import ConfigError
 
 __all__ = [
@@ -352,14 +352,7 @@ def save_yaml(data: dict[str, Any], path: str | os.PathLike) -> None:
     """Write YAML atomically (temporary file in the same directory, then rename)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yaml.safe_dump(data, f, sort_keys=False)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(p, yaml.safe_dump(data, sort_keys=False))
 
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:

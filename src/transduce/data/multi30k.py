@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from transduce.atomic import atomic_path
 from transduce.data.corpus import read_parallel
 from transduce.errors import ConfigError, DataError
 
@@ -120,21 +120,18 @@ def download(dest: str | os.PathLike, base_url: str = DEFAULT_URL,
 def _fetch(url: str, target: Path, expected_sha256: str, timeout: float) -> None:
     """Download ``url`` to ``target`` through a temporary file, checking its SHA-256."""
     logger.info("downloading %s", url)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
     try:
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as handle, urllib.request.urlopen(url, timeout=timeout) as resp:
-            while chunk := resp.read(_CHUNK):
-                digest.update(chunk)
-                handle.write(chunk)
-        if digest.hexdigest() != expected_sha256:
-            raise DataError(f"{url}: SHA-256 mismatch (got {digest.hexdigest()[:16]}..., "
-                            f"expected {expected_sha256[:16]}...); file discarded")
-        os.replace(tmp, target)
+        with atomic_path(target, ".part") as tmp:
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as handle, urllib.request.urlopen(url, timeout=timeout) as resp:
+                while chunk := resp.read(_CHUNK):
+                    digest.update(chunk)
+                    handle.write(chunk)
+            if digest.hexdigest() != expected_sha256:
+                raise DataError(f"{url}: SHA-256 mismatch (got {digest.hexdigest()[:16]}..., "
+                                f"expected {expected_sha256[:16]}...); file discarded")
     except urllib.error.HTTPError as err:
         raise DataError(f"{url}: HTTP {err.code} {err.reason}") from err
     except (urllib.error.URLError, OSError) as err:
         reason = getattr(err, "reason", None) or err
         raise DataError(f"{url}: download failed ({reason})") from err
-    finally:
-        Path(tmp).unlink(missing_ok=True)

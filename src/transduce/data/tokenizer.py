@@ -27,13 +27,13 @@ import io
 import logging
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
 import yaml
 
+from transduce.atomic import atomic_write_bytes
 from transduce.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -127,13 +127,13 @@ class Tokenizer:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         if self._joint:
-            _atomic_write(out / JOINT_MODEL, self._protos["src"])
+            atomic_write_bytes(out / JOINT_MODEL, self._protos["src"])
         else:
             for side in SIDES:
-                _atomic_write(out / SIDE_MODELS[side], self._protos[side])
+                atomic_write_bytes(out / SIDE_MODELS[side], self._protos[side])
         meta = {"joint": self._joint, "src_vocab_size": self.src_vocab_size,
                 "tgt_vocab_size": self.tgt_vocab_size, "normalization": NORMALIZATION_RULE}
-        _atomic_write(out / META_FILE, yaml.safe_dump(meta, sort_keys=False).encode("utf-8"))
+        atomic_write_bytes(out / META_FILE, yaml.safe_dump(meta, sort_keys=False).encode("utf-8"))
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
@@ -283,18 +283,6 @@ def _read_model(path: Path) -> bytes:
     if not path.is_file():
         raise DataError(f"{path}: tokenizer model file is missing")
     return path.read_bytes()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory, then rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _one_line(err: BaseException) -> str:

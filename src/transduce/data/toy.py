@@ -34,9 +34,10 @@ import logging
 import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from transduce.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -746,11 +747,4 @@ def write_splits(out_dir: str | os.PathLike,
 
 
 def _write_text(path: Path, lines: list[str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.writelines(line + "\n" for line in lines)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, "".join(line + "\n" for line in lines))

@@ -8,13 +8,13 @@ of a layer at once. matplotlib is imported only inside :func:`plot_attention`.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ..atomic import atomic_path
 from ..errors import ConfigError, TransduceError
 from .translator import Translator
 
@@ -101,14 +101,9 @@ def plot_attention(maps: AttentionMaps, path: str | os.PathLike, dpi: int = 120)
     fig.suptitle(f"layer {maps.layer}, {head}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", dpi=dpi)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_path(path, ".png") as tmp:
+            fig.savefig(tmp, format="png", dpi=dpi)
     finally:
         plt.close(fig)
     return path

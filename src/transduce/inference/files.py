@@ -11,14 +11,13 @@ n-best format (``nbest > 1``): K lines per input line, best first, each ``SCORE<
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import IO, Iterable, Iterator, TextIO
 
+from ..atomic import atomic_path
 from ..config import DecodeConfig
 from ..errors import DataError
 from .translator import Translation, Translator
@@ -75,14 +74,8 @@ def atomic_output(path: str | os.PathLike | None, stdout: TextIO | None = None) 
     path = Path(path)
     if not path.parent.is_dir():
         raise DataError(f"{path}: output directory does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with io.open(fd, "w", encoding="utf-8", newline="\n") as handle:
-            yield handle
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        yield handle
 
 
 def one_line(text: str) -> str:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..atomic import atomic_path
 from ..config import ModelConfig, model_config_from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError
 from .transformer import Transformer
@@ -43,14 +43,8 @@ def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metada
     """Write a safetensors file atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={"format": FORMAT, "version": FORMAT_VERSION, **(metadata or {})})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(state, str(tmp), metadata={"format": FORMAT, "version": FORMAT_VERSION, **(metadata or {})})
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:

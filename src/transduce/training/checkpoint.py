@@ -20,20 +20,12 @@ from typing import Any, Callable
 
 import torch
 
+from ..atomic import atomic_write_text
 from ..errors import CheckpointError
 from ..model.io import load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def write_dir_atomically(final: Path, fill: Callable[[Path], None]) -> Path:

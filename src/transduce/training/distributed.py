@@ -47,12 +47,6 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_sum(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    if info.enabled:
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x
-
-
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()

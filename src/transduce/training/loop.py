@@ -31,7 +31,7 @@ from ..model.io import load_state_checked
 from ..model.transformer import Transformer
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
-from .distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown_distributed
+from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
 from .loss import label_smoothed_loss
 from .prepare import PreparedData, prepare
 from .progress import Progress

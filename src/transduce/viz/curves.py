@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from ..atomic import atomic_path
 from ..errors import TransduceError
 
 
@@ -38,13 +38,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
 def save_figure(fig, out: Path) -> Path:
     """Save a matplotlib figure as PNG atomically."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".png")
-    os.close(fd)
-    try:
+    with atomic_path(out, ".png") as tmp:
         fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, out)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return out
 
 

@@ -1,0 +1,43 @@
+"""Atomic file writes: write beside the target, rename over it only when complete.
+
+A kill or an error at any moment leaves either the old file or the new one, never a partial
+file (the temporary is removed on failure; a hard kill can leave a hidden ``.NAME.*`` file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path in ``path``'s directory; it replaces ``path`` if the block succeeds.
+
+    The directory must exist. ``suffix`` lets writers that infer a format from the name (e.g.
+    matplotlib's ``savefig``) see the right extension.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """UTF-8, ``\\n`` line endings, flushed to disk before the rename."""
+    atomic_write_bytes(path, text.encode("utf-8"))
