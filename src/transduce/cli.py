@@ -21,12 +21,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="override a config value (repeatable)")
     p.add_argument("--out", default=None, help="run directory (default: runs/<name>)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--reverse", action="store_true",
+                   help="train the other direction: swap the config's source and target (e.g. de->en)")
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .training.loop import train_main
-    return train_main(args.config, args.overrides, args.out, args.resume)
+    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +81,9 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len-a", type=float, default=1.0, help="max output = A * source_len + B (default A=1)")
     p.add_argument("--max-len-b", type=int, default=50, help="(default B=50)")
     p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--stop", default="k_finished", choices=["k_finished", "best_finished"],
+                   help="when beam search ends a sentence: once K hypotheses finished (fairseq, default), "
+                        "or once the best extension ended (CTranslate2; exact with --lenpen 0)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="autocast precision (default: fp32)")
@@ -103,7 +108,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         from .export import quantize_translator
         translator = quantize_translator(translator)
     translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
-                   args.max_len_a, args.max_len_b, args.batch_tokens)
+                   args.max_len_a, args.max_len_b, args.batch_tokens, stop=args.stop)
     return 0
 
 
@@ -127,7 +132,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from .inference import Translator
     translator = Translator.load(args.model_dir, args.device, args.precision)
     result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
-                            args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang)
+                            args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang,
+                            args.stop)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 

@@ -144,6 +144,8 @@ class DataConfig:
 
     ``corpus``: "toy" (the embedded generated pair, no download), "multi30k" (raw files under
     ``root`` or $TRANSDUCE_MULTI30K), or "files" (``train_src``/``train_tgt``/... paths).
+    ``reverse`` trains the other direction: every split's pairs are swapped after reading, so
+    ``src_lang``/``train_src``... keep naming the corpus as written (``train --reverse``).
     """
 
     corpus: str = "toy"
@@ -167,6 +169,7 @@ class DataConfig:
     max_ratio: float = 3.0
     max_tokens: int = 4096
     valid_max_sentences: int | None = None
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         _typecheck(self, "data")
@@ -252,9 +255,11 @@ class DecodeConfig:
     nbest: int = 1
     batch_tokens: int = 4096
     max_input_len: int = 1022
+    stop: str = "k_finished"
 
     def __post_init__(self) -> None:
         _typecheck(self, "decode")
+        _one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
         for k in ("beam", "nbest", "batch_tokens", "max_input_len"):
             _check(getattr(self, k) > 0, f"decode.{k}", f"must be positive; got {getattr(self, k)}")
         _check(self.nbest <= self.beam, "decode.nbest", f"must be <= decode.beam ({self.beam})")

@@ -11,7 +11,7 @@ from inference_helpers import BOS, EOS, PAD, MarkovModel, random_sources, tiny_t
 from transduce.inference import beam_search, greedy_search, length_penalty, max_lengths, sample
 from transduce.inference.sampling import filter_logits
 
-A, B = 4, 5
+A, B, C = 4, 5, 6
 
 
 def _single_rows(src: torch.Tensor):
@@ -71,6 +71,37 @@ def test_beam_finds_the_better_sequence_that_greedy_misses():
     assert beam.hypothesis(0) == [B, EOS]
     assert math.isclose(float(beam.scores[0, 0]), math.log(0.4 * 0.9), abs_tol=1e-4)
     assert beam.hypothesis(0, 1) == [A, EOS]
+
+
+# Beam 2. Step 1: A 0.5 (alive), [EOS] 0.3 (finished), C 0.2 (alive). Step 2: [A, B] 0.45
+# (alive), [C, EOS] 0.18 (finished): two finished, so "k_finished" stops with [EOS] (0.3) while
+# the alive [A, B] goes on to [A, B, EOS] at 0.45.
+CUT_OFF = {BOS: {A: 0.5, EOS: 0.3, C: 0.2}, A: {B: 0.9, EOS: 0.1}, B: {EOS: 1.0}, C: {EOS: 0.9, A: 0.1}}
+
+
+def test_best_finished_stop_rule_searches_on_until_the_best_extension_ends():
+    model = MarkovModel(CUT_OFF)
+    src = torch.tensor([[A, EOS]])
+    k_fin = beam_search(model, src, beam=2, lenpen=0.0, max_len_b=6, stop="k_finished")
+    best = beam_search(model, src, beam=2, lenpen=0.0, max_len_b=6, stop="best_finished")
+    assert k_fin.hypothesis(0) == [EOS]
+    assert math.isclose(float(k_fin.scores[0, 0]), math.log(0.3), abs_tol=1e-4)
+    assert best.hypothesis(0) == [A, B, EOS]
+    assert math.isclose(float(best.scores[0, 0]), math.log(0.45), abs_tol=1e-4)
+    with pytest.raises(ValueError, match="stop"):
+        beam_search(model, src, beam=2, stop="never")
+
+
+@torch.inference_mode()
+def test_best_finished_is_never_worse_at_lenpen_zero_and_batches_like_one_sentence():
+    model = tiny_transformer(seed=5)
+    src = random_sources([6, 2, 9, 4, 1, 7, 3], seed=5)
+    k_fin = beam_search(model, src, beam=3, lenpen=0.0, max_len_b=8)
+    best = beam_search(model, src, beam=3, lenpen=0.0, max_len_b=8, stop="best_finished")
+    assert bool((best.scores[:, 0] >= k_fin.scores[:, 0] - 1e-5).all())
+    for i, one in _single_rows(src):
+        alone = beam_search(model, one, beam=3, lenpen=0.0, max_len_b=8, stop="best_finished", nbest=1)
+        assert alone.hypothesis(0) == best.hypothesis(i)
 
 
 # [EOS] has probability 0.5 (length 1); [A, EOS] 0.45 * 0.8 = 0.36 (length 2).

@@ -56,3 +56,17 @@ def test_early_stopping_and_keep_last(tmp_path):
     assert reason == "early stopping" and trainer.state.step < 100
     assert len(list_checkpoints(tmp_path / "checkpoints")) == 2
     assert (tmp_path / "best" / "model.safetensors").is_file()
+
+
+def test_reverse_swaps_every_split_and_the_cli_records_it(tmp_path, monkeypatch):
+    from transduce.config import DataConfig
+    from transduce.training.prepare import load_splits
+    data = DataConfig(toy_train_size=30, toy_valid_size=5, toy_test_size=5)
+    forward, backward = load_splits(data), load_splits(DataConfig(**{**data.__dict__, "reverse": True}))
+    for split in ("train", "valid", "test"):
+        assert getattr(backward, split) == [(t, s) for s, t in getattr(forward, split)]
+    seen = {}
+    monkeypatch.setattr(loop, "run_training", lambda cfg, run_dir, resume: seen.update(cfg=cfg, run_dir=run_dir))
+    monkeypatch.chdir(tmp_path)
+    assert loop.train_main(None, ["train.max_steps=1"], None, False, reverse=True) == 0
+    assert seen["cfg"].data.reverse and seen["run_dir"].name == "run_reverse"

@@ -60,7 +60,7 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
 def evaluate(translator: "Translator", sources: Sequence[str], references: Sequence[str],
              beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
              batch_tokens: int = 4096, tok_references: Sequence[str] | None = None,
-             lang: str | None = None) -> dict[str, Any]:
+             lang: str | None = None, stop: str = "k_finished") -> dict[str, Any]:
     """Translate ``sources``, score against ``references``, and time the translation.
 
     With ``tok_references`` (lowercased, Moses-tokenized references, as Multi30k ships) and the
@@ -73,7 +73,8 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
     if len(sources) != len(references):
         raise DataError(f"{len(sources)} source lines but {len(references)} reference lines")
     start = time.perf_counter()
-    results = translator.translate_detailed(sources, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens)
+    results = translator.translate_detailed(sources, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens,
+                                            stop=stop)
     seconds = time.perf_counter() - start
     tokens = sum(len(r.best.tokens) + int(r.best.ended) for r in results if r.source_tokens)
     out = score([r.best.text for r in results], references)
@@ -84,7 +85,8 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
         out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang))
     out.update(seconds=round(seconds, 3), sentences_per_s=len(results) / max(seconds, 1e-9),
                tokens_per_s=tokens / max(seconds, 1e-9),
-               search={"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b})
+               search={"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b,
+                       "stop": stop})
     logger.info("BLEU %.2f chrF %.2f (%d sentences, %.1f sentences/s)",
                 out["bleu"], out["chrf"], len(results), out["sentences_per_s"])
     return out
@@ -93,7 +95,7 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
 def evaluate_files(translator: "Translator", src_path: str, ref_path: str, beam: int = 4,
                    lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                    batch_tokens: int = 4096, tok_ref_path: str | None = None,
-                   lang: str | None = None) -> dict[str, Any]:
+                   lang: str | None = None, stop: str = "k_finished") -> dict[str, Any]:
     """:func:`evaluate` on a source file and a reference file (strict UTF-8, one per line)."""
     from ..inference.files import read_lines
 
@@ -104,4 +106,4 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, beam:
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
     return evaluate(translator, sources, references, beam, lenpen, max_len_a, max_len_b, batch_tokens,
-                    tok_refs, lang)
+                    tok_refs, lang, stop)

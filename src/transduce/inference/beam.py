@@ -8,8 +8,16 @@ parent beams.
 
 The step follows fairseq: take the best 2K extensions of each sentence; those of the top K
 that end (EOS, or the length limit) become finished hypotheses scored with the GNMT length
-penalty; the best K that do not end stay alive. A sentence is done once it has K finished
-hypotheses, and done sentences leave the batch.
+penalty; the best K that do not end stay alive. Done sentences leave the batch. When a
+sentence is done is the ``stop`` rule:
+
+- ``"k_finished"`` (default; fairseq, HF ``early_stopping=True``): once K hypotheses have
+  finished. Cheap, but an alive beam that would have scored better may be cut off.
+- ``"best_finished"`` (CTranslate2): once the best extension of some step ended (and at least
+  ``nbest`` hypotheses have finished). With ``lenpen=0`` this is exact for the beam: scores only
+  fall as hypotheses grow, so nothing still alive can beat an ending that was the best of its
+  step. CTranslate2 applies it when its length penalty is 0 (it uses "k_finished" otherwise),
+  so with ``lenpen=0`` both searches return the same hypotheses.
 
 Legend: B active sentences, K beam, N = B*K rows, t tokens so far, S source, V vocabulary.
 """
@@ -25,6 +33,9 @@ from torch import Tensor
 
 from .search import (Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, new_cache,
                      step_log_probs, topk_rows)
+
+
+STOP_RULES = ("k_finished", "best_finished")
 
 
 @dataclass
@@ -57,6 +68,7 @@ class Finished:
     scores: Tensor           # (B0, K) length-normalised
     log_probs: Tensor        # (B0, K)
     count: Tensor            # (B0,) how many hypotheses have finished so far
+    best_ended: Tensor       # (B0,) bool: the best extension of some step was an ending
     attention: Tensor | None  # (B0, K, T, S)
 
 
@@ -119,6 +131,7 @@ def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: flo
     fin.lengths[ids] = _merge(fin.lengths[ids], new_len, best)
     fin.tokens[ids] = _merge(fin.tokens[ids], tokens, best)
     fin.count[ids] += ends.sum(dim=1)
+    fin.best_ended[ids] |= ends[:, 0]
     if fin.attention is not None:
         a = F.pad(extend(beams.attention, parent, _pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
         fin.attention[ids] = _merge(fin.attention[ids], a, best)
@@ -164,6 +177,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
                    torch.full((b, beam), -math.inf, device=device),
                    torch.full((b, beam), -math.inf, device=device),
                    torch.zeros(b, dtype=torch.long, device=device),
+                   torch.zeros(b, dtype=torch.bool, device=device),
                    torch.zeros(b, beam, t_cap, s, device=device) if need_attention else None)
     return beams, fin
 
@@ -172,7 +186,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 def beam_search(
     model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
     max_len_b: int = 50, nbest: int | None = None, min_len: int = 0, need_attention: bool = False,
-    attention_layer: int = -1, attention_head: int | None = None,
+    attention_layer: int = -1, attention_head: int | None = None, stop: str = "k_finished",
 ) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
@@ -186,11 +200,15 @@ def beam_search(
         min_len: EOS is forbidden for the first ``min_len`` tokens.
         need_attention: also return each output token's cross-attention.
         attention_layer, attention_head: which layer, and which head (None = mean of heads).
+        stop: when a sentence is done, "k_finished" or "best_finished" (see the module doc).
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}; got {stop!r}")
     cfg = model.config
+    want = min(nbest or beam, beam)
     beams, fin = start(src, beam, cfg, max_len_a, max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
     for step in range(fin.tokens.shape[2]):
@@ -205,7 +223,10 @@ def beam_search(
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)
-        done = fin.count[beams.ids] >= beam                               # (B,)
+        if stop == "k_finished":
+            done = fin.count[beams.ids] >= beam                           # (B,)
+        else:
+            done = fin.best_ended[beams.ids] & (fin.count[beams.ids] >= want)
         if bool(done.all()):
             break
         regroup = step == 0 or bool(done.any())  # rows change sentence: move cross K/V too

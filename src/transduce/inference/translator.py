@@ -129,9 +129,9 @@ class Translator:
 
     def translate(self, texts: Sequence[str], beam: int = _DEFAULTS.beam, lenpen: float = _DEFAULTS.lenpen,
                   max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
-                  batch_tokens: int = _DEFAULTS.batch_tokens) -> list[str]:
+                  batch_tokens: int = _DEFAULTS.batch_tokens, stop: str = _DEFAULTS.stop) -> list[str]:
         """Translate each text; beam 1 is greedy search. Empty input gives empty output."""
-        out = self.translate_detailed(texts, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens)
+        out = self.translate_detailed(texts, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens, stop=stop)
         return [t.best.text for t in out]
 
     def translate_detailed(
@@ -139,6 +139,7 @@ class Translator:
         nbest: int = 1, max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
         batch_tokens: int = _DEFAULTS.batch_tokens, need_attention: bool = False,
         attention_layer: int = -1, attention_head: int | None = None, min_len: int = 0,
+        stop: str = _DEFAULTS.stop,
     ) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses.
 
@@ -146,7 +147,7 @@ class Translator:
         :func:`~transduce.inference.beam.beam_search`.
         """
         DecodeConfig(beam=beam, lenpen=float(lenpen), max_len_a=float(max_len_a), max_len_b=max_len_b,
-                     nbest=nbest, batch_tokens=batch_tokens)
+                     nbest=nbest, batch_tokens=batch_tokens, stop=stop)
         self._check_attention(attention_layer, attention_head)
 
         def search(src: Tensor) -> SearchOutput:
@@ -154,7 +155,7 @@ class Translator:
                 return greedy_search(self.model, src, max_len_a, max_len_b, min_len, True,
                                      need_attention, attention_layer, attention_head)
             return beam_search(self.model, src, beam, lenpen, max_len_a, max_len_b, nbest, min_len,
-                               need_attention, attention_layer, attention_head)
+                               need_attention, attention_layer, attention_head, stop)
 
         return self._run(texts, search, batch_tokens)
 

@@ -346,8 +346,8 @@ class Trainer:
         return metrics
 
 
-def default_run_dir(config_path: str | None) -> Path:
-    return Path("runs") / (Path(config_path).stem if config_path else "run")
+def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
+    return Path("runs") / ((Path(config_path).stem if config_path else "run") + ("_reverse" if reverse else ""))
 
 
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
@@ -380,11 +380,14 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         shutdown_distributed()
 
 
-def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool) -> int:
+def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
+               reverse: bool = False) -> int:
     """``transduce train``: returns the process exit status."""
-    run_dir = Path(out) if out else default_run_dir(config_path)
+    run_dir = Path(out) if out else default_run_dir(config_path, reverse)
+    cfg = None
     if resume and config_path is None and (run_dir / "config.yaml").is_file():
-        config_path = str(run_dir / "config.yaml")  # resume with the run's own config
-    cfg = load_run_config(config_path, overrides)
+        cfg = load_run_config(run_dir / "config.yaml", overrides)  # the run's own, already reversed if it was
+    if cfg is None:
+        cfg = load_run_config(config_path, overrides + (["data.reverse=true"] if reverse else []))
     run_training(cfg, run_dir, resume)
     return 0

@@ -44,7 +44,14 @@ def _read(src: str | os.PathLike | None, tgt: str | os.PathLike | None) -> list[
 
 
 def load_splits(cfg: DataConfig) -> Splits:
-    """Read (or, for the toy corpus, generate) the text of every split."""
+    """Read (or, for the toy corpus, generate) the text of every split; swapped if ``reverse``."""
+    splits = _load_splits(cfg)
+    if not cfg.reverse:
+        return splits
+    return Splits(*([(t, s) for s, t in pairs] for pairs in (splits.train, splits.valid, splits.test)))
+
+
+def _load_splits(cfg: DataConfig) -> Splits:
     if cfg.corpus == "toy":
         s = toy.make_splits(seed=cfg.toy_seed, n_train=cfg.toy_train_size, n_valid=cfg.toy_valid_size,
                             n_test=cfg.toy_test_size)
