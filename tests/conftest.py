@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -40,3 +41,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def multi30k_root() -> Path:
+    """Multi30k's raw files: $TRANSDUCE_MULTI30K, else ../shared/data/multi30k beside the
+    repository (never copied into it); the test is skipped where neither exists."""
+    env = os.environ.get("TRANSDUCE_MULTI30K", "").strip()
+    root = Path(env) if env else (Path(__file__).resolve().parents[1] / "../shared/data/multi30k").resolve()
+    if not (root / "train.en.gz").is_file():
+        pytest.skip(f"Multi30k not found at {root} (set TRANSDUCE_MULTI30K to its directory)")
+    return root

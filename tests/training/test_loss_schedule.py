@@ -26,6 +26,28 @@ def test_label_smoothed_loss_equals_torch_cross_entropy(eps):
     assert out.n_tokens == 13
 
 
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_label_smoothed_loss_gradient_equals_autograd_of_torch_cross_entropy(eps):
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 13, dtype=torch.float64)
+    target = torch.randint(1, 13, (4, 6))
+    target[2, 2:] = 0
+    target[0, 5] = 0
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    out = label_smoothed_loss(mine, target, eps, pad_id=0)
+    (out.loss * 0.7).backward()
+    (F.cross_entropy(ref.reshape(-1, 13), target.reshape(-1), label_smoothing=eps, ignore_index=0,
+                     reduction="sum") * 0.7).backward()
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-10, atol=1e-12)
+    assert bool((mine.grad[2, 2:] == 0).all())  # pad positions get no gradient
+    # both outputs differentiated (the nll is returned detached, but the Function supports it)
+    from transduce.training.loss import _SmoothedCrossEntropy
+    rows, tgt = logits.reshape(-1, 13), target.reshape(-1)
+    weight = (tgt != 0).double()
+    assert torch.autograd.gradcheck(lambda z: _SmoothedCrossEntropy.apply(z, tgt, weight, eps),
+                                    (rows.clone().requires_grad_(),))
+
+
 def test_noam_schedule_is_equation_3():
     cfg = TrainConfig(warmup_steps=4000)
     for step in (1, 100, 3999, 4000, 4001, 100000):

@@ -17,18 +17,55 @@ class LossOutput:
     n_tokens: int
 
 
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy summed over weighted rows, with a hand-written backward.
+
+    Autograd through log_softmax -> gather/mean -> weighted sum writes several (N, V) tensors
+    in the backward pass (a zero-filled scatter for the gather, an expanded division for the
+    mean, their sum, the log-softmax backward). The gradient has a closed form,
+    d loss / d logits = softmax - ((1 - eps) * one_hot + eps / V), so the backward here is one
+    exp and one multiply-add over (N, V) plus a scatter: the loss is memory-bound on CPU, and
+    at small d_model its (N, V) passes cost as much as a layer's matmuls.
+
+    Shape: logits (N, V) float, target (N,), weight (N,) (1 = counted, 0 = pad) -> the sums of
+    the smoothed loss and of the NLL (scalars).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
+        logp = torch.log_softmax(logits, dim=-1)                        # (N, V)
+        nll = -(logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * weight).sum()
+        smooth = -(logp.sum(dim=-1) * weight).sum() / logp.shape[-1]
+        ctx.save_for_backward(logp, target, weight)
+        ctx.smoothing = smoothing
+        return (1.0 - smoothing) * nll + smoothing * smooth, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
+        logp, target, weight = ctx.saved_tensors
+        eps, v = ctx.smoothing, logp.shape[-1]
+        # (the nll is returned detached by label_smoothed_loss; differentiating it is supported)
+        scale = (weight * (grad_loss + grad_nll)).unsqueeze(-1)                 # (N, 1)
+        shift = (weight * (grad_loss * eps / v)).unsqueeze(-1)                  # (N, 1)
+        grad = torch.addcmul(-shift, logp.exp(), scale)                         # (N, V)
+        hot = weight * (grad_loss * (1.0 - eps) + grad_nll)                     # (N,)
+        grad.scatter_add_(-1, target.unsqueeze(-1), -hot.unsqueeze(-1).to(grad.dtype))
+        return grad, None, None, None
+
+
 def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id: int) -> LossOutput:
     """Cross-entropy against (1 - eps) * one_hot + eps / V, ignoring pad targets.
 
     This is exactly ``F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=pad,
     reduction="sum")`` (the smoothing mass is spread over all V classes, the true one included),
-    computed from one log-softmax so the NLL for perplexity comes for free.
+    computed from one log-softmax so the NLL for perplexity comes for free; the backward pass
+    is fused (:class:`_SmoothedCrossEntropy`).
 
     Shape: logits (B, T, V), target (B, T).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)                   # (B, T, V)
     keep = target != pad_id                                             # (B, T)
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)            # (B, T)
-    smooth = -logp.mean(dim=-1)                                         # (B, T)
-    loss = (1.0 - smoothing) * nll + smoothing * smooth
-    return LossOutput(loss[keep].sum(), nll[keep].sum().detach(), int(keep.sum()))
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        rows = rows.float()                                             # softmax in fp32 under autocast
+    loss, nll = _SmoothedCrossEntropy.apply(rows, target.reshape(-1), keep.reshape(-1).to(rows.dtype), smoothing)
+    return LossOutput(loss, nll.detach(), int(keep.sum()))
