@@ -59,10 +59,12 @@ def test_early_stopping_and_keep_last(tmp_path):
 
 
 def test_reverse_swaps_every_split_and_the_cli_records_it(tmp_path, monkeypatch):
+    from dataclasses import replace
+
     from transduce.config import DataConfig
     from transduce.training.prepare import load_splits
     data = DataConfig(toy_train_size=30, toy_valid_size=5, toy_test_size=5)
-    forward, backward = load_splits(data), load_splits(DataConfig(**{**data.__dict__, "reverse": True}))
+    forward, backward = load_splits(data), load_splits(replace(data, reverse=True))
     for split in ("train", "valid", "test"):
         assert getattr(backward, split) == [(t, s) for s, t in getattr(forward, split)]
     seen = {}

@@ -384,10 +384,9 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
                reverse: bool = False) -> int:
     """``transduce train``: returns the process exit status."""
     run_dir = Path(out) if out else default_run_dir(config_path, reverse)
-    cfg = None
     if resume and config_path is None and (run_dir / "config.yaml").is_file():
-        cfg = load_run_config(run_dir / "config.yaml", overrides)  # the run's own, already reversed if it was
-    if cfg is None:
-        cfg = load_run_config(config_path, overrides + (["data.reverse=true"] if reverse else []))
-    run_training(cfg, run_dir, resume)
+        config_path = str(run_dir / "config.yaml")  # resume with the run's own config
+    if reverse:  # idempotent: a reversed run's own config already says so
+        overrides = [*overrides, "data.reverse=true"]
+    run_training(load_run_config(config_path, overrides), run_dir, resume)
     return 0
