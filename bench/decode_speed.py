@@ -6,6 +6,12 @@ exactly ``--out-len`` tokens (EOS forbidden until then: our ``min_len``, HF ``mi
 CT2 ``min_decoding_length``), so all do the same work. Systems are interleaved, each run
 ``--runs`` times after a warm-up, and the median sentences/s is reported as JSON.
 
+By default every system lives in its own worker process, driven in turn by this one. Within
+one process, CTranslate2's bundled OpenMP runtime (a second libgomp beside PyTorch's) slows
+PyTorch's small ops for good once CTranslate2 has run (a 256 x 256 layer norm goes from 16 to
+45 us on the 2-core benchmark machine), which would measure the co-location, not the decoder.
+``--same-process`` keeps the old single-process layout for comparison.
+
 Needs the ``bench`` extra: ``pip install 'transduce[bench]'`` (transformers, ctranslate2).
 
 Usage:
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing as mp
 import os
 import platform
 import statistics
@@ -121,18 +128,82 @@ def ct2(marian_dir: str, out_dir: str, src: torch.Tensor, out_len: int, beam: in
     return run
 
 
-def measure(systems: dict[str, Callable[[], int]], runs: int, expected_tokens: int) -> dict[str, dict]:
-    """Warm up each system, then ``runs`` interleaved timed rounds; medians in sentences/s."""
+def build(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
+          threads: int) -> Callable[[], int]:
+    """The system called ``name`` ("transduce beam4", "ctranslate2 int8 greedy", ...)."""
+    beam = 4 if name.endswith("beam4") else 1
+    if name.startswith("transduce"):
+        return ours(src, out_len, beam, bf16="bf16" in name)
+    if name.startswith("hf"):
+        from transformers import MarianMTModel
+        return hf(MarianMTModel.from_pretrained(marian_dir).eval(), src, out_len, beam)
+    compute_type = name.split()[1]
+    return ct2(marian_dir, tmp, src, out_len, beam, compute_type, threads)
+
+
+class Worker:
+    """One system in its own process: ``run()`` asks it for one timed decode."""
+
+    def __init__(self, name: str, *args):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, name, *args), daemon=True)
+        self.proc.start()
+
+    def __call__(self) -> tuple[float, int]:
+        self.conn.send("run")
+        reply = self.conn.recv()
+        if isinstance(reply, str):
+            raise RuntimeError(reply)
+        return reply
+
+    def close(self) -> None:
+        self.conn.send("stop")
+        self.proc.join(timeout=30)
+
+
+def _serve(conn, name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str, threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        run = build(name, src, out_len, marian_dir, os.path.join(tmp, name.replace(" ", "_")), threads)
+    except Exception as e:  # reported to the parent at its first request
+        run, error = None, f"{name}: {type(e).__name__}: {e}"
+    while conn.recv() == "run":
+        if run is None:
+            conn.send(error)
+            continue
+        start = time.perf_counter()
+        produced = run()
+        conn.send((time.perf_counter() - start, produced))
+
+
+def timed(run: Callable[[], int]) -> Callable[[], tuple[float, int]]:
+    """An in-process system with the worker's interface."""
+    def call() -> tuple[float, int]:
+        start = time.perf_counter()
+        produced = run()
+        return time.perf_counter() - start, produced
+    return call
+
+
+def measure(systems: dict[str, Callable[[], tuple[float, int]]], runs: int, expected_tokens: int,
+            settle: float = 1.0) -> dict[str, dict]:
+    """Warm up each system, then ``runs`` interleaved timed rounds; medians in sentences/s.
+
+    Each timed run starts ``settle`` seconds after the previous one ended: an OpenMP runtime
+    keeps its worker threads spinning for a while after a parallel region (Intel's
+    ``KMP_BLOCKTIME`` is 200 ms, GNU's spin count similar), and on a 2-core machine the
+    previous system's spinning threads would otherwise take the cores from the next one.
+    """
     times: dict[str, list[float]] = {name: [] for name in systems}
     for name, run in systems.items():
-        produced = run()
+        _, produced = run()
         if produced != expected_tokens:
             raise RuntimeError(f"{name} produced {produced} tokens, expected {expected_tokens}")
     for _ in range(runs):
         for name, run in systems.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
+            time.sleep(settle)
+            times[name].append(run()[0])
     return {name: {"median_s": statistics.median(t), "runs_s": [round(x, 4) for x in t]}
             for name, t in times.items()}
 
@@ -144,30 +215,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=4)
+    p.add_argument("--settle", type=float, default=1.0,
+                   help="seconds of idle before each timed run (lets spinning OpenMP threads sleep)")
     p.add_argument("--systems", default="ours,hf,ct2", help="comma-separated subset of ours,hf,ct2")
     p.add_argument("--bf16", action="store_true", help="also time ours under CPU bfloat16 autocast")
+    p.add_argument("--same-process", action="store_true",
+                   help="run every system in this process (see the module doc for why that is not the default)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, VOCAB - 1, (args.sentences, args.src_len + 1), generator=g)
     src[:, -1] = EOS
     chosen = args.systems.split(",")
+    names = []
+    for label in ("beam4", "greedy"):
+        if "ours" in chosen:
+            names.append(f"transduce {label}")
+            if args.bf16:
+                names.append(f"transduce bf16-autocast {label}")
+        if "hf" in chosen:
+            names.append(f"hf generate {label}")
+        if "ct2" in chosen:
+            names += [f"ctranslate2 {ct} {label}" for ct in ("float32", "int8")]
     load_before = os.getloadavg()[0]
-    systems: dict[str, Callable[[], int]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        hf_model = marian(os.path.join(tmp, "marian")) if ("hf" in chosen or "ct2" in chosen) else None
-        for beam, label in ((4, "beam4"), (1, "greedy")):
-            if "ours" in chosen:
-                systems[f"transduce {label}"] = ours(src, args.out_len, beam)
-                if args.bf16:
-                    systems[f"transduce bf16-autocast {label}"] = ours(src, args.out_len, beam, bf16=True)
-            if "hf" in chosen:
-                systems[f"hf generate {label}"] = hf(hf_model, src, args.out_len, beam)
-            if "ct2" in chosen:
-                for ct in ("float32", "int8"):
-                    systems[f"ctranslate2 {ct} {label}"] = ct2(os.path.join(tmp, "marian"), tmp, src,
-                                                                args.out_len, beam, ct, args.threads)
-        results = measure(systems, args.runs, args.sentences * args.out_len)
+        marian_dir = os.path.join(tmp, "marian")
+        if "hf" in chosen or "ct2" in chosen:
+            marian(marian_dir)
+        workers = []
+        if args.same_process:
+            systems = {n: timed(build(n, src, args.out_len, marian_dir, os.path.join(tmp, n.replace(" ", "_")),
+                                      args.threads)) for n in names}
+        else:
+            workers = [Worker(n, src, args.out_len, marian_dir, tmp, args.threads) for n in names]
+            systems = dict(zip(names, workers))
+        try:
+            results = measure(systems, args.runs, args.sentences * args.out_len, args.settle)
+        finally:
+            for w in workers:
+                w.close()
     for r in results.values():
         r["sentences_per_s"] = round(args.sentences / r["median_s"], 1)
     for label in ("beam4", "greedy"):  # the targets are stated against CTranslate2 float32
@@ -180,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
         "python": sys.version.split()[0], "sentences": args.sentences, "src_len": args.src_len,
         "out_len": args.out_len, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
+        "settle_s": args.settle, "isolation": "same process" if args.same_process else "one worker process per system", "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
     }
     print(json.dumps(report, indent=2))
     return 0

@@ -45,3 +45,25 @@ def test_translator_leaves_the_global_rng_alone():
     state = torch.get_rng_state()
     use_onednn_linears(model)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_packed_weight_gives_f_linear_and_follows_updates():
+    import copy
+    import torch.nn.functional as F
+    layer = torch.nn.Linear(32, 48)
+    if use_onednn_linears(layer) == 0:
+        pytest.skip("oneDNN is not available in this PyTorch build")
+    x = torch.randn(5, 7, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.forward_relu(x), F.relu(F.linear(x, layer.weight, layer.bias)),
+                                   atol=1e-5, rtol=1e-5)
+        layer.weight.add_(1.0)  # in place: the packed copy must be rebuilt
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
+        layer.weight = torch.nn.Parameter(torch.randn(48, 32))  # a new tensor
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-4, rtol=1e-5)
+    assert "_packed" in layer.__dict__
+    clone = copy.deepcopy(layer)  # the packed (opaque) weight cannot be copied; it is left behind
+    assert "_packed" not in clone.__dict__
+    with torch.no_grad():
+        torch.testing.assert_close(clone(x), layer(x))

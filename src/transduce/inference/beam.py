@@ -3,8 +3,8 @@
 Batched over sentences and beams: one decoder call per step for all B*K hypotheses, one
 top-k over each sentence's K*V extensions, no Python loop over sentences or beams. The KV
 cache makes each step cost the same whatever the prefix length; cross-attention keys/values
-are projected once (first step) and the self-attention cache is reordered by the chosen
-parent beams.
+are projected once (first step), kept once per sentence and shared by its beams, and the
+self-attention cache is reordered by the chosen parent beams.
 
 The step follows fairseq: take the best 2K extensions of each sentence; those of the top K
 that end (EOS, or the length limit) become finished hypotheses scored with the GNMT length
@@ -153,12 +153,13 @@ def advance(beams: Beams, cand: Candidates, beam: int, attn: Tensor | None) -> t
     return Beams(beams.ids, extend(beams.tokens, parent, token), scores, beams.limit, attention), rows
 
 
-def drop_done(beams: Beams, rows: Tensor, done: Tensor) -> tuple[Beams, Tensor]:
-    """Remove the sentences that are ``done`` (B,) bool and their rows of ``rows`` (B*K,)."""
+def drop_done(beams: Beams, rows: Tensor, done: Tensor) -> tuple[Beams, Tensor, Tensor]:
+    """Remove the sentences that are ``done`` (B,) bool and their rows of ``rows`` (B*K,).
+    -> the kept beams, their rows (B'*K,), and which sentences were kept (B',)."""
     keep = (~done).nonzero().squeeze(1)                                   # (B',)
     attention = beams.attention[keep] if beams.attention is not None else None
     kept = Beams(beams.ids[keep], beams.tokens[keep], beams.scores[keep], beams.limit[keep], attention)
-    return kept, rows.view(done.shape[0], -1)[keep].reshape(-1)
+    return kept, rows.view(done.shape[0], -1)[keep].reshape(-1), keep
 
 
 def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: int,
@@ -229,11 +230,13 @@ def beam_search(
             done = fin.best_ended[beams.ids] & (fin.count[beams.ids] >= want)
         if bool(done.all()):
             break
-        regroup = step == 0 or bool(done.any())  # rows change sentence: move cross K/V too
-        if regroup:
-            beams, rows = drop_done(beams, rows, done)
-            enc = enc.index_select(rows)
-        cache = cache.reorder(rows, cross=regroup)
+        # The encoder output and cross-attention K/V stay one row per sentence, shared by its
+        # beams; they only change when sentences leave.
+        keep: Tensor | bool = False
+        if bool(done.any()):
+            beams, rows, keep = drop_done(beams, rows, done)
+            enc = enc.index_select(keep)
+        cache = cache.reorder(rows, cross=keep)
     return _output(fin, nbest or beam)
 
 

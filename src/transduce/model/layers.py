@@ -29,6 +29,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.activation == "relu" and hasattr(self.fc1, "forward_relu"):
+            return self.fc2(self.dropout(self.fc1.forward_relu(x)))        # ReLU fused (inference)
         h = self.fc1(x)                                                   # (B, T, d_ff)
         if self.activation == "relu":
             h = F.relu(h)
@@ -112,7 +114,7 @@ class DecoderLayer(nn.Module):
             # Right-padded targets need no padding mask here: the causal mask already keeps
             # real positions from seeing the pads after them, and pad positions are not scored.
             return self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
-        k, v = cache.append(*self.self_attn.project_kv(h, start))      # (B, H, start+T, Dh)
+        q, k, v = self.self_attn.project_qkv(h, start)
+        k, v = cache.append(k, v)                                         # (B, H, start+T, Dh)
         causal = h.shape[1] > 1  # a single new position may see the whole cache
-        return self.self_attn(h, None, None, is_causal=causal, kv=(k, v), start=start,
-                              need_weights=need_weights)
+        return self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
