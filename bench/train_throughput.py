@@ -3,7 +3,8 @@
 Each system trains a random-weight model of the same shape on the same batch (one
 forward + backward + Adam step, label smoothing 0.1), in one process, interleaved, and reports
 the median target tokens/s after a warm-up. The peers use ``F.cross_entropy(label_smoothing=0.1)``
-(what their users get); transduce uses its own loss (fused backward). Model FLOPs utilisation
+(what their users get); transduce trains as its trainer does, with the output projection and the
+loss fused (no (N, V) logits stored). Model FLOPs utilisation
 (MFU) is the model's matmul FLOPs per second against a measured ``torch.mm`` peak.
 
 Shapes: ``tiny`` (3+3 layers, d 256, FFN 1024, 128 x 32 tokens), ``base`` (the paper's base,
@@ -34,7 +35,7 @@ from transduce.config import ModelConfig
 from transduce.data.corpus import collate
 from transduce.model import Transformer
 from transduce.model.embeddings import sinusoidal_table
-from transduce.training.loss import label_smoothed_loss
+from transduce.training.loss import projected_label_smoothed_loss
 
 VOCAB, PAD = 8000, 0
 SHAPES = {
@@ -58,8 +59,9 @@ def torch_loss(logits, target):
                            ignore_index=PAD, reduction="sum")
 
 
-def our_loss(logits, target):
-    return label_smoothed_loss(logits, target, 0.1, PAD).loss
+def our_loss(model: Transformer) -> Callable:
+    """What the trainer does in float32: projection and loss fused (training/loss.py)."""
+    return lambda hidden, target: projected_label_smoothed_loss(hidden, model.output_proj.weight, target, 0.1, PAD).loss
 
 
 def train_step(model: nn.Module, forward: Callable, batch, loss_fn: Callable = torch_loss) -> Callable[[], None]:
@@ -78,7 +80,7 @@ def ours(layers, d, h, ff, batch):
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=d, n_heads=h,
                                     n_encoder_layers=layers, n_decoder_layers=layers, d_ff=ff)).train()
-    return train_step(model, lambda b: model(b.src, b.tgt_in), batch, our_loss)
+    return train_step(model, lambda b: model(b.src, b.tgt_in, project=False), batch, our_loss(model))
 
 
 class TorchTransformer(nn.Module):

@@ -48,6 +48,35 @@ def test_label_smoothed_loss_gradient_equals_autograd_of_torch_cross_entropy(eps
                                     (rows.clone().requires_grad_(),))
 
 
+
+@pytest.mark.parametrize("chunk", [1, 5, 512])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_loss_equals_projection_then_loss(chunk, eps):
+    """Output projection and loss fused, by blocks of rows: value and gradients (hidden states
+    and the projection weight) equal F.linear then F.cross_entropy."""
+    from transduce.training.loss import projected_label_smoothed_loss
+    torch.manual_seed(2)
+    hidden = torch.randn(3, 7, 16, dtype=torch.float64)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    target = torch.randint(1, 50, (3, 7))
+    target[1, 4:] = 0
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk)
+    (out.loss * 0.37).backward()
+    ref = F.cross_entropy(F.linear(h2, w2).reshape(-1, 50), target.reshape(-1), label_smoothing=eps,
+                          ignore_index=0, reduction="sum")
+    (ref * 0.37).backward()
+    torch.testing.assert_close(out.loss, ref, rtol=1e-12, atol=1e-12)
+    assert out.n_tokens == 18
+    torch.testing.assert_close(out.nll, F.cross_entropy(F.linear(hidden, weight).reshape(-1, 50), target.reshape(-1),
+                                                        ignore_index=0, reduction="sum"))
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
+    assert bool((h1.grad[1, 4:] == 0).all())  # pad positions get no gradient
+    with torch.no_grad():  # evaluation: no gradient work, same value
+        torch.testing.assert_close(projected_label_smoothed_loss(hidden, weight, target, eps, 0).loss, ref.detach())
+
 def test_noam_schedule_is_equation_3():
     cfg = TrainConfig(warmup_steps=4000)
     for step in (1, 100, 3999, 4000, 4001, 100000):

@@ -239,17 +239,20 @@ class MultiHeadAttention(nn.Module):
         if not all(isinstance(m, nn.Linear) for m in mods):
             return None
         params = [m.weight for m in mods] + [m.bias for m in mods if m.bias is not None]
+
+        def side_by_side() -> tuple[Tensor, Tensor | None]:
+            return (torch.cat([m.weight for m in mods]),
+                    torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None)
+
         if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
-            # (inference tensors keep no version counter to tell when the cached copy is stale)
-            w = torch.cat([m.weight for m in mods])
-            b = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
+            # (inference tensors keep no version counter to tell when a kept copy is stale)
+            w, b = side_by_side()
             return lambda x: F.linear(x, w, b)
         key = (names, type(mods[0])) + tuple((p.data_ptr(), p._version, p.dtype) for p in params)
         cached = self._fused_cache.get(names)
         if cached is None or cached[0] != key:
             with torch.inference_mode(False), torch.no_grad():
-                w = torch.cat([m.weight for m in mods])
-                b = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
+                w, b = side_by_side()
                 fused = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
                 fused.weight = nn.Parameter(w, requires_grad=False)
                 fused.bias = nn.Parameter(b, requires_grad=False) if b is not None else None

@@ -36,8 +36,9 @@ class EncoderOutput:
 
 @dataclass
 class DecoderOutput:
-    """Logits (B, T, V), the updated cache (if one was given), optional attention maps per layer:
-    self (B, H, T, T_total) and cross (B, H, T, S)."""
+    """Logits (B, T, V) (the states before the output projection, (B, T, D), when decoded with
+    ``project=False``), the updated cache (if one was given), optional attention maps per
+    layer: self (B, H, T, T_total) and cross (B, H, T, S)."""
 
     logits: Tensor
     cache: KVCache | None = None
@@ -122,12 +123,14 @@ class Transformer(nn.Module):
         return EncoderOutput(x, mask, attentions)
 
     def decode(self, tgt: Tensor, enc: EncoderOutput, cache: KVCache | None = None,
-               need_weights: bool = False) -> DecoderOutput:
+               need_weights: bool = False, project: bool = True) -> DecoderOutput:
         """Target ids -> next-token logits.
 
         Without ``cache``: ``tgt`` (B, T) is the whole shifted target (teacher forcing).
         With ``cache`` (start with ``model.new_cache()``): ``tgt`` (B, t) holds only the new
         tokens; the cache is extended and returned, so each step costs the same.
+        ``project=False`` returns the decoder's output states (B, T, D) in place of the logits,
+        for a loss that applies ``output_proj`` itself.
         """
         start = cache.length if cache is not None else 0
         x = self.tgt_embed(tgt, start)                                    # (B, T, D)
@@ -142,11 +145,12 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         if cache is not None:
             cache.length += tgt.shape[1]
-        return DecoderOutput(self.output_proj(x), cache, self_ws, cross_ws)
+        return DecoderOutput(self.output_proj(x) if project else x, cache, self_ws, cross_ws)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V)."""
-        return self.decode(tgt, self.encode(src)).logits
+    def forward(self, src: Tensor, tgt: Tensor, project: bool = True) -> Tensor:
+        """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V), or with
+        ``project=False`` the states before the output projection (B, T, D)."""
+        return self.decode(tgt, self.encode(src), project=project).logits
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding with :meth:`decode`."""

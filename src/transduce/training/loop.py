@@ -32,7 +32,7 @@ from ..model.transformer import Transformer
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
-from .loss import label_smoothed_loss
+from .loss import label_smoothed_loss, projected_label_smoothed_loss
 from .prepare import PreparedData, prepare
 from .progress import Progress
 from .schedule import learning_rate
@@ -81,6 +81,13 @@ def autocast_context(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def output_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    model = getattr(model, "module", model)
+    return model.output_proj.weight
+
+
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
                      normalizer: float, precision: str, device: torch.device,
                      scaler: torch.amp.GradScaler | None = None) -> tuple[float, float, int]:
@@ -98,9 +105,13 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
         with sync:
-            with autocast_context(device, precision):
-                logits = model(batch.src, batch.tgt_in)                  # (B, T, V)
-            out = label_smoothed_loss(logits, batch.tgt_out, smoothing, pad_id)
+            if precision == "fp32":  # projection and loss fused, the (B, T, V) logits never stored
+                hidden = model(batch.src, batch.tgt_in, project=False)   # (B, T, D)
+                out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
+            else:
+                with autocast_context(device, precision):
+                    logits = model(batch.src, batch.tgt_in)              # (B, T, V)
+                out = label_smoothed_loss(logits, batch.tgt_out, smoothing, pad_id)
             scaled = out.loss / normalizer
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += out.loss.item()

@@ -69,3 +69,69 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
         rows = rows.float()                                             # softmax in fp32 under autocast
     loss, nll = _SmoothedCrossEntropy.apply(rows, target.reshape(-1), keep.reshape(-1).to(rows.dtype), smoothing)
     return LossOutput(loss, nll.detach(), int(keep.sum()))
+
+
+class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
+    """The output projection and the label-smoothed loss together, a block of rows at a time.
+
+    ``logits = hidden @ weight.T`` is never stored whole: for each block of ``chunk`` rows the
+    forward computes the block's logits, its loss terms and, when gradients are wanted, its
+    gradients right away (d logits = keep * (softmax - smoothed one-hot), then d hidden =
+    d logits @ weight and d weight += d logits^T @ hidden), while the block is still in cache.
+    The backward only scales them by the incoming gradient of the loss. On the d_model 128,
+    8k-vocabulary recipe the (N, V) logits are 30x larger than the hidden states, so this
+    removes most of the step's memory traffic outside the matmuls.
+
+    Shape: hidden (N, D), weight (V, D), target (N,), keep (N,) float (1 = counted, 0 = pad)
+    -> the sums of the smoothed loss and of the NLL (scalars).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float,
+                chunk: int) -> tuple[Tensor, Tensor]:
+        want_h, want_w = ctx.needs_input_grad[:2]
+        n, v = hidden.shape[0], weight.shape[0]
+        grad_h = torch.empty_like(hidden) if want_h else None
+        grad_w = torch.zeros_like(weight) if want_w else None
+        nll = hidden.new_zeros(())
+        smooth = hidden.new_zeros(())
+        for s in range(0, n, chunk):
+            h, t, k = hidden[s:s + chunk], target[s:s + chunk], keep[s:s + chunk]
+            logp = torch.log_softmax(h @ weight.T, dim=-1)                 # (c, V)
+            nll -= (logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * k).sum()
+            smooth -= (logp.sum(dim=-1) * k).sum() / v
+            if want_h or want_w:
+                g = logp.exp_().mul_(k.unsqueeze(-1)).sub_((k * (smoothing / v)).unsqueeze(-1))  # (c, V)
+                g.scatter_add_(-1, t.unsqueeze(-1), -(k * (1.0 - smoothing)).unsqueeze(-1))
+                if want_h:
+                    torch.mm(g, weight, out=grad_h[s:s + chunk])
+                if want_w:
+                    grad_w.addmm_(g.T, h)
+        ctx.save_for_backward(grad_h, grad_w)
+        return (1.0 - smoothing) * nll + smoothing * smooth, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple:
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_nll is not None and bool(grad_nll != 0):
+            raise RuntimeError("the projected loss returns the NLL for reporting only; it has no gradient")
+        return (None if grad_h is None else grad_h * grad_loss, None if grad_w is None else grad_w * grad_loss,
+                None, None, None, None)
+
+
+def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float,
+                                  pad_id: int, chunk: int = 256) -> LossOutput:
+    """:func:`label_smoothed_loss` of ``hidden @ weight.T`` without storing those logits.
+
+    The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight), ...)``
+    (see :class:`_ProjectedSmoothedCrossEntropy`), for float32 training; the NLL is for
+    reporting (no gradient).
+
+    Shape: hidden (B, T, D) (the decoder output before the output projection), weight (V, D),
+    target (B, T).
+    """
+    keep = target != pad_id                                             # (B, T)
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target.reshape(-1), keep.reshape(-1).to(rows.dtype),
+                                                     smoothing, chunk)
+    return LossOutput(loss, nll.detach(), int(keep.sum()))
