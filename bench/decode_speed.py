@@ -158,7 +158,10 @@ class Worker:
         return reply
 
     def close(self) -> None:
-        self.conn.send("stop")
+        try:
+            self.conn.send("stop")
+        except (BrokenPipeError, OSError):  # the worker is already gone
+            pass
         self.proc.join(timeout=30)
 
 
@@ -266,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
         "python": sys.version.split()[0], "sentences": args.sentences, "src_len": args.src_len,
         "out_len": args.out_len, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-        "settle_s": args.settle, "isolation": "same process" if args.same_process else "one worker process per system", "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
+        "settle_s": args.settle,
+        "isolation": "same process" if args.same_process else "one worker process per system",
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
     }
     print(json.dumps(report, indent=2))
     return 0
