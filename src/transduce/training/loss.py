@@ -120,18 +120,22 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
 
 
 def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float,
-                                  pad_id: int, chunk: int = 256) -> LossOutput:
+                                  pad_id: int, chunk: int | None = None) -> LossOutput:
     """:func:`label_smoothed_loss` of ``hidden @ weight.T`` without storing those logits.
 
     The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight), ...)``
     (see :class:`_ProjectedSmoothedCrossEntropy`), for float32 training; the NLL is for
-    reporting (no gradient).
+    reporting (no gradient). ``chunk`` rows per block: by default 256 on CPU (fastest of
+    128-4,096 on the recipe shape, BENCHMARKS.md) and 4,096 elsewhere, where a block is a
+    few kernel launches and small blocks would leave a GPU idle.
 
     Shape: hidden (B, T, D) (the decoder output before the output projection), weight (V, D),
     target (B, T).
     """
     keep = target != pad_id                                             # (B, T)
     rows = hidden.reshape(-1, hidden.shape[-1])
+    if chunk is None:
+        chunk = 256 if rows.device.type == "cpu" else 4096
     loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target.reshape(-1), keep.reshape(-1).to(rows.dtype),
                                                      smoothing, chunk)
     return LossOutput(loss, nll.detach(), int(keep.sum()))
