@@ -24,7 +24,6 @@ logger = logging.getLogger(__name__)
 PACK_ROWS = 64
 
 
-
 @functools.lru_cache(maxsize=None)
 def _onednn_ok() -> bool:
     """Whether this PyTorch build has the oneDNN linear op and it gives F.linear's answer.
