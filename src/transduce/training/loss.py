@@ -17,6 +17,14 @@ class LossOutput:
     n_tokens: int
 
 
+def _nll_and_smooth(logp: Tensor, target: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Weighted sums of -log p(target) and of the mean -log p over the vocabulary.
+    Shape: logp (N, V), target (N,), weight (N,) -> two scalars."""
+    nll = -(logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * weight).sum()
+    smooth = -(logp.sum(dim=-1) * weight).sum() / logp.shape[-1]
+    return nll, smooth
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Label-smoothed cross-entropy summed over weighted rows, with a hand-written backward.
 
@@ -34,8 +42,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, weight: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
         logp = torch.log_softmax(logits, dim=-1)                        # (N, V)
-        nll = -(logp.gather(-1, target.unsqueeze(-1)).squeeze(-1) * weight).sum()
-        smooth = -(logp.sum(dim=-1) * weight).sum() / logp.shape[-1]
+        nll, smooth = _nll_and_smooth(logp, target, weight)
         ctx.save_for_backward(logp, target, weight)
         ctx.smoothing = smoothing
         return (1.0 - smoothing) * nll + smoothing * smooth, nll
@@ -98,8 +105,9 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
         for s in range(0, n, chunk):
             h, t, k = hidden[s:s + chunk], target[s:s + chunk], keep[s:s + chunk]
             logp = torch.log_softmax(h @ weight.T, dim=-1)                 # (c, V)
-            nll -= (logp.gather(-1, t.unsqueeze(-1)).squeeze(-1) * k).sum()
-            smooth -= (logp.sum(dim=-1) * k).sum() / v
+            block_nll, block_smooth = _nll_and_smooth(logp, t, k)
+            nll += block_nll
+            smooth += block_smooth
             if want_h or want_w:
                 g = logp.exp_().mul_(k.unsqueeze(-1)).sub_((k * (smoothing / v)).unsqueeze(-1))  # (c, V)
                 g.scatter_add_(-1, t.unsqueeze(-1), -(k * (1.0 - smoothing)).unsqueeze(-1))
