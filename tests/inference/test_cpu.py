@@ -7,7 +7,7 @@ import torch
 
 from inference_helpers import random_sources, tiny_transformer
 from transduce.inference import beam_search
-from transduce.inference.cpu import OneDNNLinear, use_onednn_linears
+from transduce.inference.cpu import OneDNNLinear, drop_inference_state, use_onednn_linears
 
 
 def test_switch_keeps_parameters_and_outputs():
@@ -67,3 +67,21 @@ def test_packed_weight_gives_f_linear_and_follows_updates():
     assert "_packed" not in clone.__dict__
     with torch.no_grad():
         torch.testing.assert_close(clone(x), layer(x))
+
+
+def test_drop_inference_state_undoes_the_switch_and_the_kept_copies():
+    """What the trainer does after each validation: plain layers again, no weight copies kept."""
+    model = tiny_transformer(seed=3)
+    if use_onednn_linears(model) == 0:
+        pytest.skip("oneDNN is not available in this PyTorch build")
+    src = random_sources([5, 2, 7], seed=3)
+    with torch.no_grad():
+        before = beam_search(model, src, beam=3, max_len_b=6)
+    kept = [m for m in model.modules() if "_packed" in m.__dict__ or "_fused_layers" in m.__dict__]
+    assert kept  # search left packed weights and fused Q/K/V layers behind
+    drop_inference_state(model)
+    assert not any(isinstance(m, OneDNNLinear) for m in model.modules())
+    assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in model.modules())
+    with torch.no_grad():
+        after = beam_search(model, src, beam=3, max_len_b=6)
+    assert torch.equal(before.tokens, after.tokens)

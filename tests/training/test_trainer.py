@@ -72,3 +72,16 @@ def test_reverse_swaps_every_split_and_the_cli_records_it(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     assert loop.train_main(None, ["train.max_steps=1"], None, False, reverse=True) == 0
     assert seen["cfg"].data.reverse and seen["run_dir"].name == "run_reverse"
+
+
+def test_validation_leaves_no_inference_copies_on_the_training_model(tmp_path):
+    """Validation decodes through a Translator (oneDNN layers, packed and fused weights); the
+    training model must come back plain, not holding a second copy of its weights."""
+    trainer = _trainer(tmp_path, eval_bleu=True)
+    trainer.train_step()
+    metrics = trainer.validate()
+    assert "val_bleu" in metrics and "val_loss" in metrics
+    from transduce.inference.cpu import OneDNNLinear
+    assert not any(isinstance(m, OneDNNLinear) for m in trainer.model.modules())
+    assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in trainer.model.modules())
+    assert trainer.train_step() is not None

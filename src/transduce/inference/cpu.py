@@ -88,6 +88,20 @@ class OneDNNLinear(nn.Linear):
         return self._matmul(x, "relu")
 
 
+def drop_inference_state(model: nn.Module) -> None:
+    """Undo :func:`use_onednn_linears` and forget every kept inference copy of the weights
+    (oneDNN-packed weights, fused Q/K/V layers), in place.
+
+    The trainer calls it after validating through a :class:`~transduce.inference.Translator`,
+    so the training model does not carry a second copy of its weights between validations.
+    """
+    for module in model.modules():
+        if type(module) is OneDNNLinear:
+            module.__class__ = nn.Linear
+        module.__dict__.pop("_packed", None)
+        module.__dict__.pop("_fused_layers", None)
+
+
 def use_onednn_linears(model: nn.Module) -> int:
     """Switch every plain ``nn.Linear`` of ``model`` to :class:`OneDNNLinear`, in place.
 
