@@ -85,7 +85,8 @@ def evaluate_run(run_dir: Path, model_dir: Path, threads: int) -> dict:
     d = cfg.decode
     translator = Translator.load(model_dir, "cpu")
     out = evaluate(translator, [s for s, _ in test], [t for _, t in test], d.beam, d.lenpen, d.max_len_a,
-                   d.max_len_b, d.batch_tokens, tok_refs, tgt_lang if tok_refs else None)
+                   d.max_len_b, d.batch_tokens, tok_refs, tgt_lang if tok_refs else None,
+                   hyps_tokenized=cfg.data.corpus == "multi30k_tok")
     return {k: v for k, v in out.items() if k not in ("tokens_per_s",)}
 
 

@@ -121,6 +121,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
                    help="lowercased Moses-tokenized references (e.g. Multi30k's *.lc.norm.tok.*): adds the "
                         "published-style tokenized BLEU 'bleu_moses_lc' (needs the moses extra)")
     p.add_argument("--lang", default=None, help="target language for --tok-ref (Moses rules), e.g. de")
+    p.add_argument("--hyp-tokenized", action="store_true",
+                   help="with --tok-ref: the model writes lowercased Moses-tokenized text (trained with "
+                        "data.corpus=multi30k_tok); score it as it is")
     _add_search_options(p)
     p.set_defaults(func=_cmd_evaluate)
 
@@ -133,7 +136,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     translator = Translator.load(args.model_dir, args.device, args.precision)
     result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
                             args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang,
-                            args.stop)
+                            args.stop, args.hyp_tokenized)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 

@@ -143,7 +143,9 @@ class DataConfig:
     """Where the parallel text comes from and how it becomes batches.
 
     ``corpus``: "toy" (the embedded generated pair, no download), "multi30k" (raw files under
-    ``root`` or $TRANSDUCE_MULTI30K), or "files" (``train_src``/``train_tgt``/... paths).
+    ``root`` or $TRANSDUCE_MULTI30K), "multi30k_tok" (the same corpus's lowercased, Moses-tokenized
+    text in ``root/tok/``, which published Multi30k systems train on; the model then writes
+    lowercased tokenized text), or "files" (``train_src``/``train_tgt``/... paths).
     ``reverse`` trains the other direction: every split's pairs are swapped after reading, so
     ``src_lang``/``train_src``... keep naming the corpus as written (``train --reverse``).
     """
@@ -173,7 +175,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _typecheck(self, "data")
-        _one_of(self.corpus, "data.corpus", ("toy", "multi30k", "files"))
+        _one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files"))
         _one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
         for k in ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len", "max_tokens"):
             _check(getattr(self, k) > 0, f"data.{k}", f"must be positive; got {getattr(self, k)}")

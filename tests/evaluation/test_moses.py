@@ -23,3 +23,10 @@ def test_raw_references_score_100_against_official_tokenized_ones():
     assert moses_lc_bleu(raw, tok, "de")["bleu_moses_lc"] == pytest.approx(100.0)
     # a degraded hypothesis scores lower
     assert moses_lc_bleu([" ".join(s.split()[:-2]) for s in raw], tok, "de")["bleu_moses_lc"] < 90
+
+
+def test_tokenized_hypotheses_are_scored_as_they_are():
+    refs = ["ein mann &apos;s hut , rot .", "zwei hunde &quot; laufen &quot; ."]
+    assert moses_lc_bleu(refs, refs, "de", hyps_tokenized=True)["bleu_moses_lc"] == pytest.approx(100.0)
+    # tokenizing them again would escape the escapes
+    assert moses_lc_bleu(refs, refs, "de")["bleu_moses_lc"] < 70

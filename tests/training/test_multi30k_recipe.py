@@ -41,3 +41,21 @@ def test_recipe_trains_on_multi30k(multi30k_root, tmp_path, reverse):
     from transduce.training.prepare import load_splits
     first_src = load_splits(saved.data).valid[0][0]
     assert first_src.split()[0] in (("Eine", "Ein", "Zwei", "Mehrere") if reverse else ("A", "Two", "Several"))
+
+
+def test_recipe_trains_on_the_tokenized_text(multi30k_root, tmp_path):
+    """data.corpus=multi30k_tok reads tok/*.lc.norm.tok.* and the model writes lowercased text."""
+    out = tmp_path / "run"
+    small = ["model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_model=32", "model.d_ff=64",
+             "data.corpus=multi30k_tok", "data.vocab_size=500", "data.max_tokens=1024",
+             "data.valid_max_sentences=20", f"data.root={multi30k_root}", "train.max_steps=4",
+             "train.warmup_steps=2", "train.save_every=2", "train.eval_every=4", "train.keep_last=2",
+             "train.average_last=2"]
+    assert train_main(str(CONFIGS / "multi30k_en_de.yaml"), small, str(out), False, False) == 0
+    from transduce.training.prepare import load_splits
+    splits = load_splits(load_run_config(out / "config.yaml").data)
+    assert [len(s) for s in (splits.train, splits.valid, splits.test)] == [29000, 1014, 1000]
+    assert splits.valid[0] == ("a group of men are loading cotton onto a truck",
+                               "eine gruppe von männern lädt baumwolle auf einen lastwagen")
+    assert splits.test[0][1] == (multi30k_root / "tok" / "test_2016_flickr.lc.norm.tok.de"
+                                 ).read_text(encoding="utf-8").splitlines()[0]

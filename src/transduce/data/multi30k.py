@@ -69,10 +69,30 @@ def multi30k_files(root: str | os.PathLike, split: str, src_lang: str, tgt_lang:
     return paths
 
 
-def read_split(root: str | os.PathLike, split: str, src_lang: str, tgt_lang: str
-               ) -> list[tuple[str, str]]:
-    """All ``(source, target)`` lines of ``split``, checking the official line count."""
-    src, tgt = multi30k_files(root, split, src_lang, tgt_lang)
+def tok_files(root: str | os.PathLike, split: str, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """Paths of the lowercased, normalised, tokenized files ``tok/{split}.lc.norm.tok.{lang}[.gz]``.
+
+    The dataset ships them beside the raw text: the published Multi30k systems train on them and
+    are scored against their test split. DataError if one is missing.
+    """
+    paths = []
+    for lang in (src_lang, tgt_lang):
+        name = Path(file_name(split, lang)).stem.replace(f".{lang}", f".lc.norm.tok.{lang}")
+        plain = Path(root) / "tok" / name
+        path = plain if plain.is_file() else plain.with_name(name + ".gz")
+        if not path.is_file():
+            raise DataError(f"{plain}[.gz]: Multi30k tokenized file not found (the dataset's tok/ folder)")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def read_split(root: str | os.PathLike, split: str, src_lang: str, tgt_lang: str,
+               tokenized: bool = False) -> list[tuple[str, str]]:
+    """All ``(source, target)`` lines of ``split``, checking the official line count.
+
+    ``tokenized``: the lowercased Moses-tokenized text of ``tok/`` instead of the raw text.
+    """
+    src, tgt = (tok_files if tokenized else multi30k_files)(root, split, src_lang, tgt_lang)
     pairs = list(read_parallel(src, tgt))
     if len(pairs) != MULTI30K_SPLITS[split]:
         raise DataError(f"{src}: {len(pairs)} lines, expected {MULTI30K_SPLITS[split]} for "

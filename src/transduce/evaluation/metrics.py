@@ -60,11 +60,13 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
 def evaluate(translator: "Translator", sources: Sequence[str], references: Sequence[str],
              beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
              batch_tokens: int = 4096, tok_references: Sequence[str] | None = None,
-             lang: str | None = None, stop: str = "k_finished") -> dict[str, Any]:
+             lang: str | None = None, stop: str = "k_finished", hyps_tokenized: bool = False
+             ) -> dict[str, Any]:
     """Translate ``sources``, score against ``references``, and time the translation.
 
     With ``tok_references`` (lowercased, Moses-tokenized references, as Multi30k ships) and the
-    target ``lang``, also the published-style tokenized BLEU (:mod:`.moses`).
+    target ``lang``, also the published-style tokenized BLEU (:mod:`.moses`); ``hyps_tokenized``
+    when the model itself writes such text.
 
     Returns:
         :func:`score`'s dict plus ``seconds``, ``sentences_per_s`` and ``tokens_per_s``
@@ -82,7 +84,7 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
         from .moses import moses_lc_bleu
         if lang is None:
             raise DataError("tokenized references need the target language (--lang)")
-        out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang))
+        out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang, hyps_tokenized))
     out.update(seconds=round(seconds, 3), sentences_per_s=len(results) / max(seconds, 1e-9),
                tokens_per_s=tokens / max(seconds, 1e-9),
                search={"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b,
@@ -95,7 +97,8 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
 def evaluate_files(translator: "Translator", src_path: str, ref_path: str, beam: int = 4,
                    lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
                    batch_tokens: int = 4096, tok_ref_path: str | None = None,
-                   lang: str | None = None, stop: str = "k_finished") -> dict[str, Any]:
+                   lang: str | None = None, stop: str = "k_finished", hyps_tokenized: bool = False
+                   ) -> dict[str, Any]:
     """:func:`evaluate` on a source file and a reference file (strict UTF-8, one per line)."""
     from ..inference.files import read_lines
 
@@ -106,4 +109,4 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, beam:
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
     return evaluate(translator, sources, references, beam, lenpen, max_len_a, max_len_b, batch_tokens,
-                    tok_refs, lang, stop)
+                    tok_refs, lang, stop, hyps_tokenized)

@@ -25,8 +25,13 @@ def moses_lc_tokenize(lines: Sequence[str], lang: str) -> list[str]:
     return [tok.tokenize(norm.normalize(s.lower()), escape=True, return_str=True) for s in lines]
 
 
-def moses_lc_bleu(hyps: Sequence[str], tokenized_refs: Sequence[str], lang: str) -> dict[str, object]:
+def moses_lc_bleu(hyps: Sequence[str], tokenized_refs: Sequence[str], lang: str,
+                  hyps_tokenized: bool = False) -> dict[str, object]:
     """BLEU of detokenized hypotheses against already lowercased+tokenized references.
+
+    ``hyps_tokenized``: the hypotheses are already lowercased and Moses-tokenized (a model trained
+    on such text, ``data.corpus=multi30k_tok``) and are scored as they are; tokenizing them again
+    would escape their escapes (``&apos;`` -> ``&amp;apos;``).
 
     Returns ``{"bleu_moses_lc", "bleu_moses_lc_signature"}``.
     """
@@ -35,5 +40,6 @@ def moses_lc_bleu(hyps: Sequence[str], tokenized_refs: Sequence[str], lang: str)
     if len(hyps) != len(tokenized_refs):
         raise TransduceError(f"{len(hyps)} hypotheses but {len(tokenized_refs)} tokenized references")
     metric = sacrebleu.BLEU(tokenize="none", force=True)
-    result = metric.corpus_score(moses_lc_tokenize(hyps, lang), [list(tokenized_refs)])
+    tokenized = list(hyps) if hyps_tokenized else moses_lc_tokenize(hyps, lang)
+    result = metric.corpus_score(tokenized, [list(tokenized_refs)])
     return {"bleu_moses_lc": float(result.score), "bleu_moses_lc_signature": f"moses-lc-{lang}|" + str(metric.get_signature())}

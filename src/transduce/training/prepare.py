@@ -56,15 +56,14 @@ def _load_splits(cfg: DataConfig) -> Splits:
         s = toy.make_splits(seed=cfg.toy_seed, n_train=cfg.toy_train_size, n_valid=cfg.toy_valid_size,
                             n_test=cfg.toy_test_size)
         return Splits(s["train"], s["valid"], s["test"])
-    if cfg.corpus == "multi30k":
+    if cfg.corpus in ("multi30k", "multi30k_tok"):
         from ..data import multi30k
         root = cfg.root or multi30k.default_root()
         if root is None:
             raise DataError("data.root is not set and $TRANSDUCE_MULTI30K is empty: "
                             "where are the Multi30k files? (transduce data multi30k --dest DIR)")
-        files = {split: multi30k.multi30k_files(root, split, cfg.src_lang, cfg.tgt_lang)
-                 for split in ("train", "val", "test_2016_flickr")}
-        return Splits(_read(*files["train"]), _read(*files["val"]), _read(*files["test_2016_flickr"]))
+        return Splits(*(multi30k.read_split(root, split, cfg.src_lang, cfg.tgt_lang, cfg.corpus == "multi30k_tok")
+                        for split in ("train", "val", "test_2016_flickr")))
     return Splits(_read(cfg.train_src, cfg.train_tgt), _read(cfg.valid_src, cfg.valid_tgt),
                   _read(cfg.test_src, cfg.test_tgt))
 
