@@ -127,3 +127,18 @@ def test_evaluate_with_tokenized_references(model_dir, tmp_path, capsys):
     assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--tok-ref", str(tok),
                  *FAST]) == 2
     assert "--lang" in capsys.readouterr().err
+
+
+def test_evaluate_hyp_tokenized_reaches_the_metric(model_dir, tmp_path, capsys, monkeypatch):
+    """--hyp-tokenized: the output is scored as it is (the metric itself: tests/evaluation)."""
+    from transduce.evaluation import moses
+    seen = []
+    monkeypatch.setattr(moses, "moses_lc_bleu", lambda hyps, refs, lang, tokenized=False:
+                        seen.append(tokenized) or {"bleu_moses_lc": 0.0})
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("the cat sat\n", encoding="utf-8")
+    ref.write_text("the cat sat\n", encoding="utf-8")
+    for flag in ([], ["--hyp-tokenized"]):
+        assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--tok-ref", str(ref),
+                     "--lang", "en", *flag, *FAST]) == 0
+    assert seen == [False, True]
