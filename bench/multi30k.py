@@ -6,7 +6,9 @@ translates test_2016_flickr with the run's final (checkpoint-averaged) model and
 - ``bleu_moses_lc``: the published Multi30k metric: the output lowercased, Moses-normalised and
   tokenized, scored with no further tokenisation against the official ``tok/*.lc.norm.tok.*``
   references (needs the ``moses`` extra);
-- ``bleu`` / ``chrf``: sacrebleu on the raw, cased references, with their signatures;
+- ``bleu`` / ``chrf``: sacrebleu on the raw, cased references, with their signatures (on the
+  tokenized lowercased references for a run with ``--set data.corpus=multi30k_tok``, whose
+  output is already such text and goes into ``bleu_moses_lc`` as it is);
 - ``train_minutes``: wall time of training (data preparation included);
 - ``curve``: (minutes, step, greedy validation BLEU) of each validation during training, so
   "time to BLEU X" can be read off; also written to ``RUN/curve.json`` (and ``curve.png`` with
