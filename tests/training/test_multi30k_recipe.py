@@ -19,7 +19,7 @@ def test_recipe_configs_are_the_documented_shape(pair):
     cfg = load_run_config(CONFIGS / f"multi30k_{pair}.yaml")
     m, t = cfg.model, cfg.train
     assert (m.n_encoder_layers, m.n_decoder_layers, m.d_model, m.d_ff, m.n_heads) == (4, 4, 128, 256, 4)
-    assert m.share_embeddings and m.dropout == 0.3
+    assert m.share_embeddings and m.dropout == 0.3 and m.norm == "pre"
     assert cfg.data.corpus == "multi30k" and cfg.data.tgt_lang == pair[-2:]
     assert t.max_minutes == 60 and t.schedule == "linear" and t.average_last and cfg.decode.beam == 5
 
