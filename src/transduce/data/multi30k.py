@@ -77,9 +77,9 @@ def tok_files(root: str | os.PathLike, split: str, src_lang: str, tgt_lang: str)
     """
     paths = []
     for lang in (src_lang, tgt_lang):
-        name = Path(file_name(split, lang)).stem.replace(f".{lang}", f".lc.norm.tok.{lang}")
-        plain = Path(root) / "tok" / name
-        path = plain if plain.is_file() else plain.with_name(name + ".gz")
+        file_name(split, lang)  # checks both names
+        plain = Path(root) / "tok" / f"{split}.lc.norm.tok.{lang}"
+        path = plain if plain.is_file() else plain.with_name(plain.name + ".gz")
         if not path.is_file():
             raise DataError(f"{plain}[.gz]: Multi30k tokenized file not found (the dataset's tok/ folder)")
         paths.append(path)
