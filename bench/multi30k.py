@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,6 +114,9 @@ def main() -> int:
         cmd = [sys.executable, "-m", "transduce", "train", str(config), "--out", str(run_dir)]
         cmd += [a for o in args.overrides for a in ("--set", o)] + (["--reverse"] if args.reverse else [])
         t0 = time.perf_counter()
+        # SIGTERM becomes SystemExit, on which subprocess.call kills the training child
+        # (Ctrl-C already does): stopping the benchmark stops the training it started.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         rc = subprocess.call(cmd, env=os.environ.copy())
         wall = time.perf_counter() - t0
         if rc:

@@ -23,7 +23,7 @@ from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .beam import beam_search
-from .cpu import use_onednn_linears
+from .cpu import drop_inference_state, use_onednn_linears
 from .sampling import check_sampling, sample
 from .search import SearchOutput, greedy_search
 
@@ -98,7 +98,10 @@ class Translator:
         max_input_len: longer inputs are cut to this many tokens, with a warning.
 
     On CPU the model's linear layers are switched in place to oneDNN (same parameters and
-    results; see :func:`~transduce.inference.cpu.use_onednn_linears`).
+    results; see :func:`~transduce.inference.cpu.use_onednn_linears`), and searches keep
+    packed and fused copies of the weights. :meth:`close` (or leaving a ``with Translator(...)``
+    block) hands the model back as it came, without those copies: do that before training a
+    model you translated with.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
@@ -114,6 +117,18 @@ class Translator:
         cfg = model.config
         cap = cfg.max_positions - 1 if getattr(cfg, "positions", None) == "learned" else max_input_len
         self.max_input_len = min(max_input_len, cap)
+
+    def close(self) -> None:
+        """Undo the in-place CPU switch and drop the kept weight copies (see
+        :func:`~transduce.inference.cpu.drop_inference_state`). The translator still works
+        afterwards, a little slower until the copies are rebuilt."""
+        drop_inference_state(self.model)
+
+    def __enter__(self) -> "Translator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu",

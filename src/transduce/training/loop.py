@@ -274,8 +274,6 @@ class Trainer:
         if self.cfg.train.eval_bleu and self.data.texts.valid:
             out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.data.texts.valid,
                                               self.cfg, self.device)
-        from ..inference.cpu import drop_inference_state
-        drop_inference_state(self.model)  # no packed/fused weight copies kept for training
         return out
 
     def _improved(self, metrics: dict[str, float]) -> bool:

@@ -33,7 +33,7 @@ def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]],
     """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``."""
     from ..evaluation.metrics import corpus_bleu
     from ..inference.translator import Translator
-    translator = Translator(model, tokenizer, device=device)
-    hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
-                                max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
+    with Translator(model, tokenizer, device=device) as translator:  # gives the training model back as it was
+        hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
+                                    max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
     return corpus_bleu(hyps, [t for _, t in texts])
