@@ -121,7 +121,7 @@ class Translator:
     def close(self) -> None:
         """Undo the in-place CPU switch and drop the kept weight copies (see
         :func:`~transduce.inference.cpu.drop_inference_state`). The translator still works
-        afterwards, a little slower until the copies are rebuilt."""
+        afterwards, through plain ``F.linear`` (slower on CPU; a new Translator switches again)."""
         drop_inference_state(self.model)
 
     def __enter__(self) -> "Translator":
