@@ -49,11 +49,12 @@ def test_translate_detailed_nbest_scores_pieces_and_attention(translator):
 def test_closing_hands_the_model_back_plain_and_translation_still_works(model_dir):
     """A Translator switches the model's layers and keeps weight copies; leaving the ``with``
     block undoes both, and translating after close gives the same output."""
+    from transduce.data.tokenizer import Tokenizer
     from transduce.inference.cpu import OneDNNLinear
     from transduce.model import load_model
 
     model = load_model(model_dir, "cpu")
-    with Translator(model, Translator.load(model_dir).tokenizer) as tr:
+    with Translator(model, Tokenizer.load(model_dir)) as tr:
         before = tr.translate(TEXTS, beam=3, max_len_b=6)
     assert not any(isinstance(m, OneDNNLinear) for m in model.modules())
     assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in model.modules())
