@@ -148,6 +148,9 @@ class DataConfig:
     lowercased tokenized text), or "files" (``train_src``/``train_tgt``/... paths).
     ``reverse`` trains the other direction: every split's pairs are swapped after reading, so
     ``src_lang``/``train_src``... keep naming the corpus as written (``train --reverse``).
+    ``bpe_dropout`` > 0 re-segments the training text of ``bpe_dropout_sides`` ("src", "tgt"
+    or "both") at random every epoch, each BPE merge skipped with that probability (BPE-dropout,
+    Provilkov et al., 2020); validation, test and inference use the usual segmentation.
     """
 
     corpus: str = "toy"
@@ -172,6 +175,8 @@ class DataConfig:
     max_tokens: int = 4096
     valid_max_sentences: int | None = None
     reverse: bool = False
+    bpe_dropout: float = 0.0
+    bpe_dropout_sides: str = "both"
 
     def __post_init__(self) -> None:
         _typecheck(self, "data")
@@ -181,6 +186,10 @@ class DataConfig:
             _check(getattr(self, k) > 0, f"data.{k}", f"must be positive; got {getattr(self, k)}")
         _check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
         _check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
+        _check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", f"must be in [0, 1); got {self.bpe_dropout}")
+        _one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
+        _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
+               "needs data.tokenizer_type=bpe")
         if self.corpus == "files":
             for k in ("train_src", "train_tgt"):
                 _check(getattr(self, k) is not None, f"data.{k}", "is required when data.corpus=files")

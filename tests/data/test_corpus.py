@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from transduce.data import corpus
-from transduce.data.corpus import (Batch, FilterStats, collate, filter_and_encode, read_lines,
+from transduce.data.corpus import (Batch, FilterStats, collate, filter_and_encode, read_lines, sample_pairs,
                                    read_parallel)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transduce.errors import DataError
@@ -172,3 +172,21 @@ def test_collate_custom_pad_and_to_device():
 def test_collate_rejects_empty_batch():
     with pytest.raises(ValueError):
         collate([])
+
+
+def test_sample_pairs_resegments_only_the_chosen_side_within_max_len(toy_pairs, toy_tokenizer):
+    texts: list[tuple[str, str]] = []
+    kept, _ = filter_and_encode(toy_pairs[:200], toy_tokenizer, max_len=50, max_ratio=3, kept_texts=texts)
+    assert len(texts) == len(kept)
+    assert [toy_tokenizer.encode(s, "src") for s, _ in texts] == [s for s, _ in kept]
+    assert [toy_tokenizer.encode(t, "tgt") for _, t in texts] == [t for _, t in kept]
+    src_only = sample_pairs(texts, kept, toy_tokenizer, 0.3, "src", seed=1, max_len=50)
+    assert [t for _, t in src_only] == [t for _, t in kept]
+    assert [s for s, _ in src_only] != [s for s, _ in kept]
+    both = sample_pairs(texts, kept, toy_tokenizer, 0.3, "both", seed=1, max_len=50)
+    assert [s for s, _ in both] == [s for s, _ in src_only]  # same seed, same draw per side
+    assert [t for _, t in both] != [t for _, t in kept]
+    longest = max(len(s) for s, _ in kept)
+    capped = sample_pairs(texts, kept, toy_tokenizer, 0.5, "src", seed=1, max_len=longest)
+    assert max(len(s) for s, _ in capped) <= longest
+    assert any(c == k for (c, _), (k, _) in zip(capped, kept) if len(k) == longest)

@@ -159,3 +159,19 @@ def test_normalize_matches_what_decode_returns(toy_tokenizer):
     assert toy_tokenizer.normalize(messy) == "The man sees the dog."
     assert toy_tokenizer.decode(toy_tokenizer.encode(messy, "src"), "src") == \
         toy_tokenizer.normalize(messy)
+
+
+# ---- BPE-dropout ------------------------------------------------------------------------------
+
+def test_bpe_dropout_is_seeded_lossless_and_finer(toy_pairs, toy_tokenizer):
+    texts = [s for s, _ in toy_pairs[:300]]
+    plain = toy_tokenizer.encode_batch(texts, "src")
+    a = toy_tokenizer.sample_batch(texts, "src", 0.3, seed=5)
+    toy_tokenizer.sample_batch(texts, "src", 0.3, seed=6)  # another draw in between changes nothing
+    assert toy_tokenizer.sample_batch(texts, "src", 0.3, seed=5) == a
+    assert toy_tokenizer.sample_batch(texts, "src", 0.3, seed=6) != a
+    assert toy_tokenizer.sample_batch(texts, "src", 0.0, seed=5) == plain
+    assert sum(map(len, a)) > 1.1 * sum(map(len, plain))  # merges were skipped: more, smaller pieces
+    assert [toy_tokenizer.decode(ids, "src") for ids in a] == [toy_tokenizer.decode(ids, "src") for ids in plain]
+    with pytest.raises(ValueError, match="dropout"):
+        toy_tokenizer.sample_batch(texts, "src", 1.0, seed=5)

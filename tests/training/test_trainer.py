@@ -12,11 +12,11 @@ from transduce.training.distributed import DistInfo
 from transduce.training.prepare import prepare
 
 
-def _trainer(tmp_path, **train):
+def _trainer(tmp_path, data=None, **train):
     cfg = RunConfig.from_dict({
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
         "data": {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 20,
-                 "vocab_size": 120, "max_tokens": 256},
+                 "vocab_size": 120, "max_tokens": 256, **(data or {})},
         "train": {"eval_bleu": False, "warmup_steps": 5, "log_every": 1, **train},
     })
     data = prepare(cfg.data, tmp_path, seed=0)
@@ -85,3 +85,35 @@ def test_validation_leaves_no_inference_copies_on_the_training_model(tmp_path):
     assert not any(isinstance(m, OneDNNLinear) for m in trainer.model.modules())
     assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in trainer.model.modules())
     assert trainer.train_step() is not None
+
+
+def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path):
+    dropout = {"bpe_dropout": 0.2, "bpe_dropout_sides": "both", "max_tokens": 1024}  # ~12 steps an epoch
+    plain = _trainer(tmp_path / "plain")
+    trainer = _trainer(tmp_path / "a", dropout, max_steps=40, save_every=10, keep_last=10,
+                       schedule="constant", lr=1e-3, warmup_steps=0)
+    e0, e1 = trainer.epoch_data(0), trainer.epoch_data(1)
+    assert e0.pairs != e1.pairs and e0.batches != e1.batches
+    assert trainer.epoch_data(0).pairs == e0.pairs  # a function of (seed, epoch)
+    assert sum(e0.tgt_lens) > sum(plain.epoch_data(0).tgt_lens)
+    assert plain.epoch_data(0).pairs == plain.data.train  # off: the usual segmentation every epoch
+    trainer.train()
+    assert trainer.state.epoch >= 2, "the run should cross epoch boundaries"
+
+    mid = list_checkpoints(tmp_path / "a" / "checkpoints")[1]  # step 20
+    again = _trainer(tmp_path / "b", dropout, max_steps=40, save_every=10, keep_last=10,
+                     schedule="constant", lr=1e-3, warmup_steps=0)
+    again.restore(mid)
+    again.train()
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(v, again.model.state_dict()[k]), f"{k} differs after resume"
+
+
+def test_bpe_dropout_config_errors():
+    from transduce.errors import ConfigError
+    with pytest.raises(ConfigError, match="data.bpe_dropout"):
+        RunConfig.from_dict({"data": {"bpe_dropout": 1.0}})
+    with pytest.raises(ConfigError, match="tokenizer_type=bpe"):
+        RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "tokenizer_type": "unigram"}})
+    with pytest.raises(ConfigError, match="bpe_dropout_sides"):
+        RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "bpe_dropout_sides": "target"}})

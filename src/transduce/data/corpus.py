@@ -150,12 +150,17 @@ class FilterStats:
 
 
 def filter_and_encode(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, max_len: int,
-                      max_ratio: float) -> tuple[list[Pair], FilterStats]:
+                      max_ratio: float, kept_texts: list[tuple[str, str]] | None = None
+                      ) -> tuple[list[Pair], FilterStats]:
     """Encode text pairs and drop unusable ones, streaming in chunks of ``ENCODE_CHUNK``.
 
     A pair is dropped, checked in this order, if either side encodes to no tokens (``empty``),
     either side has more than ``max_len`` tokens (``too_long``), or the longer side has more
     than ``max_ratio`` times the tokens of the shorter (``bad_ratio``).
+
+    Args:
+        kept_texts: if given, the text of every kept pair is appended to it (aligned with the
+            returned ids; :func:`sample_pairs` needs it).
 
     Returns:
         The kept pairs as raw token ids (no BOS/EOS), in input order, and the counts.
@@ -166,13 +171,40 @@ def filter_and_encode(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, ma
     while chunk := list(islice(pairs, ENCODE_CHUNK)):
         src_ids = tokenizer.encode_batch([s for s, _ in chunk], side="src")
         tgt_ids = tokenizer.encode_batch([t for _, t in chunk], side="tgt")
-        for src, tgt in zip(src_ids, tgt_ids):
+        for text, src, tgt in zip(chunk, src_ids, tgt_ids):
             verdict = _verdict(len(src), len(tgt), max_len, max_ratio)
             if verdict == "kept":
                 kept.append((src, tgt))
+                if kept_texts is not None:
+                    kept_texts.append(text)
             setattr(stats, verdict, getattr(stats, verdict) + 1)
     logger.info("filter_and_encode: %s", stats.summary())
     return kept, stats
+
+
+BPE_DROPOUT_SIDES = {"src": ("src",), "tgt": ("tgt",), "both": ("src", "tgt")}
+
+
+def sample_pairs(texts: list[tuple[str, str]], pairs: list[Pair], tokenizer: Tokenizer, dropout: float,
+                 sides: str, seed: int, max_len: int) -> list[Pair]:
+    """One epoch's BPE-dropout segmentation of the kept training pairs (subword regularisation).
+
+    ``texts[i]`` is the text of ``pairs[i]`` (see ``filter_and_encode(kept_texts=...)``). The
+    ``sides`` ("src", "tgt" or "both") are re-encoded with :meth:`Tokenizer.sample_batch`; a
+    sampled side longer than ``max_len`` keeps its usual segmentation, so no pair outgrows the
+    length limit it was filtered with. Deterministic in ``seed``.
+    """
+    if len(texts) != len(pairs):
+        raise ValueError(f"{len(texts)} texts but {len(pairs)} encoded pairs")
+    out = [list(p) for p in pairs]
+    for k, side in enumerate(("src", "tgt")):
+        if side not in BPE_DROPOUT_SIDES[sides]:
+            continue
+        sampled = tokenizer.sample_batch([t[k] for t in texts], side, dropout, zlib.crc32(f"{seed}:{side}".encode()))
+        for row, ids in zip(out, sampled):
+            if 0 < len(ids) <= max_len:
+                row[k] = ids
+    return [(src, tgt) for src, tgt in out]
 
 
 def _verdict(n_src: int, n_tgt: int, max_len: int, max_ratio: float) -> str:

@@ -179,6 +179,24 @@ class Tokenizer:
         """:meth:`encode` for many texts at once (parallel inside SentencePiece)."""
         return self._side(side).encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
 
+    def sample_batch(self, texts: Sequence[str], side: str, dropout: float, seed: int) -> list[list[int]]:
+        """Randomly segmented ids of ``texts``: BPE-dropout (Provilkov et al., 2020).
+
+        Each merge is skipped with probability ``dropout``, so a word may come out in smaller
+        pieces than :meth:`encode` gives (``dropout=0`` is :meth:`encode`). The same
+        ``(texts, dropout, seed)`` always gives the same ids: SentencePiece seeds its sampler
+        from a process-wide seed at each call, which is set here, and one thread is used so
+        that no split of the work between threads can change which sentence draws which
+        numbers. Only for BPE models (for unigram ones SentencePiece's ``alpha`` means
+        something else).
+        """
+        sp = self._side(side)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        spm.set_random_generator_seed(seed % 2**32)
+        return sp.encode(list(texts), out_type=int, enable_sampling=True, alpha=dropout, nbest_size=-1,
+                         num_threads=1)
+
     def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
         """Text of ``ids``: stops at the first EOS and skips PAD and BOS."""
         kept = []

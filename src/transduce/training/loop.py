@@ -24,8 +24,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, load_run_config, save_yaml, with_vocab
-from ..data.batching import BatchIterator
-from ..data.corpus import Batch, collate
+from ..data.batching import token_budget_batches
+from ..data.corpus import Batch, Pair, collate, sample_pairs
 from ..errors import ConfigError, TransduceError
 from ..model.io import load_state_checked
 from ..model.transformer import Transformer
@@ -132,6 +132,16 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, weight_decay=cfg.weight_decay, foreach=True, **kwargs)
 
 
+@dataclass
+class EpochData:
+    """One epoch's training pairs, their target lengths and its batches (lists of pair indices)."""
+
+    epoch: int
+    pairs: list[Pair]
+    tgt_lens: list[int]
+    batches: list[list[int]]
+
+
 class Trainer:
     """Trains one model on prepared data; checkpoints and resumes exactly."""
 
@@ -147,9 +157,7 @@ class Trainer:
         if dist.enabled:
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.step_model = torch.compile(wrapped) if cfg.train.compile else wrapped
-        src_lens = [len(s) for s, _ in data.train]
-        self.tgt_lens = [len(t) for _, t in data.train]
-        self.batches = BatchIterator(src_lens, self.tgt_lens, cfg.data.max_tokens, seed=cfg.train.seed)
+        self._epoch: EpochData | None = None
         self.state = TrainState()
         self.metrics_path = run_dir / "metrics.jsonl"
         self._last_eval: dict[str, float] | None = None
@@ -189,6 +197,25 @@ class Trainer:
 
     # ---- data ----------------------------------------------------------------------------------
 
+    def epoch_data(self, epoch: int) -> "EpochData":
+        """The pairs and batch plan of ``epoch`` (a function of seed and epoch; the latest cached).
+
+        With ``data.bpe_dropout`` the pairs are re-segmented for every epoch, so their lengths
+        and hence the batches change from epoch to epoch.
+        """
+        if self._epoch is None or self._epoch.epoch != epoch:
+            dc, pairs = self.cfg.data, self.data.train
+            if dc.bpe_dropout > 0:
+                if self.data.train_texts is None:
+                    raise ConfigError("data.bpe_dropout: these prepared data carry no training text")
+                pairs = sample_pairs(self.data.train_texts, pairs, self.data.tokenizer, dc.bpe_dropout,
+                                     dc.bpe_dropout_sides, seed=self.cfg.train.seed * 1_000_003 + epoch,
+                                     max_len=dc.max_len)
+            src_lens, tgt_lens = [len(s) for s, _ in pairs], [len(t) for _, t in pairs]
+            plan = token_budget_batches(src_lens, tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch)
+            self._epoch = EpochData(epoch, pairs, tgt_lens, plan.batches)
+        return self._epoch
+
     def next_group(self) -> list[list[int]]:
         """The plan batches of the next optimizer step: grad_accum per rank, all ranks together.
 
@@ -196,19 +223,20 @@ class Trainer:
         tail of an epoch too short for a whole step is skipped.
         """
         need = self.cfg.train.grad_accum * self.dist.world_size
-        plan = self.batches.plan(self.state.epoch).batches
+        plan = self.epoch_data(self.state.epoch).batches
         if len(plan) < need:
             raise ConfigError(f"data.max_tokens: an epoch has only {len(plan)} batches, fewer than one step "
                               f"needs ({need} = grad_accum x world size)")
         if self.state.offset + need > len(plan):
             self.state.epoch, self.state.offset = self.state.epoch + 1, 0
-            plan = self.batches.plan(self.state.epoch).batches
+            plan = self.epoch_data(self.state.epoch).batches
         group = plan[self.state.offset: self.state.offset + need]
         self.state.offset += need
         return group
 
     def _collate(self, indices: list[int]) -> Batch:
-        return collate([self.data.train[i] for i in indices]).to(self.device)
+        pairs = self.epoch_data(self.state.epoch).pairs
+        return collate([pairs[i] for i in indices]).to(self.device)
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -217,7 +245,8 @@ class Trainer:
         cfg = self.cfg.train
         group = self.next_group()
         mine = group[self.dist.rank::self.dist.world_size]
-        step_tokens = sum(self.tgt_lens[i] + 1 for b in group for i in b)
+        tgt_lens = self.epoch_data(self.state.epoch).tgt_lens
+        step_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)
         lr = learning_rate(self.state.step + 1, cfg, self.model_cfg.d_model, self._total_steps())
         for g in self.optimizer.param_groups:
             g["lr"] = lr

@@ -31,10 +31,13 @@ class Splits:
 
 @dataclass
 class PreparedData:
+    """``train_texts[i]`` is the text of ``train[i]`` (the kept training pairs)."""
+
     tokenizer: Tokenizer
     train: list[Pair]
     valid: list[Pair]
     texts: Splits
+    train_texts: list[TextPair] | None = None
 
 
 def _read(src: str | os.PathLike | None, tgt: str | os.PathLike | None) -> list[TextPair]:
@@ -86,11 +89,12 @@ def prepare(cfg: DataConfig, run_dir: Path, seed: int = 0) -> PreparedData:
     if cfg.valid_max_sentences is not None:
         texts.valid = texts.valid[: cfg.valid_max_sentences]
     tokenizer = load_or_train_tokenizer(cfg, texts.train, run_dir / "tokenizer", seed)
-    train, stats = filter_and_encode(texts.train, tokenizer, cfg.max_len, cfg.max_ratio)
+    train_texts: list[TextPair] = []
+    train, stats = filter_and_encode(texts.train, tokenizer, cfg.max_len, cfg.max_ratio, train_texts)
     logger.info("train: %s", stats.summary())
     valid, vstats = filter_and_encode(texts.valid, tokenizer, cfg.max_len, cfg.max_ratio)
     if texts.valid:
         logger.info("valid: %s", vstats.summary())
     if not train:
         raise DataError("no training pair survived filtering (see data.max_len / data.max_ratio)")
-    return PreparedData(tokenizer, train, valid, texts)
+    return PreparedData(tokenizer, train, valid, texts, train_texts)
