@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 
 
 def test_escaping_and_lowercasing():
-    assert moses_lc_tokenize(["A man's \"Hat\", red."], "en") == ["a man &apos;s &quot; hat , &quot; red ."]  # normalisation moves the comma
+    # normalisation moves the comma
+    assert moses_lc_tokenize(["A man's \"Hat\", red."], "en") == ["a man &apos;s &quot; hat , &quot; red ."]
 
 
 @pytest.mark.skipif(not (ROOT / "tok").is_dir(), reason="Multi30k is not beside the repository")

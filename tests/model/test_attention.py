@@ -109,7 +109,9 @@ def test_key_value_rows_shared_by_groups_of_queries(t_q, need_weights):
     q = torch.randn(B * g, H, t_q, DH, generator=torch.Generator().manual_seed(1))
     mask = _key_mask()
     out, w = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
-    rep = (lambda t: t.repeat_interleave(g, dim=0))
+
+    def rep(t):
+        return t.repeat_interleave(g, dim=0)
     ref, ref_w = scaled_dot_product_attention(q, rep(k), rep(v), rep(mask), need_weights=True)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     if need_weights:

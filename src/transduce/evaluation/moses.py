@@ -42,4 +42,5 @@ def moses_lc_bleu(hyps: Sequence[str], tokenized_refs: Sequence[str], lang: str,
     metric = sacrebleu.BLEU(tokenize="none", force=True)
     tokenized = list(hyps) if hyps_tokenized else moses_lc_tokenize(hyps, lang)
     result = metric.corpus_score(tokenized, [list(tokenized_refs)])
-    return {"bleu_moses_lc": float(result.score), "bleu_moses_lc_signature": f"moses-lc-{lang}|" + str(metric.get_signature())}
+    signature = f"moses-lc-{lang}|{metric.get_signature()}"
+    return {"bleu_moses_lc": float(result.score), "bleu_moses_lc_signature": signature}

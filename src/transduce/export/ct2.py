@@ -46,9 +46,9 @@ def _set_linear(spec, layer: nn.Linear) -> None:
 
 def _set_fused(spec, layers: list[nn.Linear]) -> None:
     """Concatenate linears along the output axis (CTranslate2's fused q/k/v or k/v)."""
-    spec.weight = np.concatenate([_np(l.weight) for l in layers])
+    spec.weight = np.concatenate([_np(layer.weight) for layer in layers])
     if layers[0].bias is not None:
-        spec.bias = np.concatenate([_np(l.bias) for l in layers])
+        spec.bias = np.concatenate([_np(layer.bias) for layer in layers])
 
 
 def _set_norm(spec, norm: nn.LayerNorm) -> None:

@@ -39,7 +39,8 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike,
+                 metadata: dict[str, str] | None = None) -> None:
     """Write a safetensors file atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
