@@ -6,6 +6,11 @@ exactly ``--out-len`` tokens (EOS forbidden until then: our ``min_len``, HF ``mi
 CT2 ``min_decoding_length``), so all do the same work. Systems are interleaved, each run
 ``--runs`` times after a warm-up, and the median sentences/s is reported as JSON.
 
+CTranslate2 is timed twice: as one batch on all ``--threads`` (``intra_threads``, how the
+issue's targets were measured) and with ``--ct2-inter`` batches decoded at once
+(``inter_threads``, the batch cut into that many sub-batches), its faster way to use a few
+cores. Ours is compared with both (``vs_ct2_float32`` and ``vs_ct2_float32_interN``).
+
 By default every system lives in its own worker process, driven in turn by this one. Within
 one process, CTranslate2's bundled OpenMP runtime (a second libgomp beside PyTorch's) slows
 PyTorch's small ops for good once CTranslate2 has run (a 256 x 256 layer norm goes from 16 to
@@ -103,7 +108,10 @@ class _Vocab:
 
 
 def ct2(marian_dir: str, out_dir: str, src: torch.Tensor, out_len: int, beam: int, compute_type: str,
-        threads: int) -> Callable[[], int]:
+        threads: int, inter: int = 1) -> Callable[[], int]:
+    """CTranslate2 on the converted Marian model. ``inter`` > 1 is its ``inter_threads``: the
+    batch is cut into that many sub-batches (``max_batch_size``), decoded at once, each on
+    ``threads // inter`` intra-op threads (its advice for throughput on CPU)."""
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
 
@@ -115,7 +123,8 @@ def ct2(marian_dir: str, out_dir: str, src: torch.Tensor, out_len: int, beam: in
     if not os.path.isdir(model_dir):
         Converter(marian_dir).convert(model_dir, quantization=None)
     translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
-                                        inter_threads=1, intra_threads=threads)
+                                        inter_threads=inter, intra_threads=max(1, threads // inter))
+    max_batch_size = 0 if inter == 1 else -(-len(src) // inter)
     names = _Vocab().get_vocab()
     inverse = {i: t for t, i in names.items()}
     source = [[inverse[int(i)] for i in row] for row in src]  # ids + "</s>", as HF feeds them
@@ -123,14 +132,14 @@ def ct2(marian_dir: str, out_dir: str, src: torch.Tensor, out_len: int, beam: in
     def run() -> int:
         results = translator.translate_batch(source, beam_size=beam, length_penalty=0.6,
                                              min_decoding_length=out_len, max_decoding_length=out_len,
-                                             max_batch_size=0)
+                                             max_batch_size=max_batch_size)
         return sum(len(r.hypotheses[0]) for r in results)
     return run
 
 
 def build(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
           threads: int) -> Callable[[], int]:
-    """The system called ``name`` ("transduce beam4", "ctranslate2 int8 greedy", ...)."""
+    """The system called ``name`` ("transduce beam4", "ctranslate2 int8 inter2 greedy", ...)."""
     beam = 4 if name.endswith("beam4") else 1
     if name.startswith("transduce"):
         return ours(src, out_len, beam, bf16="bf16" in name)
@@ -138,7 +147,8 @@ def build(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
         from transformers import MarianMTModel
         return hf(MarianMTModel.from_pretrained(marian_dir).eval(), src, out_len, beam)
     compute_type = name.split()[1]
-    return ct2(marian_dir, tmp, src, out_len, beam, compute_type, threads)
+    inter = next((int(w[len("inter"):]) for w in name.split() if w.startswith("inter")), 1)
+    return ct2(marian_dir, tmp, src, out_len, beam, compute_type, threads, inter)
 
 
 class Worker:
@@ -222,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds of idle before each timed run (lets spinning OpenMP threads sleep)")
     p.add_argument("--systems", default="ours,hf,ct2", help="comma-separated subset of ours,hf,ct2")
     p.add_argument("--bf16", action="store_true", help="also time ours under CPU bfloat16 autocast")
+    p.add_argument("--ct2-inter", type=int, default=2,
+                   help="also time CTranslate2 with this many inter_threads (batches at once; 1: skip)")
     p.add_argument("--same-process", action="store_true",
                    help="run every system in this process (see the module doc for why that is not the default)")
     args = p.parse_args(argv)
@@ -240,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
             names.append(f"hf generate {label}")
         if "ct2" in chosen:
             names += [f"ctranslate2 {ct} {label}" for ct in ("float32", "int8")]
+            if args.ct2_inter > 1:
+                names += [f"ctranslate2 {ct} inter{args.ct2_inter} {label}" for ct in ("float32", "int8")]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         marian_dir = os.path.join(tmp, "marian")
@@ -261,15 +275,18 @@ def main(argv: list[str] | None = None) -> int:
         r["sentences_per_s"] = round(args.sentences / r["median_s"], 1)
     for label in ("beam4", "greedy"):  # the targets are stated against CTranslate2 float32
         base = results.get(f"ctranslate2 float32 {label}")
+        inter = results.get(f"ctranslate2 float32 inter{args.ct2_inter} {label}")
         for name, r in results.items():
             if base and name.endswith(label):
                 r["vs_ct2_float32"] = round(base["median_s"] / r["median_s"], 2)
+            if inter and name.endswith(label):  # against CT2 float32 with batches in parallel
+                r[f"vs_ct2_float32_inter{args.ct2_inter}"] = round(inter["median_s"] / r["median_s"], 2)
     report = {
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
         "python": sys.version.split()[0], "sentences": args.sentences, "src_len": args.src_len,
         "out_len": args.out_len, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
-        "settle_s": args.settle,
+        "settle_s": args.settle, "ct2_inter_threads": args.ct2_inter,
         "isolation": "same process" if args.same_process else "one worker process per system",
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results,
     }
