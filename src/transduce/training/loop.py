@@ -197,7 +197,7 @@ class Trainer:
 
     # ---- data ----------------------------------------------------------------------------------
 
-    def epoch_data(self, epoch: int) -> "EpochData":
+    def epoch_data(self, epoch: int) -> EpochData:
         """The pairs and batch plan of ``epoch`` (a function of seed and epoch; the latest cached).
 
         With ``data.bpe_dropout`` the pairs are re-segmented for every epoch, so their lengths
