@@ -49,7 +49,7 @@ def test_unknown_side_is_rejected(toy_tokenizer):
         toy_tokenizer.encode("x", side="source")
 
 
-@pytest.mark.parametrize("model_type,joint", itertools.product(["bpe", "unigram"], [True, False]))
+@pytest.mark.parametrize("model_type,joint", list(itertools.product(["bpe", "unigram"], [True, False])))
 def test_train_save_load(toy_pairs, tmp_path, model_type, joint):
     src, tgt = _sides(toy_pairs[:800])
     tok = Tokenizer.train(src, tgt, tmp_path / "tok", vocab_size=300, model_type=model_type,
