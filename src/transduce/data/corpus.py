@@ -182,9 +182,6 @@ def filter_and_encode(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, ma
     return kept, stats
 
 
-BPE_DROPOUT_SIDES = {"src": ("src",), "tgt": ("tgt",), "both": ("src", "tgt")}
-
-
 def sample_pairs(texts: list[tuple[str, str]], pairs: list[Pair], tokenizer: Tokenizer, dropout: float,
                  sides: str, seed: int, max_len: int) -> list[Pair]:
     """One epoch's BPE-dropout segmentation of the kept training pairs (subword regularisation).
@@ -196,15 +193,13 @@ def sample_pairs(texts: list[tuple[str, str]], pairs: list[Pair], tokenizer: Tok
     """
     if len(texts) != len(pairs):
         raise ValueError(f"{len(texts)} texts but {len(pairs)} encoded pairs")
-    out = [list(p) for p in pairs]
+    columns = [[p[k] for p in pairs] for k in (0, 1)]                # src ids, tgt ids
     for k, side in enumerate(("src", "tgt")):
-        if side not in BPE_DROPOUT_SIDES[sides]:
-            continue
-        sampled = tokenizer.sample_batch([t[k] for t in texts], side, dropout, zlib.crc32(f"{seed}:{side}".encode()))
-        for row, ids in zip(out, sampled):
-            if 0 < len(ids) <= max_len:
-                row[k] = ids
-    return [(src, tgt) for src, tgt in out]
+        if sides in (side, "both"):
+            sampled = tokenizer.sample_batch([t[k] for t in texts], side, dropout,
+                                             zlib.crc32(f"{seed}:{side}".encode()))
+            columns[k] = [ids if 0 < len(ids) <= max_len else usual for ids, usual in zip(sampled, columns[k])]
+    return list(zip(*columns))
 
 
 def _verdict(n_src: int, n_tgt: int, max_len: int, max_ratio: float) -> str:

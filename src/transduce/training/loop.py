@@ -206,8 +206,6 @@ class Trainer:
         if self._epoch is None or self._epoch.epoch != epoch:
             dc, pairs = self.cfg.data, self.data.train
             if dc.bpe_dropout > 0:
-                if self.data.train_texts is None:
-                    raise ConfigError("data.bpe_dropout: these prepared data carry no training text")
                 pairs = sample_pairs(self.data.train_texts, pairs, self.data.tokenizer, dc.bpe_dropout,
                                      dc.bpe_dropout_sides, seed=self.cfg.train.seed * 1_000_003 + epoch,
                                      max_len=dc.max_len)
@@ -234,8 +232,7 @@ class Trainer:
         self.state.offset += need
         return group
 
-    def _collate(self, indices: list[int]) -> Batch:
-        pairs = self.epoch_data(self.state.epoch).pairs
+    def _collate(self, pairs: list[Pair], indices: list[int]) -> Batch:
         return collate([pairs[i] for i in indices]).to(self.device)
 
     # ---- one step ------------------------------------------------------------------------------
@@ -245,15 +242,15 @@ class Trainer:
         cfg = self.cfg.train
         group = self.next_group()
         mine = group[self.dist.rank::self.dist.world_size]
-        tgt_lens = self.epoch_data(self.state.epoch).tgt_lens
-        step_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)
+        epoch = self.epoch_data(self.state.epoch)  # the epoch ``group`` came from
+        step_tokens = sum(epoch.tgt_lens[i] + 1 for b in group for i in b)
         lr = learning_rate(self.state.step + 1, cfg, self.model_cfg.d_model, self._total_steps())
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.step_model.train()
-        loss, nll, n = forward_backward(self.step_model, [self._collate(b) for b in mine], cfg.label_smoothing,
-                                        self.model_cfg.pad_id, step_tokens / self.dist.world_size,
-                                        cfg.precision, self.device, self.scaler)
+        batches = [self._collate(epoch.pairs, b) for b in mine]
+        loss, nll, n = forward_backward(self.step_model, batches, cfg.label_smoothing, self.model_cfg.pad_id,
+                                        step_tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm or math.inf).item()

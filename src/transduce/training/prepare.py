@@ -37,7 +37,7 @@ class PreparedData:
     train: list[Pair]
     valid: list[Pair]
     texts: Splits
-    train_texts: list[TextPair] | None = None
+    train_texts: list[TextPair]
 
 
 def _read(src: str | os.PathLike | None, tgt: str | os.PathLike | None) -> list[TextPair]:
