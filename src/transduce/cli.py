@@ -87,6 +87,28 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="autocast precision (default: fp32)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
+                        "decode in this process; on a CPU, one worker per core is usually fastest)")
+    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
+
+
+def _load_translator(args: argparse.Namespace):
+    """The Translator the search options ask for: in this process, or a pool of CPU workers."""
+    from .errors import ConfigError
+    from .inference import Translator, TranslatorPool
+    int8 = getattr(args, "int8", False)
+    if args.workers < 0:
+        raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
+    if args.workers:
+        if args.device not in ("auto", "cpu"):
+            raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
+        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8)
+    translator = Translator.load(args.model_dir, args.device, args.precision)
+    if int8:
+        from .export import quantize_translator
+        translator = quantize_translator(translator)
+    return translator
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -102,13 +124,10 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from .inference import Translator, translate_file
-    translator = Translator.load(args.model_dir, args.device, args.precision)
-    if args.int8:
-        from .export import quantize_translator
-        translator = quantize_translator(translator)
-    translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
-                   args.max_len_a, args.max_len_b, args.batch_tokens, stop=args.stop)
+    from .inference import translate_file
+    with _load_translator(args) as translator:
+        translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
+                       args.max_len_a, args.max_len_b, args.batch_tokens, stop=args.stop)
     return 0
 
 
@@ -132,11 +151,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
     from .evaluation import evaluate_files
-    from .inference import Translator
-    translator = Translator.load(args.model_dir, args.device, args.precision)
-    result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
-                            args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang,
-                            args.stop, args.hyp_tokenized)
+    with _load_translator(args) as translator:
+        result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
+                                args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang,
+                                args.stop, args.hyp_tokenized)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 
@@ -189,7 +207,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-batching", action="store_true", help="run each request on its own")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation (CPU)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; with --workers: per worker, default 1)")
+    p.add_argument("--workers", type=int, default=0,
+                   help="decode on the CPU in N worker processes, each batch spread over them (default: 0)")
     p.set_defaults(func=_cmd_serve)
 
 
@@ -197,7 +218,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, serve
     serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
-                                      int8=args.int8, device=args.device, threads=args.threads))
+                                      int8=args.int8, device=args.device, threads=args.threads,
+                                      workers=args.workers))
     return 0
 
 

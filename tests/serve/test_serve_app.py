@@ -99,7 +99,10 @@ class _StubTranslator:
     """Looks like a Translator to the server; slow, and fails on the sentence "boom"."""
 
     def __init__(self, real: Translator, delay: float):
-        self.model, self.tokenizer, self.delay = real.model, real.tokenizer, delay
+        self.config, self.tokenizer, self.delay = real.config, real.tokenizer, delay
+
+    def close(self) -> None:
+        pass
 
     def translate(self, texts, **options):
         time.sleep(self.delay)
@@ -123,10 +126,36 @@ def test_timeouts_and_failures_are_answered(trained_dir):
     service.close()
 
 
+@pytest.mark.slow
+def test_worker_processes_serve_the_same_answers(trained_dir):
+    """``serve --workers 2``: each batch spread over two processes; answers as one process gives."""
+    from transduce.serve import BackgroundServer, ServeConfig, create_app, load_service
+
+    sentences = [s for s, _ in toy_pairs(24, seed=5)]
+    want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
+    service = load_service(trained_dir, ServeConfig(workers=2, batch_wait_ms=20.0))
+    with BackgroundServer(create_app(service)) as server:
+        def ask(batch):
+            r = httpx.post(server.url + "/translate", json={"sentences": batch, "beam": 3}, timeout=30)
+            return r.status_code, r.json()
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(ask, [sentences[i: i + 4] for i in range(0, 24, 4)]))
+        r = httpx.post(server.url + "/attention", json={"sentence": sentences[0], "beam": 3}, timeout=30)
+    service.close()
+    assert [status for status, _ in answers] == [200] * 6
+    assert [t for _, body in answers for t in body["translations"]] == [want[s] for s in sentences]
+    assert r.status_code == 200 and r.json()["translation"] == want[sentences[0]]
+
+
 def test_defaults_and_missing_extra():
     from transduce.serve import ServeConfig
     from transduce.serve.app import require
 
     assert ServeConfig().host == "127.0.0.1"
+    from transduce.errors import ConfigError
+    for bad in (dict(workers=-1), dict(workers=2, device="cuda")):
+        with pytest.raises(ConfigError, match="serve.workers"):
+            ServeConfig(**bad)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
         require("transduce_no_such_package")

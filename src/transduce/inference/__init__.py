@@ -1,15 +1,17 @@
 """Decoding: greedy search, beam search, sampling, and the text-in text-out Translator."""
 
 from .attention import AttentionMaps, attention_maps, plot_attention
-from .batching import length_sorted_batches
+from .batching import length_sorted_batches, spread_batches
 from .beam import beam_search
 from .files import read_lines, translate_file
+from .pool import SearchPool, TranslatorPool
 from .sampling import sample
 from .search import SearchOutput, greedy_search, length_penalty, max_lengths
-from .translator import Hypothesis, Translation, Translator
+from .translator import BaseTranslator, Hypothesis, SearchSpec, Translation, Translator
 
 __all__ = [
     "greedy_search", "beam_search", "sample", "SearchOutput", "length_penalty", "max_lengths",
-    "length_sorted_batches", "Translator", "Translation", "Hypothesis", "translate_file", "read_lines",
+    "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",
+    "SearchSpec", "Translation", "Hypothesis", "translate_file", "read_lines",
     "AttentionMaps", "attention_maps", "plot_attention",
 ]

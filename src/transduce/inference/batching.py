@@ -43,3 +43,25 @@ def length_sorted_batches(lengths: Sequence[int], max_tokens: int,
     if current:
         batches.append(current)
     return batches
+
+
+def spread_batches(batches: list[list[int]], lengths: Sequence[int], parts: int) -> list[list[int]]:
+    """Split the costliest batches in two until there are at least ``parts`` of them.
+
+    For ``parts`` workers decoding batches at once: a single batch of 64 sentences would keep
+    one worker busy and the others idle. Cost is padded size (sentences x longest). Order and
+    membership are kept: the result lists every index once, longest batches first.
+
+    Examples:
+        >>> spread_batches([[1, 3, 2, 0]], [3, 9, 4, 8], parts=2)
+        [[1, 3], [2, 0]]
+    """
+    batches = [list(b) for b in batches]
+    while len(batches) < parts:
+        costs = [len(b) * max(lengths[i] for i in b) for b in batches]
+        big = max(range(len(batches)), key=costs.__getitem__)
+        if len(batches[big]) < 2:
+            break
+        half = (len(batches[big]) + 1) // 2
+        batches[big:big + 1] = [batches[big][:half], batches[big][half:]]
+    return batches

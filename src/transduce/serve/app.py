@@ -49,6 +49,7 @@ class ServeConfig:
     int8: bool = False
     device: str = "cpu"
     threads: int | None = None
+    workers: int = 0
 
     def __post_init__(self) -> None:
         for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
@@ -56,6 +57,9 @@ class ServeConfig:
                 raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
+        if self.workers < 0 or (self.workers and self.device not in ("cpu", "auto")):
+            raise ConfigError(f"serve.workers: must be >= 0, and worker processes decode on the CPU; "
+                              f"got workers={self.workers}, device={self.device!r}")
         if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
 
@@ -75,7 +79,9 @@ class TranslationService:
     """The model side of the server: a Translator run by a DynamicBatcher's worker thread.
 
     Args:
-        translator: a :class:`~transduce.inference.Translator` (only the worker thread uses it).
+        translator: a :class:`~transduce.inference.Translator` or
+            :class:`~transduce.inference.TranslatorPool` (only the batcher's thread uses it; a pool
+            spreads each batch over its worker processes).
         cfg: the server settings (token budget, batching wait, queue size).
     """
 
@@ -98,6 +104,7 @@ class TranslationService:
 
     def close(self) -> None:
         self.batcher.close()
+        self.translator.close()
 
 
 def attention_payload(result) -> dict[str, Any]:
@@ -110,11 +117,15 @@ def attention_payload(result) -> dict[str, Any]:
 
 
 def load_service(model_dir: str | os.PathLike, cfg: ServeConfig) -> TranslationService:
-    """Load the model directory into a TranslationService (int8 and threads as configured)."""
+    """Load the model directory into a TranslationService (int8, threads and worker processes as
+    configured; with workers, ``threads`` is per worker)."""
     import torch
 
+    from ..inference.pool import TranslatorPool
     from ..inference.translator import Translator
 
+    if cfg.workers:
+        return TranslationService(TranslatorPool.load(model_dir, cfg.workers, cfg.threads or 1, int8=cfg.int8), cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     translator = Translator.load(model_dir, cfg.device)
@@ -240,7 +251,7 @@ def create_app(service: TranslationService, title: str = "transduce"):
     from fastapi.responses import HTMLResponse, JSONResponse
 
     TranslateRequest, AttentionRequest = request_models()
-    cfg, model_cfg = service.cfg, service.translator.model.config
+    cfg, model_cfg = service.cfg, service.translator.config
     app = fastapi.FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
 

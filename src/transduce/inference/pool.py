@@ -1,0 +1,188 @@
+"""Decoding on several CPU cores at once: worker processes, each searching whole batches.
+
+Why processes. A decoding step is a few hundred small tensor ops. PyTorch's intra-op threads
+(``torch.set_num_threads``) split each op across cores, which pays for the large matrix products
+but not for the small ops; and Python threads in one process take turns on the GIL around every
+op, so two of them decoding two batches serialise (BENCHMARKS.md, "Decoding speed"). Worker
+processes of one thread each, every one searching batches of its own, do what CTranslate2's
+``inter_threads`` do in C++.
+
+The parent keeps the text side (tokenizer, batching, detokenizing, input order); a worker only
+holds the model and runs a :class:`~transduce.inference.translator.SearchSpec` on (B, S)
+batches of ids. Workers are started with "spawn" (a fresh interpreter: no OpenMP pool or lock
+inherited from a parent that already ran threads) and load the model directory themselves, so
+each holds its own copy of the weights.
+
+Examples:
+    >>> with TranslatorPool.load("runs/base/model", workers=2) as pool:   # doctest: +SKIP
+    ...     pool.translate(["A dog runs.", ""], beam=4)
+    ['Ein Hund läuft.', '']
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ..config import DecodeConfig
+from ..errors import CheckpointError, ConfigError, TransduceError
+from .batching import length_sorted_batches, spread_batches
+from .search import SearchOutput
+from .translator import BaseTranslator, SearchSpec, autocast, check_precision, input_limit
+
+logger = logging.getLogger(__name__)
+
+_DEFAULTS = DecodeConfig()
+
+# How TranslatorPool cuts a call's sentences into batches (see TranslatorPool._batches).
+# On the 2-core machine, 1,000 Multi30k sentences at beam 5 ran at 275-287 sentences/s with
+# budgets of 1,024-2,048 tokens and at 240 with ~3,800 (a worker left idle at the end).
+BATCHES_PER_WORKER = 4
+MIN_BATCH_TOKENS = 2048
+
+# This worker process's model and precision, or the error that loading it raised (set once by
+# _init_worker, in the worker; the parent's copy stays empty).
+_WORKER: dict = {}
+
+
+def _init_worker(model_dir: str, threads: int, precision: str, int8: bool) -> None:
+    """Load the model in a fresh worker. An error is kept, not raised: raised here it would only
+    break the pool ("a child process terminated abruptly"); raised by the first task, the parent
+    gets it with its message."""
+    try:
+        torch.set_num_threads(threads)
+        from ..model import load_model
+        from .cpu import use_onednn_linears
+
+        model = load_model(model_dir, "cpu")
+        if int8:
+            from ..export.quantize import quantize_dynamic_int8
+            model = quantize_dynamic_int8(model, inplace=True)
+        else:
+            use_onednn_linears(model)
+        _WORKER.update(model=model, precision=precision)
+    except TransduceError as err:
+        _WORKER["error"] = err
+    except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
+        _WORKER["error"] = CheckpointError(f"{model_dir}: a decoding worker could not load it: "
+                                           f"{type(err).__name__}: {err}")
+
+
+def _ready() -> int:
+    if "error" in _WORKER:
+        raise _WORKER["error"]
+    return os.getpid()
+
+
+def _search(src: Tensor, spec: SearchSpec) -> SearchOutput:
+    _ready()
+    with torch.inference_mode(), autocast("cpu", _WORKER["precision"]):
+        return spec.run(_WORKER["model"], src)
+
+
+class SearchPool:
+    """Worker processes with a copy of a model each, searching batches of source ids.
+
+    Args:
+        model_dir: a model directory (``config.yaml`` + ``model.safetensors``).
+        workers: number of processes (one per core is the usual choice).
+        threads: torch threads in each worker.
+        precision: "fp32", or "bf16" CPU autocast in the workers.
+        int8: dynamic int8 quantisation of the workers' linear layers.
+
+    The workers are started and have loaded the model when the constructor returns (a model
+    that cannot be loaded raises its one-line error here). :meth:`close` stops them.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
+                 precision: str = "fp32", int8: bool = False):
+        if workers < 1 or threads < 1:
+            raise ConfigError(f"workers and threads must be >= 1; got workers={workers}, threads={threads}")
+        check_precision(precision)
+        self.workers = workers
+        self._executor = ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+            initargs=(str(model_dir), threads, precision, int8))
+        try:
+            # One task per worker, submitted at once: each submit finds no idle worker and
+            # starts one, so all of them load the model now.
+            pids = {f.result() for f in [self._executor.submit(_ready) for _ in range(workers)]}
+        except BaseException:
+            self.close()
+            raise
+        logger.info("%d decoding worker(s) ready (pids %s), %d thread(s) each", workers, sorted(pids), threads)
+
+    def map(self, batches: Sequence[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
+        """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently."""
+        futures = [self._executor.submit(_search, src, spec) for src in batches]
+        try:
+            for future in futures:
+                yield future.result()
+        except BrokenProcessPool:
+            raise TransduceError("a decoding worker process died (out of memory?); the pool is unusable") from None
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        """Stop the workers (waits for running searches)."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "SearchPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class TranslatorPool(BaseTranslator):
+    """A :class:`~transduce.inference.Translator` whose searches run in worker processes.
+
+    Same methods and results as a Translator on the CPU (``translate``, ``translate_detailed``,
+    ``sample``); the batches of each call are spread so that every worker gets some (see
+    :func:`~transduce.inference.batching.spread_batches`). Use it in a ``with`` block, or call
+    :meth:`close`, to stop the workers.
+
+    Args:
+        model_dir: the model directory (the parent loads only its config and tokenizer).
+        workers, threads, precision, int8: as :class:`SearchPool`.
+        max_input_len: as :class:`~transduce.inference.Translator`.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
+                 precision: str = "fp32", int8: bool = False, max_input_len: int = _DEFAULTS.max_input_len):
+        from ..data.tokenizer import Tokenizer
+        from ..model.io import load_model_config
+
+        self.config = load_model_config(model_dir)  # a missing directory or bad config fails here
+        self.tokenizer = Tokenizer.load(model_dir)
+        self.max_input_len = input_limit(self.config, max_input_len)
+        self.precision = precision
+        self.pool = SearchPool(model_dir, workers, threads, precision, int8)
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1, precision: str = "fp32",
+             int8: bool = False, max_input_len: int = _DEFAULTS.max_input_len) -> "TranslatorPool":
+        """The same as the constructor; named like :meth:`Translator.load`."""
+        return cls(model_dir, workers, threads, precision, int8, max_input_len)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _batches(self, lengths: list[int], batch_tokens: int) -> list[list[int]]:
+        """Length-sorted batches, smaller than ``batch_tokens`` when that gives every worker about
+        ``BATCHES_PER_WORKER`` of them (longest first, so the short ones even out the end), but
+        not under ``MIN_BATCH_TOKENS``; then split until every worker has at least one."""
+        share = -(-sum(lengths) // (BATCHES_PER_WORKER * self.pool.workers))
+        budget = min(batch_tokens, max(share, MIN_BATCH_TOKENS))
+        return spread_batches(length_sorted_batches(lengths, budget), lengths, self.pool.workers)
+
+    def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
+        return self.pool.map(batches, spec)

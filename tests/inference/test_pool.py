@@ -1,0 +1,146 @@
+"""TranslatorPool / SearchPool: searches in worker processes give the Translator's results."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from transduce.errors import CheckpointError, ConfigError
+from transduce.inference import SearchPool, SearchSpec, Translator, TranslatorPool, spread_batches
+
+TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
+         "tea", "", "the bird sings a song", "a cat", "the dog and the cat sit by the river"]
+
+pytestmark = pytest.mark.slow  # starts worker processes (a few seconds each)
+
+
+@pytest.fixture(scope="module")
+def pool(model_dir):
+    with TranslatorPool.load(model_dir, workers=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def translator(model_dir) -> Translator:
+    return Translator.load(model_dir)
+
+
+def _same(a, b) -> None:
+    """Two lists of Translations agree on every hypothesis (texts, ids, scores, attention)."""
+    assert [t.source_tokens for t in a] == [t.source_tokens for t in b]
+    for x, y in zip(a, b):
+        assert [h.tokens for h in x.hypotheses] == [h.tokens for h in y.hypotheses]
+        assert [h.text for h in x.hypotheses] == [h.text for h in y.hypotheses]
+        assert [h.ended for h in x.hypotheses] == [h.ended for h in y.hypotheses]
+        assert [h.score for h in x.hypotheses] == pytest.approx([h.score for h in y.hypotheses], rel=1e-5)
+        for hx, hy in zip(x.hypotheses, y.hypotheses):
+            if hx.attention is not None or hy.attention is not None:
+                torch.testing.assert_close(hx.attention, hy.attention, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("beam,nbest", [(1, 1), (4, 3)])
+def test_pool_gives_the_translators_results_in_input_order(pool, translator, beam, nbest):
+    kwargs = dict(beam=beam, nbest=nbest, max_len_b=6, need_attention=True)
+    got = pool.translate_detailed(TEXTS, **kwargs)
+    # The pool spreads the one batch over its 2 workers; search results do not depend on how
+    # sentences are batched (test_translator), so the Translator's one batch must agree.
+    want = translator.translate_detailed(TEXTS, **kwargs)
+    _same(got, want)
+    assert got[1].best.text == "" and got[5].best.text == ""
+    assert pool.translate(TEXTS, beam=beam, max_len_b=6) == [t.best.text for t in got]
+
+
+def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
+    """A seed seeds each batch's generator, so the same batches give the same samples."""
+    batches = pool._batches([len(pool.encode_source(t)[0]) + 1 for t in TEXTS if t], 4096)
+    assert len(batches) == 2
+    widest = max(len(b) * max(len(pool.encode_source(t)[0]) + 1 for t in TEXTS if t) for b in batches)
+    got = pool.sample(TEXTS, temperature=1.3, seed=5, max_len_b=5)
+    want = translator.sample(TEXTS, temperature=1.3, seed=5, max_len_b=5, batch_tokens=widest)
+    assert [t.best.tokens for t in got] == [t.best.tokens for t in want]
+
+
+def test_pool_truncates_overlong_input_with_a_warning(model_dir, caplog):
+    with TranslatorPool.load(model_dir, workers=1, max_input_len=4) as short, \
+            caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
+        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
+    assert result[0].truncated and len(result[0].source_tokens) == 4
+    assert "truncated" in caplog.text
+
+
+def test_search_pool_runs_specs_on_id_batches(model_dir):
+    from transduce.model import load_model
+
+    model = load_model(model_dir)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    spec = SearchSpec(beam=3, nbest=2, max_len_b=5)
+    with SearchPool(model_dir, workers=1, threads=1) as pool:
+        outs = list(pool.map([src, src[:1]], spec))
+    with torch.inference_mode():
+        want = spec.run(model, src)
+    assert torch.equal(outs[0].tokens, want.tokens) and torch.equal(outs[0].lengths, want.lengths)
+    torch.testing.assert_close(outs[0].scores, want.scores)
+    assert torch.equal(outs[1].tokens[0], want.tokens[0][..., : outs[1].tokens.shape[-1]])
+
+
+def test_pool_errors_are_one_line(model_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        TranslatorPool.load(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="workers"):
+        TranslatorPool.load(model_dir, workers=0)
+    with pytest.raises(ConfigError, match="precision"):
+        TranslatorPool.load(model_dir, precision="fp8")
+    # A model directory whose weights are damaged: the workers' load error reaches the caller.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in model_dir.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        TranslatorPool.load(broken, workers=1)
+
+
+def test_spread_batches_splits_the_costliest_until_every_worker_has_one():
+    lengths = [5, 9, 7, 3, 8, 2]
+    batches = spread_batches([[1, 4, 2, 0, 3, 5]], lengths, parts=3)
+    assert len(batches) == 3
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert [i for b in batches for i in b] == [1, 4, 2, 0, 3, 5]  # order kept
+    assert spread_batches([[0], [1]], lengths, parts=4) == [[0], [1]]  # nothing left to split
+    assert spread_batches([[1, 4], [2, 0]], lengths, parts=2) == [[1, 4], [2, 0]]
+
+
+def test_cli_workers_write_what_one_process_writes(model_dir, tmp_path, capsys):
+    from transduce.cli import main
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    fast = ["--beam", "3", "--max-len-b", "5", "--nbest", "2", "--input", str(src)]
+    outs = []
+    for extra in ([], ["--workers", "2"]):
+        dst = tmp_path / f"out{len(outs)}.txt"
+        assert main(["translate", str(model_dir), *fast, "--output", str(dst), *extra]) == 0
+        outs.append(dst.read_text(encoding="utf-8").split("\n"))
+    texts = [[row.split("\t", 1)[1] for row in out if row] for out in outs]
+    assert len(texts[0]) == 2 * len(TEXTS) and texts[0] == texts[1]
+    ref = tmp_path / "ref.txt"
+    ref.write_text("\n".join(t.upper() for t in TEXTS) + "\n", encoding="utf-8")
+    reports = []
+    for extra in ([], ["--workers", "2", "--worker-threads", "1"]):
+        assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--max-len-b", "5",
+                     *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    assert reports[0]["bleu"] == reports[1]["bleu"] and reports[0]["chrf"] == reports[1]["chrf"]
+
+
+@pytest.mark.parametrize("argv,message", [(["--workers", "-1"], "--workers: must be >= 0"),
+                                          (["--workers", "2", "--device", "cuda"], "decode on the CPU"),
+                                          (["--workers", "1", "--worker-threads", "0"], "threads must be >= 1")])
+def test_cli_worker_options_are_checked(model_dir, capsys, argv, message):
+    from transduce.cli import main
+
+    assert main(["translate", str(model_dir), *argv]) == 2
+    assert message in capsys.readouterr().err
