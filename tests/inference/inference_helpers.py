@@ -81,6 +81,7 @@ class MarkovModel(nn.Module):
             for tok, p in row.items():
                 logp[prev, tok] = math.log(p)
         self.register_buffer("logp", logp)
+        self.output_proj = nn.Identity()  # decode(project=False) states are the logits themselves
 
     def encode(self, src: Tensor) -> _Enc:
         return _Enc(torch.zeros(*src.shape, 1), (src != PAD)[:, None, None, :])
@@ -88,7 +89,8 @@ class MarkovModel(nn.Module):
     def new_cache(self) -> _Cache:
         return _Cache()
 
-    def decode(self, tgt: Tensor, enc: _Enc, cache: _Cache | None = None, need_weights: bool = False) -> _Out:
+    def decode(self, tgt: Tensor, enc: _Enc, cache: _Cache | None = None, need_weights: bool = False,
+               project: bool = True) -> _Out:
         logits = self.logp[tgt]                                           # (B, T, V)
         if cache is not None:
             cache.length += tgt.shape[1]

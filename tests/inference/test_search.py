@@ -245,3 +245,24 @@ def test_search_works_with_gradients_enabled(search):
         expected = fns[search]()
     assert torch.equal(out.tokens, expected.tokens)
     assert not out.scores.requires_grad
+
+
+@pytest.mark.parametrize("rows", [1, 3, 1000])
+def test_scoring_in_row_blocks_changes_nothing(model, monkeypatch, rows):
+    """best_tokens projects and scores SCORE_ROWS rows at a time on CPU; any block size gives
+    the same search (values to float rounding, the same tokens)."""
+    import transduce.inference.search as search_module
+
+    src = random_sources([5, 3, 7, 2])
+    want = beam_search(model, src, beam=3, nbest=3, max_len_b=6)
+    monkeypatch.setattr(search_module, "SCORE_ROWS", rows)
+    got = beam_search(model, src, beam=3, nbest=3, max_len_b=6)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.lengths, want.lengths)
+    torch.testing.assert_close(got.scores, want.scores)
+    states = torch.randn(10, model.config.d_model)
+    values, tokens = search_module.best_tokens(model, states, model.config, step=0, min_len=1, k=4)
+    logp = search_module.step_log_probs(model.output_proj(states), model.config, 0, 1)
+    ref = logp.topk(4, dim=1)
+    torch.testing.assert_close(values, ref.values)
+    assert torch.equal(tokens, ref.indices)
+    assert bool((tokens != model.config.eos_id).all())  # min_len forbids EOS at step 0

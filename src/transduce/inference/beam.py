@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .search import (Seq2Seq, SearchOutput, cross_attention_row, length_penalty, max_lengths, new_cache,
-                     step_log_probs, topk_rows)
+from .search import (Seq2Seq, SearchOutput, best_tokens, cross_attention_row, length_penalty, max_lengths,
+                     new_cache)
 
 
 STOP_RULES = ("k_finished", "best_finished")
@@ -85,17 +85,18 @@ def extend(history: Tensor, parent: Tensor, new: Tensor) -> Tensor:
     return torch.cat([_pick(history, parent), new.unsqueeze(2)], dim=2)
 
 
-def candidates(logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) -> Candidates:
+def candidates(row_logp: Tensor, row_token: Tensor, beams: Beams, beam: int, step: int,
+               eos_id: int) -> Candidates:
     """Top 2K extensions over the (beam, token) pairs of each sentence.
 
-    Two stages, so nothing of size (N, V) is written: each row's best 2K tokens (the sentence's
-    best 2K extensions can only come from those), then the best 2K of the K * 2K survivors.
+    Two stages: each row's best w = min(2K, V) tokens (``row_logp``, ``row_token``, from
+    :func:`~transduce.inference.search.best_tokens`; the sentence's best 2K extensions can only
+    come from those), then the best 2K of the k * w survivors.
 
-    Shape: logp (B*k, V) -> Candidates of width min(2K, k*V).
+    Shape: row_logp, row_token (B*k, w) -> Candidates of width min(2K, k*w).
     """
     b, k = beams.scores.shape
-    per_row = min(2 * beam, logp.shape[-1])
-    row_logp, row_token = topk_rows(logp, per_row)                       # (N, w)
+    per_row = row_logp.shape[1]
     total = (beams.scores.view(-1, 1) + row_logp).view(b, k * per_row)   # (B, k*w)
     scores, flat = total.topk(min(2 * beam, k * per_row), dim=1)          # (B, 2K)
     parent, token = flat // per_row, row_token.view(b, -1).gather(1, flat)
@@ -214,13 +215,14 @@ def beam_search(
     enc, cache = model.encode(src), new_cache(model)
     for step in range(fin.tokens.shape[2]):
         n_rows = beams.scores.numel()
-        out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention)
-        logp = step_log_probs(out.logits[:, -1], cfg, step, min_len)     # (N, V)
+        out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention,
+                           project=False)
+        row_logp, row_token = best_tokens(model, out.logits[:, -1], cfg, step, min_len, 2 * beam)  # (N, w)
         attn = None
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention_layer, attention_head)
             attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
-        cand = candidates(logp, beams, beam, step, cfg.eos_id)
+        cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)
