@@ -9,7 +9,9 @@ CT2 ``min_decoding_length``), so all do the same work. Systems are interleaved, 
 CTranslate2 is timed twice: as one batch on all ``--threads`` (``intra_threads``, how the
 issue's targets were measured) and with ``--ct2-inter`` batches decoded at once
 (``inter_threads``, the batch cut into that many sub-batches), its faster way to use a few
-cores. Ours is compared with both (``vs_ct2_float32`` and ``vs_ct2_float32_interN``).
+cores. Ours is compared with both (``vs_ct2_float32`` and ``vs_ct2_float32_interN``). Ours is
+also timed the same way with ``--procs`` worker processes (:class:`~transduce.inference.SearchPool`,
+``threads // procs`` threads each, the batch cut into that many parts): "transduce procsN".
 
 By default every system lives in its own worker process, driven in turn by this one. Within
 one process, CTranslate2's bundled OpenMP runtime (a second libgomp beside PyTorch's) slows
@@ -40,7 +42,7 @@ from typing import Callable
 import torch
 
 from transduce.config import ModelConfig
-from transduce.inference import beam_search, greedy_search
+from transduce.inference import SearchPool, SearchSpec, beam_search, greedy_search
 from transduce.inference.cpu import use_onednn_linears
 from transduce.model import Transformer
 
@@ -64,6 +66,23 @@ def ours(src: torch.Tensor, out_len: int, beam: int, bf16: bool = False) -> Call
             else:
                 out = beam_search(model, src, beam, 0.6, 0.0, out_len, nbest=1, min_len=out_len)
         return int(out.lengths.sum())
+    return run
+
+
+def ours_pool(src: torch.Tensor, out_len: int, beam: int, procs: int, threads: int,
+              out_dir: str) -> Callable[[], int]:
+    """Ours in ``procs`` worker processes, each searching one part of the batch (as CT2's
+    ``inter_threads``); the same random model, saved to ``out_dir`` for the workers to load."""
+    from transduce.model import save_model
+
+    torch.manual_seed(0)
+    save_model(Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)), out_dir)
+    pool = SearchPool(out_dir, workers=procs, threads=max(1, threads // procs))
+    parts = list(src.split(-(-len(src) // procs)))
+    spec = SearchSpec(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len)
+
+    def run() -> int:
+        return sum(int(out.lengths.sum()) for out in pool.map(parts, spec))
     return run
 
 
@@ -141,6 +160,8 @@ def build(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
           threads: int) -> Callable[[], int]:
     """The system called ``name`` ("transduce beam4", "ctranslate2 int8 inter2 greedy", ...)."""
     beam = 4 if name.endswith("beam4") else 1
+    if name.startswith("transduce procs"):
+        return ours_pool(src, out_len, beam, int(name.split()[1][len("procs"):]), threads, tmp)
     if name.startswith("transduce"):
         return ours(src, out_len, beam, bf16="bf16" in name)
     if name.startswith("hf"):
@@ -234,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bf16", action="store_true", help="also time ours under CPU bfloat16 autocast")
     p.add_argument("--ct2-inter", type=int, default=2,
                    help="also time CTranslate2 with this many inter_threads (batches at once; 1: skip)")
+    p.add_argument("--procs", type=int, default=2,
+                   help="also time ours in this many worker processes, one part of the batch each (0: skip)")
     p.add_argument("--same-process", action="store_true",
                    help="run every system in this process (see the module doc for why that is not the default)")
     args = p.parse_args(argv)
@@ -246,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     for label in ("beam4", "greedy"):
         if "ours" in chosen:
             names.append(f"transduce {label}")
+            if args.procs > 0:
+                names.append(f"transduce procs{args.procs} {label}")
             if args.bf16:
                 names.append(f"transduce bf16-autocast {label}")
         if "hf" in chosen:
@@ -264,8 +289,15 @@ def main(argv: list[str] | None = None) -> int:
             systems = {n: timed(build(n, src, args.out_len, marian_dir, os.path.join(tmp, n.replace(" ", "_")),
                                       args.threads)) for n in names}
         else:
-            workers = [Worker(n, src, args.out_len, marian_dir, tmp, args.threads) for n in names]
-            systems = dict(zip(names, workers))
+            # A pool of processes cannot live in a (daemonic) worker; it is driven from here.
+            systems = {}
+            for n in names:
+                if "procs" in n:
+                    systems[n] = timed(build(n, src, args.out_len, marian_dir,
+                                             os.path.join(tmp, n.replace(" ", "_")), args.threads))
+                else:
+                    workers.append(Worker(n, src, args.out_len, marian_dir, tmp, args.threads))
+                    systems[n] = workers[-1]
         try:
             results = measure(systems, args.runs, args.sentences * args.out_len, args.settle)
         finally:
