@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .search import Seq2Seq, SearchOutput, sequential_search
+from .search import Seq2Seq, SearchOutput, sequential_search, step_log_probs
 
 
 def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -69,9 +69,13 @@ def sample(
     if seed is not None:
         generator = torch.Generator(device=src.device).manual_seed(seed)
 
-    def choose(logp: Tensor) -> Tensor:
-        probs = filter_logits(logp, temperature, top_k, top_p).exp()     # (N, V)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    cfg = model.config
 
-    return sequential_search(model, src, choose, max_len_a, max_len_b, min_len, True,
-                             need_attention, attention_layer, attention_head)
+    def choose(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        logp = step_log_probs(model.output_proj(states), cfg, step, min_len)  # (N, V)
+        probs = filter_logits(logp, temperature, top_k, top_p).exp()     # (N, V)
+        token = torch.multinomial(probs, 1, generator=generator)         # (N, 1)
+        return token.squeeze(1), logp.gather(1, token).squeeze(1)
+
+    return sequential_search(model, src, choose, max_len_a, max_len_b, True, need_attention,
+                             attention_layer, attention_head)

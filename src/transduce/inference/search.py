@@ -171,8 +171,9 @@ def new_cache(model: Seq2Seq):
     return cache.in_place() if hasattr(cache, "in_place") else cache
 
 
-# Choose the next token from (N, V) log-probs: returns ids (N,) long.
-TokenChooser = Callable[[Tensor], Tensor]
+# Choose the next token from the decoder's output states (N, D) at a step (the second
+# argument): returns the ids (N,) long and their log-probabilities (N,).
+TokenChooser = Callable[[Tensor, int], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -188,10 +189,13 @@ class _Rows:
 @torch.no_grad()  # search never needs gradients (and the in-place cache forbids them)
 def sequential_search(
     model: Seq2Seq, src: Tensor, choose: TokenChooser, max_len_a: float, max_len_b: int,
-    min_len: int = 0, use_cache: bool = True, need_attention: bool = False,
-    attention_layer: int = -1, attention_head: int | None = None,
+    use_cache: bool = True, need_attention: bool = False, attention_layer: int = -1,
+    attention_head: int | None = None,
 ) -> SearchOutput:
     """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
+
+    ``choose`` sees the decoder's output states (``decode(..., project=False)``) and does the
+    output projection itself, so greedy search can score them in blocks (:func:`best_tokens`).
 
     Each step decodes only the newest token against the KV cache (``use_cache=False`` re-runs
     the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
@@ -212,11 +216,11 @@ def sequential_search(
     bos = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=device)
     rows = _Rows(torch.arange(b, device=device), bos, bos, limit)
     for step in range(t_cap):
-        out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention)
-        logp = step_log_probs(out.logits[:, -1], cfg, step, min_len)      # (N, V)
-        token = choose(logp)                                              # (N,)
+        out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
+                           project=False)
+        token, token_logp = choose(out.logits[:, -1], step)              # (N,), (N,)
         out_tokens[rows.ids, step] = token
-        out_logp[rows.ids] += logp.gather(1, token[:, None]).squeeze(1)
+        out_logp[rows.ids] += token_logp
         if need_attention:
             out_attn[rows.ids, step] = cross_attention_row(
                 out.cross_attentions, attention_layer, attention_head).float()
@@ -253,5 +257,11 @@ def greedy_search(
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
     """
-    return sequential_search(model, src, lambda logp: logp.argmax(dim=-1), max_len_a, max_len_b,
-                             min_len, use_cache, need_attention, attention_layer, attention_head)
+    cfg = model.config
+
+    def most_probable(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        logp, token = best_tokens(model, states, cfg, step, min_len, 1)  # (N, 1) each
+        return token.squeeze(1), logp.squeeze(1)
+
+    return sequential_search(model, src, most_probable, max_len_a, max_len_b, use_cache, need_attention,
+                             attention_layer, attention_head)
