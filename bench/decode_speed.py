@@ -37,7 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -173,15 +173,16 @@ def build(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
 
 
 class Worker:
-    """One system in its own process: ``run()`` asks it for one timed decode."""
+    """One system in its own process: ``make(*args)`` builds it there; each call times one run
+    and returns (seconds, what the run returned)."""
 
-    def __init__(self, name: str, *args):
+    def __init__(self, make: Callable[..., Callable[[], Any]], *args):
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, name, *args), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, make, *args), daemon=True)
         self.proc.start()
 
-    def __call__(self) -> tuple[float, int]:
+    def __call__(self) -> tuple[float, Any]:
         self.conn.send("run")
         reply = self.conn.recv()
         if isinstance(reply, str):
@@ -196,12 +197,18 @@ class Worker:
         self.proc.join(timeout=30)
 
 
-def _serve(conn, name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str, threads: int) -> None:
+def build_in_worker(name: str, src: torch.Tensor, out_len: int, marian_dir: str, tmp: str,
+                    threads: int) -> Callable[[], int]:
+    """:func:`build` in a worker process, with its thread count and scratch directory."""
     torch.set_num_threads(threads)
+    return build(name, src, out_len, marian_dir, os.path.join(tmp, name.replace(" ", "_")), threads)
+
+
+def _serve(conn, make: Callable[..., Callable[[], Any]], *args) -> None:
     try:
-        run = build(name, src, out_len, marian_dir, os.path.join(tmp, name.replace(" ", "_")), threads)
+        run = make(*args)
     except Exception as e:  # reported to the parent at its first request
-        run, error = None, f"{name}: {type(e).__name__}: {e}"
+        run, error = None, f"{args[0] if args else make.__name__}: {type(e).__name__}: {e}"
     while conn.recv() == "run":
         if run is None:
             conn.send(error)
@@ -296,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     systems[n] = timed(build(n, src, args.out_len, marian_dir,
                                              os.path.join(tmp, n.replace(" ", "_")), args.threads))
                 else:
-                    workers.append(Worker(n, src, args.out_len, marian_dir, tmp, args.threads))
+                    workers.append(Worker(build_in_worker, n, src, args.out_len, marian_dir, tmp, args.threads))
                     systems[n] = workers[-1]
         try:
             results = measure(systems, args.runs, args.sentences * args.out_len, args.settle)
