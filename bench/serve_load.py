@@ -1,9 +1,10 @@
 """Server throughput and latency under a bounded load, with and without dynamic batching.
 
-Starts ``transduce serve MODEL`` in a child process on loopback (once with batching, once with
-``--no-batching``), then sends ``--requests`` POST /translate requests, one sentence each, from
-``--clients`` concurrent clients in this process (asyncio + httpx), and prints one JSON object:
-requests/s, p50/p90/p99 latency, and the server's batching counters from /health.
+Starts ``transduce serve MODEL`` in a child process on loopback (once per ``--modes`` entry:
+with batching, with ``--no-batching``, or with ``--workers N``), then sends ``--requests`` POST
+/translate requests, one sentence each, from ``--clients`` concurrent clients in this process
+(asyncio + httpx), and prints one JSON object: requests/s, p50/p90/p99 latency, and the
+server's batching counters from /health.
 
 Model: ``--model DIR`` (e.g. ``runs/demo/model``); without it, a fixed random-weight model of the
 demo's shape whose outputs are cut at ``--max-len-b`` tokens (random weights never emit EOS).
@@ -41,10 +42,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model_dir: Path, port: int, batching: bool, threads: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port),
-           "--threads", str(threads)]
-    if not batching:
+def start_server(model_dir: Path, port: int, mode: str, threads: int) -> subprocess.Popen:
+    """``mode``: "batching", "no-batching", or "workersN" (batching, N worker processes of
+    ``threads // N`` threads each)."""
+    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port)]
+    if mode.startswith("workers"):
+        n = int(mode[len("workers"):])
+        cmd += ["--workers", str(n), "--threads", str(max(1, threads // n))]
+    else:
+        cmd += ["--threads", str(threads)]
+    if mode == "no-batching":
         cmd.append("--no-batching")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -88,9 +95,9 @@ def percentile(values: list[float], q: float) -> float:
     return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
 
-def run_one(model_dir: Path, batching: bool, args, sentences: list[str]) -> dict:
+def run_one(model_dir: Path, mode: str, args, sentences: list[str]) -> dict:
     port = free_port()
-    proc = start_server(model_dir, port, batching, args.threads)
+    proc = start_server(model_dir, port, mode, args.threads)
     url = f"http://127.0.0.1:{port}"
     options = {"beam": args.beam, "max_len_b": args.max_len_b}
     try:
@@ -128,8 +135,10 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--max-len-b", type=int, default=50)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the server process")
-    ap.add_argument("--modes", default="batching,no-batching")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the server process (with workersN: shared among the workers)")
+    ap.add_argument("--modes", default="batching,no-batching",
+                    help="comma-separated: batching, no-batching, workersN (batching on N worker processes)")
     args = ap.parse_args()
     sentences = [s for s, _ in generate_pairs(args.requests, SEED)]
     model = args.model or ("runs/demo/model" if Path("runs/demo/model/config.yaml").is_file() else None)
@@ -142,7 +151,7 @@ def main() -> int:
             from export_speed import random_model_dir
             model_dir = random_model_dir(Path(tmp) / "random", sentences)
         for mode in args.modes.split(","):
-            results[mode] = run_one(model_dir, mode == "batching", args, sentences)
+            results[mode] = run_one(model_dir, mode, args, sentences)
             print(f"{mode}: {results[mode]}", file=sys.stderr)
     print(json.dumps({
         "benchmark": "serve_load", "date": datetime.date.today().isoformat(),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Sequence
@@ -56,6 +57,8 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool) -> No
     """Load the model in a fresh worker. An error is kept, not raised: raised here it would only
     break the pool ("a child process terminated abruptly"); raised by the first task, the parent
     gets it with its message."""
+    # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         torch.set_num_threads(threads)
         from ..model import load_model

@@ -304,7 +304,8 @@ class Translator(BaseTranslator):
     def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
         for src in batches:
             with torch.inference_mode(), self.autocast():
-                yield spec.run(self.model, src.to(self.device)).cpu()
+                out = spec.run(self.model, src.to(self.device)).cpu()
+            yield out  # outside the block: the caller does not run in inference mode
 
 
 def check_precision(precision: str) -> None:
