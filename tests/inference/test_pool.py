@@ -100,7 +100,7 @@ def test_pool_errors_are_one_line(model_dir, tmp_path):
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        TranslatorPool.load(broken, workers=1)
+        TranslatorPool.load(broken, workers=2)
 
 
 def test_spread_batches_splits_the_costliest_until_every_worker_has_one():

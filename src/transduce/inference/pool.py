@@ -27,6 +27,7 @@ import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
@@ -48,17 +49,51 @@ _DEFAULTS = DecodeConfig()
 BATCHES_PER_WORKER = 4
 MIN_BATCH_TOKENS = 2048
 
+# How long a worker waits for the others to have loaded the model (SearchPool's start).
+START_TIMEOUT_S = 300.0
+
 # This worker process's model and precision, or the error that loading it raised (set once by
 # _init_worker, in the worker; the parent's copy stays empty).
 _WORKER: dict = {}
 
 
-def _init_worker(model_dir: str, threads: int, precision: str, int8: bool) -> None:
+@dataclass(frozen=True)
+class _Packed:
+    """A tensor as plain bytes. Pickled by value: torch's own reductions would share it through
+    file descriptors that the sender must still serve when the receiver unpickles, which fails
+    (with a traceback in every worker) once a stopping parent has gone."""
+
+    data: bytes
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, t: Tensor) -> "_Packed":
+        t = t.detach().cpu().contiguous().clone()  # a storage of exactly this tensor
+        return cls(bytes(t.untyped_storage()), t.dtype, tuple(t.shape))
+
+    def tensor(self) -> Tensor:
+        if not self.data:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(bytearray(self.data), dtype=self.dtype).view(self.shape)
+
+
+def _pack(out: SearchOutput) -> tuple[_Packed | None, ...]:
+    return tuple(None if t is None else _Packed.of(t)
+                 for t in (out.tokens, out.lengths, out.scores, out.log_probs, out.attention))
+
+
+def _unpack(parts: tuple[_Packed | None, ...]) -> SearchOutput:
+    return SearchOutput(*(None if p is None else p.tensor() for p in parts))
+
+
+def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barrier) -> None:
     """Load the model in a fresh worker. An error is kept, not raised: raised here it would only
     break the pool ("a child process terminated abruptly"); raised by the first task, the parent
     gets it with its message."""
     # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER["barrier"] = barrier
     try:
         torch.set_num_threads(threads)
         from ..model import load_model
@@ -79,15 +114,24 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool) -> No
 
 
 def _ready() -> int:
+    """SearchPool's start task, one per worker: each waits at the barrier until all have loaded
+    the model (so no worker takes two of them, and none loads later); an error is raised."""
+    barrier = _WORKER.pop("barrier", None)
+    if barrier is not None:
+        if "error" in _WORKER:
+            barrier.abort()
+        else:
+            barrier.wait(START_TIMEOUT_S)
     if "error" in _WORKER:
         raise _WORKER["error"]
     return os.getpid()
 
 
-def _search(src: Tensor, spec: SearchSpec) -> SearchOutput:
-    _ready()
+def _search(src: _Packed, spec: SearchSpec) -> tuple[_Packed | None, ...]:
+    if "error" in _WORKER:
+        raise _WORKER["error"]
     with torch.inference_mode(), autocast("cpu", _WORKER["precision"]):
-        return spec.run(_WORKER["model"], src)
+        return _pack(spec.run(_WORKER["model"], src.tensor()))
 
 
 class SearchPool:
@@ -110,24 +154,31 @@ class SearchPool:
             raise ConfigError(f"workers and threads must be >= 1; got workers={workers}, threads={threads}")
         check_precision(precision)
         self.workers = workers
-        self._executor = ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-            initargs=(str(model_dir), threads, precision, int8))
+        context = multiprocessing.get_context("spawn")
+        self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                                             initargs=(str(model_dir), threads, precision, int8,
+                                                       context.Barrier(workers)))
         try:
-            # One task per worker, submitted at once: each submit finds no idle worker and
-            # starts one, so all of them load the model now.
-            pids = {f.result() for f in [self._executor.submit(_ready) for _ in range(workers)]}
+            self._start(workers)
         except BaseException:
             self.close()
             raise
-        logger.info("%d decoding worker(s) ready (pids %s), %d thread(s) each", workers, sorted(pids), threads)
+        logger.info("%d decoding worker(s) ready, %d thread(s) each", workers, threads)
+
+    def _start(self, workers: int) -> None:
+        """One start task per worker, submitted at once (each submit finds no idle worker, so
+        starts one); the first load error, preferring our own one-line errors, is raised."""
+        futures = [self._executor.submit(_ready) for _ in range(workers)]
+        errors = [e for e in (f.exception() for f in futures) if e is not None]
+        if errors:
+            raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
 
     def map(self, batches: Sequence[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently."""
-        futures = [self._executor.submit(_search, src, spec) for src in batches]
+        futures = [self._executor.submit(_search, _Packed.of(src), spec) for src in batches]
         try:
             for future in futures:
-                yield future.result()
+                yield _unpack(future.result())
         except BrokenProcessPool:
             raise TransduceError("a decoding worker process died (out of memory?); the pool is unusable") from None
         finally:
