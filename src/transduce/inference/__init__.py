@@ -1,4 +1,5 @@
-"""Decoding: greedy search, beam search, sampling, and the text-in text-out Translator."""
+"""Decoding: greedy search, beam search, sampling, and the text-in text-out Translator (in this
+process, or TranslatorPool: in worker processes)."""
 
 from .attention import AttentionMaps, attention_maps, plot_attention
 from .batching import length_sorted_batches, spread_batches

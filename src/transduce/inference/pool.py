@@ -170,6 +170,10 @@ class SearchPool:
         starts one); the first load error, preferring our own one-line errors, is raised."""
         futures = [self._executor.submit(_ready) for _ in range(workers)]
         errors = [e for e in (f.exception() for f in futures) if e is not None]
+        if any(isinstance(e, BrokenProcessPool) for e in errors):
+            raise TransduceError("the decoding worker processes did not start (see their errors above); a script "
+                                 "that starts them needs the 'if __name__ == \"__main__\":' guard, and cannot be "
+                                 "read from standard input")
         if errors:
             raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
 
