@@ -217,7 +217,8 @@ def beam_search(
         n_rows = beams.scores.numel()
         out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention,
                            project=False)
-        row_logp, row_token = best_tokens(model, out.logits[:, -1], cfg, step, min_len, 2 * beam)  # (N, w)
+        states = out.logits[:, -1]                                        # (N, D): project=False
+        row_logp, row_token = best_tokens(model, states, cfg, step, min_len, 2 * beam)  # (N, w)
         attn = None
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention_layer, attention_head)

@@ -218,7 +218,7 @@ def sequential_search(
     for step in range(t_cap):
         out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
                            project=False)
-        token, token_logp = choose(out.logits[:, -1], step)              # (N,), (N,)
+        token, token_logp = choose(out.logits[:, -1], step)              # states (N, D) -> (N,), (N,)
         out_tokens[rows.ids, step] = token
         out_logp[rows.ids] += token_logp
         if need_attention:
