@@ -144,3 +144,43 @@ def test_cli_worker_options_are_checked(model_dir, capsys, argv, message):
 
     assert main(["translate", str(model_dir), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_workers_end_when_their_parent_is_killed(model_dir, tmp_path):
+    """A parent killed without closing the pool (kill -9; uvicorn re-raising SIGTERM) must not
+    leave its workers waiting for ever, each holding a copy of the model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from transduce.inference import SearchPool\n"
+        "if __name__ == '__main__':\n"
+        "    pool = SearchPool(sys.argv[1], workers=2)\n"
+        "    print(' '.join(map(str, pool.pids)), flush=True)\n"
+        "    time.sleep(600)\n", encoding="utf-8")
+    parent = subprocess.Popen([sys.executable, str(script), str(model_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+    assert os.getpid() not in pids
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited orphan is reaped by init)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

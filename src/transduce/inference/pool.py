@@ -25,6 +25,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -49,8 +51,10 @@ _DEFAULTS = DecodeConfig()
 BATCHES_PER_WORKER = 4
 MIN_BATCH_TOKENS = 2048
 
-# How long a worker waits for the others to have loaded the model (SearchPool's start).
+# How long a worker waits for the others to have loaded the model (SearchPool's start), and
+# how often it checks that its parent is still alive.
 START_TIMEOUT_S = 300.0
+PARENT_POLL_S = 0.5
 
 # This worker process's model and precision, or the error that loading it raised (set once by
 # _init_worker, in the worker; the parent's copy stays empty).
@@ -94,6 +98,8 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barri
     # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER["barrier"] = barrier
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="transduce-parent-watch",
+                     daemon=True).start()
     try:
         torch.set_num_threads(threads)
         from ..model import load_model
@@ -111,6 +117,15 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barri
     except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
         _WORKER["error"] = CheckpointError(f"{model_dir}: a decoding worker could not load it: "
                                            f"{type(err).__name__}: {err}")
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once its parent is gone. A parent killed without closing the pool (kill
+    -9, or uvicorn re-raising SIGTERM after its shutdown) never tells its workers, and they would
+    wait on the task queue for ever: an orphan per worker, each with a copy of the model."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 def _ready() -> int:
@@ -145,7 +160,8 @@ class SearchPool:
         int8: dynamic int8 quantisation of the workers' linear layers.
 
     The workers are started and have loaded the model when the constructor returns (a model
-    that cannot be loaded raises its one-line error here). :meth:`close` stops them.
+    that cannot be loaded raises its one-line error here); ``pids`` are their process ids.
+    :meth:`close` stops them; a worker whose parent dies without closing ends by itself.
     """
 
     def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
@@ -176,6 +192,7 @@ class SearchPool:
                                  "read from standard input")
         if errors:
             raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
+        self.pids = sorted(f.result() for f in futures)
 
     def map(self, batches: Sequence[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently."""
