@@ -184,3 +184,12 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("t", [torch.empty(0, 3), torch.randn(4, 5).t(), torch.tensor([[True, False]]),
+                               torch.arange(10)[2:7], torch.randn(2, 3).to(torch.bfloat16)])
+def test_tensors_cross_processes_as_bytes_and_back(t):
+    from transduce.inference.pool import _Packed
+
+    back = _Packed.of(t).tensor()
+    assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)

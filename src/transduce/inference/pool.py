@@ -21,6 +21,7 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -73,8 +74,9 @@ class _Packed:
 
     @classmethod
     def of(cls, t: Tensor) -> "_Packed":
-        t = t.detach().cpu().contiguous().clone()  # a storage of exactly this tensor
-        return cls(bytes(t.untyped_storage()), t.dtype, tuple(t.shape))
+        t = t.detach().cpu().contiguous()
+        # One C copy of the memory (bytes() of a storage iterates it in Python: 25 ms a batch).
+        return cls(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()), t.dtype, tuple(t.shape))
 
     def tensor(self) -> Tensor:
         if not self.data:
