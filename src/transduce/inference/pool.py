@@ -40,7 +40,7 @@ from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
 from .search import SearchOutput
-from .translator import BaseTranslator, SearchSpec, autocast, check_precision, input_limit
+from .translator import BaseTranslator, SearchSpec, Translator, check_precision, input_limit
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ MIN_BATCH_TOKENS = 2048
 START_TIMEOUT_S = 300.0
 PARENT_POLL_S = 0.5
 
-# This worker process's model and precision, or the error that loading it raised (set once by
+# This worker process's Translator, or the error that loading it raised (set once by
 # _init_worker, in the worker; the parent's copy stays empty).
 _WORKER: dict = {}
 
@@ -94,9 +94,10 @@ def _unpack(parts: tuple[_Packed | None, ...]) -> SearchOutput:
 
 
 def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barrier) -> None:
-    """Load the model in a fresh worker. An error is kept, not raised: raised here it would only
-    break the pool ("a child process terminated abruptly"); raised by the first task, the parent
-    gets it with its message."""
+    """Load the model in a fresh worker, prepared as ``transduce translate`` prepares it (a CPU
+    :class:`~transduce.inference.Translator`, int8 if asked). An error is kept, not raised:
+    raised here it would only break the pool ("a child process terminated abruptly"); raised by
+    the first task, the parent gets it with its message."""
     # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER["barrier"] = barrier
@@ -105,15 +106,13 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barri
     try:
         torch.set_num_threads(threads)
         from ..model import load_model
-        from .cpu import use_onednn_linears
 
-        model = load_model(model_dir, "cpu")
+        # No tokenizer: workers only search ids, and a SearchPool needs none in the directory.
+        translator = Translator(load_model(model_dir, "cpu"), None, "cpu", precision)
         if int8:
-            from ..export.quantize import quantize_dynamic_int8
-            model = quantize_dynamic_int8(model, inplace=True)
-        else:
-            use_onednn_linears(model)
-        _WORKER.update(model=model, precision=precision)
+            from ..export.quantize import quantize_translator
+            translator = quantize_translator(translator)
+        _WORKER["translator"] = translator
     except TransduceError as err:
         _WORKER["error"] = err
     except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
@@ -147,8 +146,9 @@ def _ready() -> int:
 def _search(src: _Packed, spec: SearchSpec) -> tuple[_Packed | None, ...]:
     if "error" in _WORKER:
         raise _WORKER["error"]
-    with torch.inference_mode(), autocast("cpu", _WORKER["precision"]):
-        return _pack(spec.run(_WORKER["model"], src.tensor()))
+    translator = _WORKER["translator"]
+    with torch.inference_mode(), translator.autocast():
+        return _pack(spec.run(translator.model, src.tensor()))
 
 
 class SearchPool:

@@ -299,7 +299,10 @@ class Translator(BaseTranslator):
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
-        return autocast(self.device.type, self.precision)
+        dtype = PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
         for src in batches:
@@ -311,14 +314,6 @@ class Translator(BaseTranslator):
 def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-
-
-def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
-    """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
-    dtype = PRECISIONS[precision]
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, dtype=dtype)
 
 
 def input_limit(config, max_input_len: int) -> int:
