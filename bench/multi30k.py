@@ -76,11 +76,11 @@ def evaluate_run(run_dir: Path, model_dir: Path, threads: int) -> dict:
     from transduce.data import multi30k
     from transduce.evaluation.metrics import evaluate
     from transduce.inference import Translator
-    from transduce.training.prepare import load_splits
+    from transduce.data.prepare import split_texts
 
     torch.set_num_threads(threads)
     cfg = load_run_config(run_dir / "config.yaml")
-    test = load_splits(cfg.data).test
+    test = split_texts(cfg.data, "test")
     tgt_lang = cfg.data.src_lang if cfg.data.reverse else cfg.data.tgt_lang
     root = Path(cfg.data.root or multi30k.default_root())
     tok_ref = root / "tok" / f"test_2016_flickr.lc.norm.tok.{tgt_lang}"

@@ -151,6 +151,11 @@ class DataConfig:
     ``bpe_dropout`` > 0 re-segments the training text of ``bpe_dropout_sides`` ("src", "tgt"
     or "both") at random every epoch, each BPE merge skipped with that probability (BPE-dropout,
     Provilkov et al., 2020); validation, test and inference use the usual segmentation.
+
+    ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
+    and filter settings are then the ones it was prepared with (its ``manifest.json``).
+    ``tokenizer``: an existing tokenizer directory to reuse instead of training one; otherwise
+    one is trained on a seeded sample of ``tokenizer_sentences`` lines per side.
     """
 
     corpus: str = "toy"
@@ -177,12 +182,16 @@ class DataConfig:
     reverse: bool = False
     bpe_dropout: float = 0.0
     bpe_dropout_sides: str = "both"
+    tokenizer: str | None = None
+    tokenizer_sentences: int = 1_000_000
+    prepared: str | None = None
 
     def __post_init__(self) -> None:
         _typecheck(self, "data")
         _one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files"))
         _one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
-        for k in ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len", "max_tokens"):
+        for k in ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len", "max_tokens",
+                  "tokenizer_sentences"):
             _check(getattr(self, k) > 0, f"data.{k}", f"must be positive; got {getattr(self, k)}")
         _check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
         _check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
@@ -190,7 +199,7 @@ class DataConfig:
         _one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
         _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
                "needs data.tokenizer_type=bpe")
-        if self.corpus == "files":
+        if self.corpus == "files" and self.prepared is None:
             for k in ("train_src", "train_tgt"):
                 _check(getattr(self, k) is not None, f"data.{k}", "is required when data.corpus=files")
 

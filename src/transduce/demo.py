@@ -59,8 +59,9 @@ def demo_config(steps: int | None = None) -> RunConfig:
 
 def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> DemoResult:
     """Train (or, if ``out`` already holds the finished run, reuse) and evaluate the demo model."""
-    from .evaluation.metrics import evaluate
+    from .data.prepare import split_sources
     from .data.toy import write_splits
+    from .evaluation.metrics import evaluate
     from .inference.translator import Translator
     from .training.checkpoint import atomic_write_text, latest_checkpoint
     from .training.loop import run_training
@@ -72,9 +73,9 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     trainer, _ = run_training(cfg, run_dir, resume=resume)
     train_seconds = time.monotonic() - t0
     translator = Translator.load(run_dir / "model")
-    test = trainer.data.texts.test
-    texts = trainer.data.texts  # the corpus as files, for `transduce translate/evaluate`
-    write_splits(run_dir / "data", {"train": texts.train, "valid": texts.valid, "test": test})
+    texts = {k: list(v.text_pairs()) for k, v in split_sources(cfg.data).items()}
+    test = texts["test"]
+    write_splits(run_dir / "data", texts)  # the corpus as files, for `transduce translate/evaluate`
     sources, refs = [s for s, _ in test], [t for _, t in test]
     scores = evaluate(translator, sources, refs, beam=4, lenpen=0.6)
     hyps = translator.translate(sources[:4], beam=4, lenpen=0.6)

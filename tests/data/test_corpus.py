@@ -1,11 +1,11 @@
 import gzip
 
+import numpy as np
 import pytest
 import torch
 
-from transduce.data import corpus
-from transduce.data.corpus import (Batch, FilterStats, collate, filter_and_encode, read_lines, sample_pairs,
-                                   read_parallel)
+from transduce.data.corpus import (Batch, FilterStats, collate, encode_chunk, read_lines, read_parallel,
+                                   sample_tokens)
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transduce.errors import DataError
 
@@ -98,7 +98,17 @@ def test_read_parallel_missing_target_fails_early(tmp_path):
         read_parallel(src, tmp_path / "s.de")
 
 
-# ---- filter_and_encode --------------------------------------------------------------------
+# ---- encode_chunk -----------------------------------------------------------------------------
+
+def _encode(pairs, tokenizer, max_len, max_ratio, texts=False):
+    """encode_chunk on text pairs; the kept pairs as lists of ids, and the chunk."""
+    chunk = encode_chunk([s.encode() for s, _ in pairs], [t.encode() for _, t in pairs], 1, ("s", "t"),
+                         tokenizer, max_len, max_ratio, "<u2", texts)
+    cuts = [np.cumsum(chunk.src_lens)[:-1], np.cumsum(chunk.tgt_lens)[:-1]]
+    src, tgt = np.split(chunk.src_tokens, cuts[0]), np.split(chunk.tgt_tokens, cuts[1])
+    kept = [(s.tolist(), t.tolist()) for s, t in zip(src, tgt)] if len(chunk.src_lens) else []
+    return kept, chunk
+
 
 def test_filter_counts_each_reason(toy_tokenizer):
     ok = ("The man sees the dog.", "Der Mann sieht den Hund.")
@@ -111,30 +121,31 @@ def test_filter_counts_each_reason(toy_tokenizer):
         ("He sleeps.", "Heute sieht der Mann, der ein Buch liest, den Hund."),  # bad ratio
         ("A cat sleeps.", "Eine Katze schläft."),
     ]
-    kept, stats = filter_and_encode(pairs, toy_tokenizer, max_len=30, max_ratio=2.5)
+    kept, chunk = _encode(pairs, toy_tokenizer, max_len=30, max_ratio=2.5, texts=True)
+    stats = chunk.stats
     assert stats == FilterStats(kept=2, empty=2, too_long=1, bad_ratio=1)
     assert stats.total == 6
     assert stats.summary() == "kept 2 of 6 pairs (empty 2, too long 1, bad ratio 1)"
     assert kept[0] == (toy_tokenizer.encode(ok[0], "src"), toy_tokenizer.encode(ok[1], "tgt"))
     assert len(kept) == 2
+    assert chunk.kept.tolist() == [True, False, False, False, False, True]
+    assert chunk.texts == pairs
 
 
 def test_length_limit_is_inclusive(toy_tokenizer):
     src = "The man sees the dog."
     n = len(toy_tokenizer.encode(src, "src"))
-    kept, _ = filter_and_encode([(src, src)], toy_tokenizer, max_len=n, max_ratio=10)
+    kept, _ = _encode([(src, src)], toy_tokenizer, max_len=n, max_ratio=10)
     assert len(kept) == 1
-    kept, stats = filter_and_encode([(src, src)], toy_tokenizer, max_len=n - 1, max_ratio=10)
-    assert not kept and stats.too_long == 1
+    kept, chunk = _encode([(src, src)], toy_tokenizer, max_len=n - 1, max_ratio=10)
+    assert not kept and chunk.stats.too_long == 1
 
 
-def test_chunked_encoding_matches_one_pass(toy_tokenizer, toy_pairs, monkeypatch):
-    pairs = toy_pairs[:200]
-    whole, whole_stats = filter_and_encode(pairs, toy_tokenizer, max_len=12, max_ratio=1.5)
-    monkeypatch.setattr(corpus, "ENCODE_CHUNK", 7)
-    chunked, chunked_stats = filter_and_encode(iter(pairs), toy_tokenizer, 12, 1.5)
-    assert chunked == whole and chunked_stats == whole_stats
-    assert 0 < whole_stats.kept < 200
+def test_encode_chunk_names_file_and_line_of_bad_bytes(toy_tokenizer):
+    with pytest.raises(DataError, match=r"^t:12: invalid UTF-8 at byte 2"):
+        encode_chunk([b"ok\n", b"ok\n"], [b"fine\n", b"ab\xff\n"], 11, ("s", "t"), toy_tokenizer, 50, 3, "<u2")
+    with pytest.raises(DataError, match=r"^s:5: NUL byte"):
+        encode_chunk([b"a\x00b\n"], [b"x\n"], 5, ("s", "t"), toy_tokenizer, 50, 3, "<u2")
 
 
 # ---- collate ----------------------------------------------------------------------------------
@@ -150,7 +161,7 @@ def test_collate_adds_bos_eos_and_pads():
 
 
 def test_collate_shifts_targets_by_one(toy_tokenizer, toy_pairs):
-    kept, _ = filter_and_encode(toy_pairs[:64], toy_tokenizer, max_len=50, max_ratio=3)
+    kept, _ = _encode(toy_pairs[:64], toy_tokenizer, max_len=50, max_ratio=3)
     batch = collate(kept)
     labels = batch.tgt_out != PAD_ID
     assert int(labels.sum()) == batch.n_tgt_tokens
@@ -174,19 +185,27 @@ def test_collate_rejects_empty_batch():
         collate([])
 
 
-def test_sample_pairs_resegments_only_the_chosen_side_within_max_len(toy_pairs, toy_tokenizer):
-    texts: list[tuple[str, str]] = []
-    kept, _ = filter_and_encode(toy_pairs[:200], toy_tokenizer, max_len=50, max_ratio=3, kept_texts=texts)
+def test_collate_takes_arrays_as_lists():
+    pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])]
+    arrays = [(np.array(s, np.uint16), np.array(t, np.uint16)) for s, t in pairs]
+    a, b = collate(pairs), collate(arrays)
+    assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
+
+
+def test_sample_tokens_resegments_only_the_chosen_side_within_max_len(toy_pairs, toy_tokenizer):
+    kept, chunk = _encode(toy_pairs[:200], toy_tokenizer, max_len=50, max_ratio=3, texts=True)
+    texts = [p for p, k in zip(chunk.texts, chunk.kept) if k]
     assert len(texts) == len(kept)
     assert [toy_tokenizer.encode(s, "src") for s, _ in texts] == [s for s, _ in kept]
     assert [toy_tokenizer.encode(t, "tgt") for _, t in texts] == [t for _, t in kept]
-    src_only = sample_pairs(texts, kept, toy_tokenizer, 0.3, "src", seed=1, max_len=50)
-    assert [t for _, t in src_only] == [t for _, t in kept]
-    assert [s for s, _ in src_only] != [s for s, _ in kept]
-    both = sample_pairs(texts, kept, toy_tokenizer, 0.3, "both", seed=1, max_len=50)
-    assert [s for s, _ in both] == [s for s, _ in src_only]  # same seed, same draw per side
-    assert [t for _, t in both] != [t for _, t in kept]
-    longest = max(len(s) for s, _ in kept)
-    capped = sample_pairs(texts, kept, toy_tokenizer, 0.5, "src", seed=1, max_len=longest)
-    assert max(len(s) for s, _ in capped) <= longest
-    assert any(c == k for (c, _), (k, _) in zip(capped, kept) if len(k) == longest)
+    usual = ([s for s, _ in kept], [t for _, t in kept])
+    src_only = sample_tokens(texts, usual, toy_tokenizer, 0.3, "src", seed=1, max_len=50)
+    assert src_only[1] == usual[1]
+    assert src_only[0] != usual[0]
+    both = sample_tokens(texts, usual, toy_tokenizer, 0.3, "both", seed=1, max_len=50)
+    assert both[0] == src_only[0]  # same seed, same draw per side
+    assert both[1] != usual[1]
+    longest = max(len(s) for s in usual[0])
+    capped = sample_tokens(texts, usual, toy_tokenizer, 0.5, "src", seed=1, max_len=longest)
+    assert max(len(s) for s in capped[0]) <= longest
+    assert any(c == k for c, k in zip(capped[0], usual[0]) if len(k) == longest)

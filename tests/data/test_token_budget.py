@@ -1,11 +1,11 @@
 import itertools
 import random
 
+import numpy as np
 import pytest
 
-from transduce.data.batching import (BatchIterator, batch_stats, padded_width, shard_batches,
-                                     token_budget_batches)
-from transduce.errors import DataError
+from transduce.data import batching
+from transduce.data.batching import padded_width, token_budget_batches
 
 
 def _lengths(rng: random.Random, n: int, hi: int = 80) -> tuple[list[int], list[int]]:
@@ -61,106 +61,60 @@ def test_unshuffled_batches_are_sorted_by_length():
                                                 shuffle=False).batches
 
 
+def _pad_ratios(batches, src, tgt) -> tuple[float, float]:
+    real_src = sum(src[i] + 1 for b in batches for i in b)
+    real_tgt = sum(tgt[i] + 1 for b in batches for i in b)
+    padded_src = sum(len(b) * max(src[i] + 1 for i in b) for b in batches)
+    padded_tgt = sum(len(b) * max(tgt[i] + 1 for i in b) for b in batches)
+    return 1 - real_src / padded_src, 1 - real_tgt / padded_tgt
+
+
 def test_bucketing_keeps_padding_low():
     src, tgt = _lengths(random.Random(3), 3000)
-    stats = batch_stats(token_budget_batches(src, tgt, 2000, 0, 0).batches, src, tgt)
-    assert stats["n_sentences"] == 3000
-    assert stats["tgt_pad_ratio"] < 0.05
-    assert stats["src_pad_ratio"] < 0.2  # source lengths vary within one target length
-    assert stats["max_padded_tokens"] <= 2000
+    plan = token_budget_batches(src, tgt, 2000, 0, 0)
+    assert sum(len(b) for b in plan.batches) == 3000
+    src_pad, tgt_pad = _pad_ratios(plan.batches, src, tgt)
+    assert tgt_pad < 0.05
+    assert src_pad < 0.2  # source lengths vary within one target length
 
 
-def test_batch_stats_by_hand():
-    src, tgt = [1, 3, 2], [2, 2, 5]
-    stats = batch_stats([[0, 1], [2]], src, tgt)
-    # batch 0: src+1 = [2, 4] (padded 8), tgt+1 = [3, 3] (padded 6), budget 2 * 4 = 8
-    # batch 1: src+1 = [3] (padded 3), tgt+1 = [6] (padded 6), budget 6
-    assert stats["n_batches"] == 2 and stats["n_sentences"] == 3
-    assert stats["mean_sentences"] == 1.5
-    assert stats["mean_src_tokens"] == (6 + 3) / 2
-    assert stats["mean_tgt_tokens"] == (6 + 6) / 2
-    assert stats["src_pad_ratio"] == pytest.approx(1 - 9 / 11)
-    assert stats["tgt_pad_ratio"] == pytest.approx(0.0)
-    assert stats["mean_padded_tokens"] == 7.0 and stats["max_padded_tokens"] == 8
-    assert batch_stats([], src, tgt)["n_batches"] == 0
+def _greedy(order, widths, max_tokens):
+    """The packing rule written as the obvious loop: the reference for the vectorised one."""
+    batches, current, width = [], [], 0
+    for i in order:
+        new_width = max(width, widths[i])
+        if current and (len(current) + 1) * new_width > max_tokens:
+            batches.append(current)
+            current, new_width = [], widths[i]
+        current.append(i)
+        width = new_width
+    return batches + ([current] if current else [])
+
+
+@pytest.mark.parametrize("trial", range(30))
+def test_packing_equals_the_greedy_loop(trial):
+    rng = random.Random(100 + trial)
+    src, tgt = _lengths(rng, rng.randint(1, 300), hi=rng.choice([3, 40]))
+    max_tokens = rng.randint(2, 300)
+    plan = token_budget_batches(src, tgt, max_tokens, seed=0, epoch=0, shuffle=False)
+    widths = [max(s, t) + 1 for s, t in zip(src, tgt)]
+    order = sorted((i for i in range(len(src)) if widths[i] <= max_tokens), key=lambda i: (tgt[i], src[i], i))
+    assert plan.batches == _greedy(order, widths, max_tokens)
+
+
+def test_large_corpora_are_sorted_within_shuffled_pools(monkeypatch):
+    monkeypatch.setattr(batching, "POOL", 100)
+    src, tgt = _lengths(random.Random(5), 1000)
+    plan = token_budget_batches(np.array(src, np.uint16), np.array(tgt, np.uint16), 300, seed=1, epoch=0)
+    assert sorted(plan.order.tolist()) == list(range(1000))
+    for lo in range(0, 1000, 100):  # each pool of the shuffled order is sorted by length
+        pool = plan.order[lo:lo + 100]
+        keys = [(tgt[i], src[i]) for i in pool]
+        assert keys == sorted(keys)
+    assert not any(s < lo < e for s, e in zip(plan.starts, plan.ends) for lo in range(0, 1000, 100))
+    assert plan.batches == token_budget_batches(src, tgt, 300, seed=1, epoch=0).batches  # lists or arrays
 
 
 def test_mismatched_lengths_are_rejected():
     with pytest.raises(ValueError):
         token_budget_batches([1, 2], [1], 10, 0, 0)
-
-
-# ---- BatchIterator ------------------------------------------------------------------------------
-
-def _iterator(**kwargs) -> BatchIterator:
-    src, tgt = _lengths(random.Random(4), 400)
-    return BatchIterator(src, tgt, max_tokens=300, seed=5, **kwargs)
-
-
-def test_iterator_walks_epochs_with_fresh_shuffles():
-    it = _iterator()
-    first, second = list(it), list(it)
-    assert it.state_dict() == {"epoch": 2, "offset": 0}
-    assert first == it.plan(0).batches and second == it.plan(1).batches
-    assert first != second
-    assert sorted(itertools.chain(*first)) == sorted(itertools.chain(*second)) == list(range(400))
-
-
-@pytest.mark.parametrize("stop_after", [0, 1, 17, "end_of_epoch", "epoch_and_one"])
-def test_resume_gives_the_same_remaining_batches(stop_after):
-    reference = _iterator()
-    expected = list(reference) + list(reference) + list(reference)
-    n0 = len(reference.plan(0).batches)
-    stop_after = {"end_of_epoch": n0, "epoch_and_one": n0 + 1}.get(stop_after, stop_after)
-
-    it = _iterator()
-    taken = []
-    while len(taken) < stop_after:
-        for batch in it:
-            taken.append(batch)
-            if len(taken) == stop_after:
-                break  # like a crash right after a checkpoint
-    state = it.state_dict()
-
-    resumed = _iterator()
-    resumed.load_state_dict(state)
-    while len(taken) < len(expected):
-        taken.extend(resumed)
-    assert taken == expected
-
-
-def test_state_is_the_next_batch_while_one_is_in_use():
-    it = _iterator()
-    batches = iter(it)
-    next(batches)
-    assert it.state_dict() == {"epoch": 0, "offset": 1}
-
-
-@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-def test_shards_are_disjoint_equal_and_cover_all_but_the_tail(world_size):
-    base = _iterator()
-    full = base.plan(0).batches
-    shards = [list(base.shard(rank, world_size)) for rank in range(world_size)]
-    assert len({len(s) for s in shards}) == 1
-    usable = len(full) - len(full) % world_size
-    assert sorted(map(tuple, itertools.chain(*shards))) == sorted(map(tuple, full[:usable]))
-    assert shards[0] == full[0:usable:world_size]
-    for rank in range(world_size):
-        assert shard_batches(full, rank, world_size) == shards[rank]
-
-
-def test_shard_arguments_are_checked():
-    with pytest.raises(ValueError):
-        shard_batches([[0]], rank=2, world_size=2)
-    with pytest.raises(ValueError):
-        _iterator(rank=0, world_size=0)
-
-
-def test_bad_state_is_a_data_error():
-    it = _iterator()
-    with pytest.raises(DataError, match="offset 10000 is past"):
-        it.load_state_dict({"epoch": 0, "offset": 10_000})
-    with pytest.raises(DataError, match="non-negative"):
-        it.load_state_dict({"epoch": -1, "offset": 0})
-    with pytest.raises(DataError):
-        it.load_state_dict({})

@@ -38,8 +38,8 @@ def test_recipe_trains_on_multi30k(multi30k_root, tmp_path, reverse):
     saved = load_run_config(out / "config.yaml")
     assert saved.data.reverse is reverse
     # the direction: val's first source is English ("A ...") forwards, German ("Eine ...") reversed
-    from transduce.training.prepare import load_splits
-    first_src = load_splits(saved.data).valid[0][0]
+    from transduce.data.prepare import split_texts
+    first_src = split_texts(saved.data, "valid")[0][0]
     assert first_src.split()[0] in (("Eine", "Ein", "Zwei", "Mehrere") if reverse else ("A", "Two", "Several"))
 
 
@@ -52,10 +52,12 @@ def test_recipe_trains_on_the_tokenized_text(multi30k_root, tmp_path):
              "train.warmup_steps=2", "train.save_every=2", "train.eval_every=4", "train.keep_last=2",
              "train.average_last=2"]
     assert train_main(str(CONFIGS / "multi30k_en_de.yaml"), small, str(out), False, False) == 0
-    from transduce.training.prepare import load_splits
-    splits = load_splits(load_run_config(out / "config.yaml").data)
-    assert [len(s) for s in (splits.train, splits.valid, splits.test)] == [29000, 1014, 1000]
-    assert splits.valid[0] == ("a group of men are loading cotton onto a truck",
-                               "eine gruppe von männern lädt baumwolle auf einen lastwagen")
-    assert splits.test[0][1] == (multi30k_root / "tok" / "test_2016_flickr.lc.norm.tok.de"
-                                 ).read_text(encoding="utf-8").splitlines()[0]
+    from transduce.data.prepare import split_texts
+    from transduce.data.prepared import PreparedData
+    manifest = PreparedData.open(out / "prepared").manifest
+    assert [sum(manifest["splits"][k]["filter"].values()) for k in ("train", "valid", "test")] == [29000, 20, 1000]
+    data = load_run_config(out / "config.yaml").data
+    assert split_texts(data, "valid")[0] == ("a group of men are loading cotton onto a truck",
+                                             "eine gruppe von männern lädt baumwolle auf einen lastwagen")
+    assert split_texts(data, "test")[0][1] == (multi30k_root / "tok" / "test_2016_flickr.lc.norm.tok.de"
+                                               ).read_text(encoding="utf-8").splitlines()[0]

@@ -9,7 +9,7 @@ import transduce.training.loop as loop
 from transduce.config import RunConfig
 from transduce.training.checkpoint import list_checkpoints
 from transduce.training.distributed import DistInfo
-from transduce.training.prepare import prepare
+from transduce.data.prepare import prepared_for_run
 
 
 def _trainer(tmp_path, data=None, **train):
@@ -19,7 +19,7 @@ def _trainer(tmp_path, data=None, **train):
                  "vocab_size": 120, "max_tokens": 256, **(data or {})},
         "train": {"eval_bleu": False, "warmup_steps": 5, "log_every": 1, **train},
     })
-    data = prepare(cfg.data, tmp_path, seed=0)
+    data = prepared_for_run(cfg.data, tmp_path, seed=0, workers=1)
     return loop.Trainer(cfg, tmp_path, data, DistInfo(), torch.device("cpu"))
 
 
@@ -62,11 +62,10 @@ def test_reverse_swaps_every_split_and_the_cli_records_it(tmp_path, monkeypatch)
     from dataclasses import replace
 
     from transduce.config import DataConfig
-    from transduce.training.prepare import load_splits
+    from transduce.data.prepare import split_texts
     data = DataConfig(toy_train_size=30, toy_valid_size=5, toy_test_size=5)
-    forward, backward = load_splits(data), load_splits(replace(data, reverse=True))
     for split in ("train", "valid", "test"):
-        assert getattr(backward, split) == [(t, s) for s, t in getattr(forward, split)]
+        assert split_texts(replace(data, reverse=True), split) == [(t, s) for s, t in split_texts(data, split)]
     seen = {}
     monkeypatch.setattr(loop, "run_training", lambda cfg, run_dir, resume: seen.update(cfg=cfg, run_dir=run_dir))
     monkeypatch.chdir(tmp_path)
@@ -93,10 +92,12 @@ def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path):
     trainer = _trainer(tmp_path / "a", dropout, max_steps=40, save_every=10, keep_last=10,
                        schedule="constant", lr=1e-3, warmup_steps=0)
     e0, e1 = trainer.epoch_data(0), trainer.epoch_data(1)
-    assert e0.pairs != e1.pairs and e0.batches != e1.batches
-    assert trainer.epoch_data(0).pairs == e0.pairs  # a function of (seed, epoch)
-    assert sum(e0.tgt_lens) > sum(plain.epoch_data(0).tgt_lens)
-    assert plain.epoch_data(0).pairs == plain.data.train  # off: the usual segmentation every epoch
+    ids = [e.pairs.tokens[0].tolist() + e.pairs.tokens[1].tolist() for e in (e0, e1)]
+    assert ids[0] != ids[1] and e0.plan.batches != e1.plan.batches
+    again = trainer.epoch_data(0)  # a function of (seed, epoch)
+    assert again.pairs.tokens[0].tolist() + again.pairs.tokens[1].tolist() == ids[0]
+    assert e0.pairs.tgt_lens.sum() > plain.epoch_data(0).pairs.tgt_lens.sum()
+    assert plain.epoch_data(0).pairs is plain.train_pairs  # off: the usual segmentation every epoch
     trainer.train()
     assert trainer.state.epoch >= 2, "the run should cross epoch boundaries"
 

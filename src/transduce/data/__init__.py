@@ -5,13 +5,12 @@ encoding, collation), ``batching`` (pure functions of lengths), ``toy`` (the emb
 language pair) and ``multi30k`` (download and locate Multi30k task 1).
 """
 
-from transduce.data.batching import BatchIterator, BatchPlan, batch_stats, token_budget_batches
-from transduce.data.corpus import (Batch, FilterStats, collate, filter_and_encode, read_lines,
-                                   read_parallel)
+from transduce.data.batching import BatchPlan, token_budget_batches
+from transduce.data.corpus import Batch, FilterStats, collate, encode_chunk, read_lines, read_parallel
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer",
-    "Batch", "FilterStats", "collate", "filter_and_encode", "read_lines", "read_parallel",
-    "BatchIterator", "BatchPlan", "batch_stats", "token_budget_batches",
+    "Batch", "FilterStats", "collate", "encode_chunk", "read_lines", "read_parallel",
+    "BatchPlan", "token_budget_batches",
 ]

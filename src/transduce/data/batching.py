@@ -7,204 +7,119 @@ target tokens." We bound the *padded* size instead, which is what memory depends
     budget rule:  n_sentences * max(max_src_len + 1, max_tgt_len + 1) <= max_tokens
 
 where lengths are raw token counts and the ``+ 1`` is the EOS on the source and the BOS/EOS on
-the target (see ``corpus.collate``). Pairs are sorted by (target length, source length) with a
-seeded random tie-break, packed greedily, and the batch order is shuffled from
-``(seed, epoch)``: same seed and epoch, same batches, on every machine.
+the target (see ``corpus.collate``). The pairs are shuffled from ``(seed, epoch)`` and cut into
+pools of ``POOL`` pairs; each pool is sorted by (target length, source length), ties keeping
+the shuffled order, and packed greedily; then the order of all batches is shuffled. A corpus
+smaller than a pool is sorted as a whole. Same lengths, seed and epoch: same batches, on every
+machine. Everything is numpy over the length arrays, so a plan for millions of pairs takes a
+second and a few bytes per pair.
 
-Distributed training: every rank builds the same plan and rank ``r`` of ``W`` takes batches
-``r, r + W, r + 2W, ...``; the last ``len(batches) % W`` batches are dropped so that all ranks
-take the same number of optimizer steps.
+Distributed training: every rank builds the same plan and consumes it in groups of
+``grad_accum * world_size`` consecutive batches, rank ``r`` taking ``group[r::world_size]``
+(``training.loop.Trainer.next_group``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
-from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from dataclasses import dataclass
 
-from transduce.errors import DataError
+import numpy as np
 
 logger = logging.getLogger(__name__)
+
+POOL = 1 << 18  # pairs sorted together: enough for tight batches, small enough to sort in cache
 
 
 @dataclass
 class BatchPlan:
-    """Batches of one epoch (lists of pair indices) and how many pairs did not fit any batch."""
+    """The batches of one epoch: batch ``i`` is ``order[starts[i]:ends[i]]`` (pair indices).
 
-    batches: list[list[int]] = field(default_factory=list)
+    ``dropped`` counts the pairs that fit no batch on their own (wider than the budget).
+    """
+
+    order: np.ndarray   # (n_pairs_kept,) pair indices (int32 below 2**31 pairs), batch after batch
+    starts: np.ndarray  # (n_batches,) int64, in batch order
+    ends: np.ndarray    # (n_batches,) int64
     dropped: int = 0
 
+    def __len__(self) -> int:
+        return len(self.starts)
 
-def padded_width(src_len: int, tgt_len: int) -> int:
-    """Padded positions one pair needs: its longer side plus EOS/BOS."""
-    return max(src_len + 1, tgt_len + 1)
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.order[self.starts[i]:self.ends[i]]
+
+    @property
+    def batches(self) -> list[list[int]]:
+        """Every batch as a list of pair indices (for small plans: tests, inspection)."""
+        return [self[i].tolist() for i in range(len(self))]
 
 
-def token_budget_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
-                         seed: int, epoch: int, shuffle: bool = True) -> BatchPlan:
-    """Group pair indices into length-bucketed batches under a padded token budget.
+def padded_width(src_len, tgt_len):
+    """Padded positions one pair needs: its longer side plus EOS/BOS (ints or arrays)."""
+    return np.maximum(src_len, tgt_len) + 1
+
+
+def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: int,
+                         shuffle: bool = True) -> BatchPlan:
+    """Group pair indices into length-sorted batches under a padded token budget.
 
     Args:
-        src_lens, tgt_lens: raw token counts of each pair (no EOS/BOS).
+        src_lens, tgt_lens: raw token counts of each pair (no EOS/BOS); sequences or 1-D arrays.
         max_tokens: budget; every batch satisfies the rule in the module docstring.
-        seed, epoch: determine the tie-break inside equal lengths and the batch order.
-        shuffle: if False, ties keep index order and batches stay sorted by length.
+        seed, epoch: determine the shuffle (pools and tie-breaks) and the batch order.
+        shuffle: if False, one pool sorted with ties in index order, batches in length order.
 
     Returns:
         A :class:`BatchPlan`; every pair that fits the budget appears in exactly one batch.
     """
-    if len(src_lens) != len(tgt_lens):
-        raise ValueError(f"{len(src_lens)} source lengths but {len(tgt_lens)} target lengths")
+    src, tgt = _lengths(src_lens), _lengths(tgt_lens)
+    if src.shape != tgt.shape or src.ndim != 1:
+        raise ValueError(f"{src.size} source lengths but {tgt.size} target lengths")
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
-    kept = [i for i in range(len(src_lens)) if padded_width(src_lens[i], tgt_lens[i]) <= max_tokens]
-    dropped = len(src_lens) - len(kept)
+    width = padded_width(src, tgt)
+    kept = np.flatnonzero(width <= max_tokens).astype(np.int32 if src.size < 2**31 else np.int64)
+    dropped = int(src.size - kept.size)
     if dropped:
-        logger.warning("%d pairs are longer than max_tokens=%d on their own; dropped",
-                       dropped, max_tokens)
-    rng = random.Random(f"transduce.batching:{seed}:{epoch}")
-    order = _length_order(kept, src_lens, tgt_lens, rng if shuffle else None)
-    batches = _pack(order, src_lens, tgt_lens, max_tokens)
-    if shuffle:
-        rng.shuffle(batches)
-    return BatchPlan(batches, dropped)
+        logger.warning("%d pairs are longer than max_tokens=%d on their own; dropped", dropped, max_tokens)
+    rng = np.random.default_rng([seed, epoch, 0x7472616E]) if shuffle else None  # "tran": a stream of its own
+    if rng is not None:
+        kept = rng.permutation(kept)
+    order = np.empty_like(kept)
+    starts, ends = [], []
+    for lo in range(0, kept.size, POOL if shuffle else max(kept.size, 1)):
+        pool = kept[lo:lo + (POOL if shuffle else kept.size)]
+        pool = pool[np.lexsort((src[pool], tgt[pool]))]  # stable: ties keep the pool's order
+        order[lo:lo + pool.size] = pool
+        cuts = _pack(width[pool], max_tokens) + lo         # (n_batches + 1,) offsets into ``order``
+        starts.append(cuts[:-1])
+        ends.append(cuts[1:])
+    start = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+    end = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    if rng is not None:
+        perm = rng.permutation(start.size)
+        start, end = start[perm], end[perm]
+    return BatchPlan(order, start, end, dropped)
 
 
-def _length_order(indices: list[int], src_lens: Sequence[int], tgt_lens: Sequence[int],
-                  rng: random.Random | None) -> list[int]:
-    """Sort by (tgt_len, src_len); ties broken by ``rng`` (or by index when None)."""
-    if rng is None:
-        return sorted(indices, key=lambda i: (tgt_lens[i], src_lens[i], i))
-    tiebreak = {i: rng.random() for i in indices}
-    return sorted(indices, key=lambda i: (tgt_lens[i], src_lens[i], tiebreak[i]))
+def _lengths(values) -> np.ndarray:
+    """Lengths as an integer array, kept in their own (small) dtype when they are one already."""
+    array = np.asarray(values)
+    return array if array.dtype.kind in "iu" else array.astype(np.int64)
 
 
-def _pack(order: list[int], src_lens: Sequence[int], tgt_lens: Sequence[int],
-          max_tokens: int) -> list[list[int]]:
-    """Greedily fill batches in ``order`` while ``n * width <= max_tokens``."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    width = 0
-    for i in order:
-        new_width = max(width, padded_width(src_lens[i], tgt_lens[i]))
-        if current and (len(current) + 1) * new_width > max_tokens:
-            batches.append(current)
-            current, new_width = [], padded_width(src_lens[i], tgt_lens[i])
-        current.append(i)
-        width = new_width
-    if current:
-        batches.append(current)
-    return batches
+def _pack(widths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Greedy cut points of ``widths`` (in order): a batch grows while ``n * max(width) <= max_tokens``.
 
-
-def shard_batches(batches: list[list[int]], rank: int, world_size: int) -> list[list[int]]:
-    """Rank ``rank``'s share: batches ``rank, rank + W, ...``, the uneven tail dropped."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    usable = len(batches) - len(batches) % world_size
-    return batches[rank:usable:world_size]
-
-
-class BatchIterator:
-    """Resumable, shardable iteration over token-budget batches, one epoch per ``for`` loop.
-
-    Iterating yields this rank's batches of the current epoch, starting at ``offset``; when the
-    epoch is exhausted, ``epoch`` advances (a fresh deterministic shuffle) and ``offset``
-    resets. ``state_dict()`` taken while a batch is being used says ``offset`` = the index of
-    the *next* batch, so restoring it and iterating continues exactly where training stopped.
-
-    Examples:
-        >>> it = BatchIterator(src_lens, tgt_lens, max_tokens=4096, seed=1)  # doctest: +SKIP
-        >>> for batch in it:  # one epoch                                    # doctest: +SKIP
-        ...     train_step(collate([pairs[i] for i in batch]))
+    A batch starting at ``p`` holds at most ``max_tokens // widths[p]`` pairs, so only that
+    window is scanned (a running maximum times the running count).
     """
-
-    def __init__(self, src_lens: Sequence[int], tgt_lens: Sequence[int], max_tokens: int,
-                 seed: int = 0, shuffle: bool = True, rank: int = 0, world_size: int = 1):
-        shard_batches([], rank, world_size)  # validates rank / world_size
-        self.src_lens, self.tgt_lens = list(src_lens), list(tgt_lens)
-        self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self.offset = 0, 0
-        self._cache: tuple[int, BatchPlan] | None = None
-
-    def plan(self, epoch: int) -> BatchPlan:
-        """The full (unsharded) plan of ``epoch``; the latest one is cached."""
-        if self._cache is None or self._cache[0] != epoch:
-            plan = token_budget_batches(self.src_lens, self.tgt_lens, self.max_tokens,
-                                        self.seed, epoch, self.shuffle)
-            self._cache = (epoch, plan)
-        return self._cache[1]
-
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """This rank's batches of ``epoch``."""
-        return shard_batches(self.plan(epoch).batches, self.rank, self.world_size)
-
-    def __len__(self) -> int:
-        """Batches this rank takes in the current epoch (including ones already taken)."""
-        return len(self.epoch_batches(self.epoch))
-
-    def __iter__(self) -> Iterator[list[int]]:
-        batches = self.epoch_batches(self.epoch)
-        while self.offset < len(batches):
-            batch = batches[self.offset]
-            self.offset += 1  # before yielding: a checkpoint saved now resumes after this batch
-            yield batch
-        self.epoch, self.offset = self.epoch + 1, 0
-
-    def shard(self, rank: int, world_size: int) -> "BatchIterator":
-        """A copy of this iterator (same position) that yields only rank ``rank``'s batches."""
-        other = BatchIterator(self.src_lens, self.tgt_lens, self.max_tokens, self.seed,
-                              self.shuffle, rank, world_size)
-        other.epoch, other.offset = self.epoch, self.offset
-        return other
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore a position saved by :meth:`state_dict`."""
-        epoch, offset = state.get("epoch"), state.get("offset")
-        if not isinstance(epoch, int) or not isinstance(offset, int) or epoch < 0 or offset < 0:
-            raise DataError(f"batch iterator state: expected non-negative 'epoch' and 'offset', "
-                            f"got {state!r}")
-        n = len(self.epoch_batches(epoch))
-        if offset > n:
-            raise DataError(f"batch iterator state: offset {offset} is past the {n} batches of "
-                            f"epoch {epoch} (did the data, max_tokens or world size change?)")
-        self.epoch, self.offset = epoch, offset
-
-
-def batch_stats(batches: Sequence[Sequence[int]], src_lens: Sequence[int],
-                tgt_lens: Sequence[int]) -> dict[str, float]:
-    """Summary of a batch plan; token counts include EOS (source) and BOS/EOS (target).
-
-    Returns:
-        ``n_batches``, ``n_sentences``, ``mean_sentences`` per batch, ``mean_src_tokens`` and
-        ``mean_tgt_tokens`` (real, per batch), ``src_pad_ratio`` and ``tgt_pad_ratio`` (share
-        of padded positions that are padding), ``mean_padded_tokens`` and
-        ``max_padded_tokens`` (the budget quantity ``n * max(src + 1, tgt + 1)``).
-    """
-    real_src = real_tgt = padded_src = padded_tgt = 0
-    padded = []
-    for batch in batches:
-        src = [src_lens[i] + 1 for i in batch]
-        tgt = [tgt_lens[i] + 1 for i in batch]
-        real_src, real_tgt = real_src + sum(src), real_tgt + sum(tgt)
-        padded_src += len(batch) * max(src)
-        padded_tgt += len(batch) * max(tgt)
-        padded.append(len(batch) * max(max(src), max(tgt)))
-    n = len(padded)
-    n_sentences = sum(len(b) for b in batches)
-    return {
-        "n_batches": n,
-        "n_sentences": n_sentences,
-        "mean_sentences": n_sentences / n if n else 0.0,
-        "mean_src_tokens": real_src / n if n else 0.0,
-        "mean_tgt_tokens": real_tgt / n if n else 0.0,
-        "src_pad_ratio": 1 - real_src / padded_src if padded_src else 0.0,
-        "tgt_pad_ratio": 1 - real_tgt / padded_tgt if padded_tgt else 0.0,
-        "mean_padded_tokens": sum(padded) / n if n else 0.0,
-        "max_padded_tokens": max(padded, default=0),
-    }
+    cuts = [0]
+    p, n = 0, widths.size
+    while p < n:
+        window = widths[p:p + max_tokens // int(widths[p]) + 1]
+        over = np.maximum.accumulate(window) * np.arange(1, window.size + 1) > max_tokens
+        p += int(np.argmax(over)) if over.any() else window.size
+        cuts.append(p)
+    return np.asarray(cuts, dtype=np.int64)

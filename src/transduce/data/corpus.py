@@ -17,11 +17,11 @@ import gzip
 import logging
 import os
 import zlib
-from dataclasses import dataclass
-from itertools import islice
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -30,9 +30,8 @@ from transduce.errors import DataError
 logger = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
-ENCODE_CHUNK = 8192  # pairs encoded per encode_batch call: streaming, yet parallel inside spm
 
-Pair = tuple[list[int], list[int]]
+Pair = tuple[list[int], list[int]]  # raw token ids (no BOS/EOS) of a source and a target
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -53,11 +52,25 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
 
 
 def _iter_lines(path: Path, gzipped: bool) -> Iterator[str]:
+    for lineno, raw in enumerate(_iter_raw(path, gzipped), start=1):
+        yield decode_line(raw, path, lineno)
+
+
+def read_raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
+    """The lines of a plain or gzip file as undecoded bytes (checked as :func:`read_lines` is).
+
+    For readers that decode elsewhere (in worker processes) with :func:`decode_line`.
+    """
+    path = Path(path)
+    return _iter_raw(path, _is_gzip(path))
+
+
+def _iter_raw(path: Path, gzipped: bool) -> Iterator[bytes]:
     lineno = 0
     try:
         with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as handle:
             for lineno, raw in enumerate(handle, start=1):
-                yield _decode_line(raw, path, lineno)
+                yield raw
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}:{lineno + 1}: cannot read: {_one_line(err)}") from err
 
@@ -79,7 +92,8 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
+    """One line's text: terminator and (on line 1) a byte-order mark stripped, UTF-8 checked."""
     if raw.endswith(b"\n"):
         raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
     if b"\x00" in raw:
@@ -103,6 +117,11 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
     file ends, and the message names both files and both counts.
     """
     return _zip_strict(src_path, tgt_path, read_lines(src_path), read_lines(tgt_path))
+
+
+def read_parallel_raw(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:
+    """:func:`read_parallel` without decoding: aligned raw line pairs (see :func:`decode_line`)."""
+    return _zip_strict(src_path, tgt_path, read_raw_lines(src_path), read_raw_lines(tgt_path))
 
 
 def _zip_strict(src_path, tgt_path, src_iter: Iterator[str], tgt_iter: Iterator[str]
@@ -132,7 +151,7 @@ def _raise_misaligned(src_path, tgt_path, n: int, rest: Iterator[str], short_is_
 
 @dataclass
 class FilterStats:
-    """What :func:`filter_and_encode` kept and why it dropped the rest."""
+    """What :func:`encode_chunk` kept and why it dropped the rest."""
 
     kept: int = 0
     empty: int = 0
@@ -149,57 +168,73 @@ class FilterStats:
                 f"too long {self.too_long:,}, bad ratio {self.bad_ratio:,})")
 
 
-def filter_and_encode(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, max_len: int,
-                      max_ratio: float, kept_texts: list[tuple[str, str]] | None = None
-                      ) -> tuple[list[Pair], FilterStats]:
-    """Encode text pairs and drop unusable ones, streaming in chunks of ``ENCODE_CHUNK``.
+@dataclass
+class EncodedChunk:
+    """The kept pairs of a chunk of lines as flat token arrays, and what was dropped.
+
+    ``src_tokens[sum(src_lens[:i]):][:src_lens[i]]`` are the raw ids (no BOS/EOS) of kept pair
+    ``i``; ``texts`` holds the decoded lines of every pair read (kept or not) when asked for,
+    and ``kept`` marks which of them were kept.
+    """
+
+    src_tokens: np.ndarray
+    src_lens: np.ndarray
+    tgt_tokens: np.ndarray
+    tgt_lens: np.ndarray
+    kept: np.ndarray  # (lines,) bool
+    stats: FilterStats
+    texts: list[tuple[str, str]] | None = field(default=None)
+
+
+def encode_chunk(src_raw: Sequence[bytes], tgt_raw: Sequence[bytes], first_line: int, names: tuple[str, str],
+                 tokenizer: Tokenizer, max_len: int, max_ratio: float, dtype: str, want_texts: bool = False,
+                 threads: int = 1) -> EncodedChunk:
+    """Decode, encode and filter aligned raw lines ``first_line, first_line + 1, ...`` of two files.
 
     A pair is dropped, checked in this order, if either side encodes to no tokens (``empty``),
     either side has more than ``max_len`` tokens (``too_long``), or the longer side has more
-    than ``max_ratio`` times the tokens of the shorter (``bad_ratio``).
-
-    Args:
-        kept_texts: if given, the text of every kept pair is appended to it (aligned with the
-            returned ids; :func:`sample_pairs` needs it).
-
-    Returns:
-        The kept pairs as raw token ids (no BOS/EOS), in input order, and the counts.
+    than ``max_ratio`` times the tokens of the shorter (``bad_ratio``). Bad bytes raise the same
+    ``FILE:LINE`` DataError as :func:`read_lines` (``names`` are the two files' names).
     """
+    src_text = [decode_line(raw, names[0], first_line + i) for i, raw in enumerate(src_raw)]
+    tgt_text = [decode_line(raw, names[1], first_line + i) for i, raw in enumerate(tgt_raw)]
+    src_ids = tokenizer.encode_batch(src_text, side="src", num_threads=threads)
+    tgt_ids = tokenizer.encode_batch(tgt_text, side="tgt", num_threads=threads)
     stats = FilterStats()
-    kept: list[Pair] = []
-    pairs = iter(pairs)
-    while chunk := list(islice(pairs, ENCODE_CHUNK)):
-        src_ids = tokenizer.encode_batch([s for s, _ in chunk], side="src")
-        tgt_ids = tokenizer.encode_batch([t for _, t in chunk], side="tgt")
-        for text, src, tgt in zip(chunk, src_ids, tgt_ids):
-            verdict = _verdict(len(src), len(tgt), max_len, max_ratio)
-            if verdict == "kept":
-                kept.append((src, tgt))
-                if kept_texts is not None:
-                    kept_texts.append(text)
-            setattr(stats, verdict, getattr(stats, verdict) + 1)
-    logger.info("filter_and_encode: %s", stats.summary())
-    return kept, stats
+    kept = np.zeros(len(src_ids), dtype=bool)
+    for i, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
+        verdict = _verdict(len(src), len(tgt), max_len, max_ratio)
+        kept[i] = verdict == "kept"
+        setattr(stats, verdict, getattr(stats, verdict) + 1)
+    columns = []
+    for ids in (src_ids, tgt_ids):
+        rows = [ids[i] for i in np.flatnonzero(kept)]
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        flat = np.fromiter((t for row in rows for t in row), dtype=dtype, count=int(lens.sum()))
+        columns += [flat, lens]
+    texts = list(zip(src_text, tgt_text)) if want_texts else None
+    return EncodedChunk(*columns, kept=kept, stats=stats, texts=texts)
 
 
-def sample_pairs(texts: list[tuple[str, str]], pairs: list[Pair], tokenizer: Tokenizer, dropout: float,
-                 sides: str, seed: int, max_len: int) -> list[Pair]:
-    """One epoch's BPE-dropout segmentation of the kept training pairs (subword regularisation).
+def sample_tokens(texts: Sequence[tuple[str, str]], usual: tuple[list, list], tokenizer: Tokenizer,
+                  dropout: float, sides: str, seed: int, max_len: int) -> tuple[list, list]:
+    """BPE-dropout segmentation (subword regularisation) of kept training pairs.
 
-    ``texts[i]`` is the text of ``pairs[i]`` (see ``filter_and_encode(kept_texts=...)``). The
-    ``sides`` ("src", "tgt" or "both") are re-encoded with :meth:`Tokenizer.sample_batch`; a
-    sampled side longer than ``max_len`` keeps its usual segmentation, so no pair outgrows the
-    length limit it was filtered with. Deterministic in ``seed``.
+    ``usual`` holds the pairs' usual ids per side (``[src_rows, tgt_rows]``), aligned with
+    ``texts``. The ``sides`` ("src", "tgt" or "both") are re-encoded with
+    :meth:`Tokenizer.sample_batch`; a sampled side longer than ``max_len`` (or empty) keeps its
+    usual segmentation, so no pair outgrows the length limit it was filtered with.
+    Deterministic in ``seed``.
     """
-    if len(texts) != len(pairs):
-        raise ValueError(f"{len(texts)} texts but {len(pairs)} encoded pairs")
-    columns = [[p[k] for p in pairs] for k in (0, 1)]                # src ids, tgt ids
+    if any(len(column) != len(texts) for column in usual):
+        raise ValueError(f"{len(texts)} texts but {len(usual[0])} encoded pairs")
+    columns = list(usual)
     for k, side in enumerate(("src", "tgt")):
         if sides in (side, "both"):
             sampled = tokenizer.sample_batch([t[k] for t in texts], side, dropout,
                                              zlib.crc32(f"{seed}:{side}".encode()))
-            columns[k] = [ids if 0 < len(ids) <= max_len else usual for ids, usual in zip(sampled, columns[k])]
-    return list(zip(*columns))
+            columns[k] = [ids if 0 < len(ids) <= max_len else old for ids, old in zip(sampled, columns[k])]
+    return columns[0], columns[1]
 
 
 def _verdict(n_src: int, n_tgt: int, max_len: int, max_ratio: float) -> str:
@@ -242,22 +277,28 @@ class Batch:
         return self.src.size(0)
 
 
-def collate(pairs: list[Pair], pad_id: int = PAD_ID) -> Batch:
-    """Build a :class:`Batch` from raw-id pairs, adding EOS to sources and BOS/EOS to targets."""
-    if not pairs:
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = PAD_ID) -> Batch:
+    """Build a :class:`Batch` from raw-id pairs (lists or arrays), adding EOS to sources and BOS/EOS
+    to targets."""
+    if not len(pairs):
         raise ValueError("collate: empty list of pairs")
-    src = _pad([s + [EOS_ID] for s, _ in pairs], pad_id)      # (B, S)
-    tgt_in = _pad([[BOS_ID] + t for _, t in pairs], pad_id)   # (B, T)
-    tgt_out = _pad([t + [EOS_ID] for _, t in pairs], pad_id)  # (B, T)
+    src = _pad([s for s, _ in pairs], False, pad_id)     # (B, S)
+    tgt_in = _pad([t for _, t in pairs], True, pad_id)   # (B, T)
+    tgt_out = _pad([t for _, t in pairs], False, pad_id)  # (B, T)
     n_src = sum(len(s) + 1 for s, _ in pairs)
     n_tgt = sum(len(t) + 1 for _, t in pairs)
     return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
 
 
-def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Right-pad ``rows`` to a (len(rows), max_len) long tensor."""
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+def _pad(rows: list[Sequence[int]], bos: bool, pad_id: int) -> torch.Tensor:
+    """``[BOS] + row`` (``bos``) or ``row + [EOS]`` for each row, right-padded: a (B, width) long tensor."""
+    width = max(len(r) for r in rows) + 1
+    out = np.full((len(rows), width), pad_id, dtype=np.int64)
     for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+        if bos:
+            out[i, 0] = BOS_ID
+            out[i, 1:len(row) + 1] = row
+        else:
+            out[i, :len(row)] = row
+            out[i, len(row)] = EOS_ID
+    return torch.from_numpy(out)

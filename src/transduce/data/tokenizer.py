@@ -23,6 +23,7 @@ On disk a tokenizer is a directory holding ``spm.model`` (joint) or ``spm.src.mo
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -156,6 +157,18 @@ class Tokenizer:
             return True
         return all((root / name).is_file() for name in SIDE_MODELS.values())
 
+    def digest(self) -> str:
+        """sha256 of the model(s): equal digests, equal segmentation (prepared data records it)."""
+        h = hashlib.sha256(b"joint" if self._joint else b"separate")
+        for side in SIDES:
+            h.update(self._protos[side])
+        return h.hexdigest()
+
+    @property
+    def protos(self) -> tuple[bytes, bytes | None]:
+        """The serialized model(s): ``Tokenizer(*tok.protos)`` rebuilds it (e.g. in a worker process)."""
+        return self._protos["src"], None if self._joint else self._protos["tgt"]
+
     # ---- encoding -------------------------------------------------------------------------
 
     @property
@@ -175,9 +188,10 @@ class Tokenizer:
         """Token ids of ``text`` without BOS/EOS (those are added by ``corpus.collate``)."""
         return self._side(side).encode(text, out_type=int)
 
-    def encode_batch(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:
-        """:meth:`encode` for many texts at once (parallel inside SentencePiece)."""
-        return self._side(side).encode(list(texts), out_type=int, num_threads=_NUM_THREADS)
+    def encode_batch(self, texts: Sequence[str], side: str = "src", num_threads: int = _NUM_THREADS
+                     ) -> list[list[int]]:
+        """:meth:`encode` for many texts at once (``num_threads`` inside SentencePiece)."""
+        return self._side(side).encode(list(texts), out_type=int, num_threads=num_threads)
 
     def sample_batch(self, texts: Sequence[str], side: str, dropout: float, seed: int) -> list[list[int]]:
         """Randomly segmented ids of ``texts``: BPE-dropout (Provilkov et al., 2020).

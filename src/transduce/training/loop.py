@@ -3,7 +3,7 @@
 One run directory holds everything::
 
     RUN_DIR/config.yaml        the resolved run config
-    RUN_DIR/tokenizer/         the SentencePiece model(s)
+    RUN_DIR/prepared/          the prepared data (made once unless data.prepared names one)
     RUN_DIR/metrics.jsonl      one JSON object per log line / validation
     RUN_DIR/checkpoints/       step_XXXXXXXX/ (each a loadable model dir + training state), latest
     RUN_DIR/model/  best/      the final and the best model (by validation BLEU, else loss)
@@ -20,20 +20,23 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, load_run_config, save_yaml, with_vocab
-from ..data.batching import token_budget_batches
-from ..data.corpus import Batch, Pair, collate, sample_pairs
-from ..errors import ConfigError, TransduceError
+from ..data.batching import BatchPlan, token_budget_batches
+from ..data.corpus import Batch, sample_tokens
+from ..data.prepare import prepared_for_run
+from ..data.prepared import PreparedData, TokenPairs, length_dtype
+from ..data.tokenizer import Tokenizer
+from ..errors import CheckpointError, ConfigError, TransduceError
 from ..model.io import load_state_checked
 from ..model.transformer import Transformer
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
 from .loss import label_smoothed_loss, projected_label_smoothed_loss
-from .prepare import PreparedData, prepare
 from .progress import Progress
 from .schedule import learning_rate
 
@@ -134,12 +137,11 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
 
 @dataclass
 class EpochData:
-    """One epoch's training pairs, their target lengths and its batches (lists of pair indices)."""
+    """One epoch's training pairs and its batch plan (batch ``i`` = ``plan[i]``, pair indices)."""
 
     epoch: int
-    pairs: list[Pair]
-    tgt_lens: list[int]
-    batches: list[list[int]]
+    pairs: TokenPairs
+    plan: BatchPlan
 
 
 class Trainer:
@@ -147,6 +149,10 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: PreparedData, dist: DistInfo, device: torch.device):
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+        self.train_pairs, self.valid_pairs = data.split("train"), data.split("valid")
+        self.valid_texts = data.texts("valid")
+        if cfg.data.bpe_dropout > 0:
+            data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
         torch.manual_seed(cfg.train.seed)
@@ -168,6 +174,9 @@ class Trainer:
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
         weights, trainer_state, info = load_checkpoint(path)
+        if Tokenizer.exists(path) and Tokenizer.load(path).digest() != self.data.tokenizer.digest():
+            raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
+                                  "(resume with the data this run was trained on)")
         load_state_checked(self.model, weights, str(path))
         self.optimizer.load_state_dict(trainer_state["optimizer"])
         torch.set_rng_state(trainer_state["rng_cpu"])
@@ -204,36 +213,45 @@ class Trainer:
         and hence the batches change from epoch to epoch.
         """
         if self._epoch is None or self._epoch.epoch != epoch:
-            dc, pairs = self.cfg.data, self.data.train
+            self._epoch = None  # let the previous epoch's arrays go before the next are built
+            dc, pairs = self.cfg.data, self.train_pairs
             if dc.bpe_dropout > 0:
-                pairs = sample_pairs(self.data.train_texts, pairs, self.data.tokenizer, dc.bpe_dropout,
-                                     dc.bpe_dropout_sides, seed=self.cfg.train.seed * 1_000_003 + epoch,
-                                     max_len=dc.max_len)
-            src_lens, tgt_lens = [len(s) for s, _ in pairs], [len(t) for _, t in pairs]
-            plan = token_budget_batches(src_lens, tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch)
-            self._epoch = EpochData(epoch, pairs, tgt_lens, plan.batches)
+                pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
+            plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch)
+            self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
 
-    def next_group(self) -> list[list[int]]:
+    def _resegmented(self, seed: int, chunk: int = 8192) -> TokenPairs:
+        """One BPE-dropout segmentation of the training pairs, their text read from disk in chunks."""
+        dc, text, usual = self.cfg.data, self.data.text("train"), self.train_pairs
+        rows: tuple[list, list] = ([], [])
+        for lo in range(0, len(usual), chunk):
+            idx = range(lo, min(lo + chunk, len(usual)))
+            sampled = sample_tokens(text.pairs(lo, idx.stop), (usual.rows(0, idx), usual.rows(1, idx)),
+                                    self.data.tokenizer, dc.bpe_dropout, dc.bpe_dropout_sides,
+                                    seed=seed * 7919 + lo, max_len=self.data.max_len)
+            rows[0].extend(sampled[0])
+            rows[1].extend(sampled[1])
+        text.release()
+        return TokenPairs.from_rows(rows[0], rows[1], self.data.dtype, length_dtype(self.data.max_len))
+
+    def next_group(self) -> list[np.ndarray]:
         """The plan batches of the next optimizer step: grad_accum per rank, all ranks together.
 
         The position is counted in plan batches, so a run can resume on another world size. The
         tail of an epoch too short for a whole step is skipped.
         """
         need = self.cfg.train.grad_accum * self.dist.world_size
-        plan = self.epoch_data(self.state.epoch).batches
+        plan = self.epoch_data(self.state.epoch).plan
         if len(plan) < need:
             raise ConfigError(f"data.max_tokens: an epoch has only {len(plan)} batches, fewer than one step "
                               f"needs ({need} = grad_accum x world size)")
         if self.state.offset + need > len(plan):
             self.state.epoch, self.state.offset = self.state.epoch + 1, 0
-            plan = self.epoch_data(self.state.epoch).batches
-        group = plan[self.state.offset: self.state.offset + need]
+            plan = self.epoch_data(self.state.epoch).plan
+        group = [plan[i] for i in range(self.state.offset, self.state.offset + need)]
         self.state.offset += need
         return group
-
-    def _collate(self, pairs: list[Pair], indices: list[int]) -> Batch:
-        return collate([pairs[i] for i in indices]).to(self.device)
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -243,12 +261,13 @@ class Trainer:
         group = self.next_group()
         mine = group[self.dist.rank::self.dist.world_size]
         epoch = self.epoch_data(self.state.epoch)  # the epoch ``group`` came from
-        step_tokens = sum(epoch.tgt_lens[i] + 1 for b in group for i in b)
+        step_tokens = sum(int(epoch.pairs.tgt_lens[b].sum()) + len(b) for b in group)
         lr = learning_rate(self.state.step + 1, cfg, self.model_cfg.d_model, self._total_steps())
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.step_model.train()
-        batches = [self._collate(epoch.pairs, b) for b in mine]
+        batches = [epoch.pairs.batch(b).to(self.device) for b in mine]
+        epoch.pairs.release()  # the ids are copied: their pages need not stay in this process
         loss, nll, n = forward_backward(self.step_model, batches, cfg.label_smoothing, self.model_cfg.pad_id,
                                         step_tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
         if self.scaler is not None:
@@ -294,12 +313,11 @@ class Trainer:
         from .validation import validation_bleu, validation_loss
         self.model.eval()
         out: dict[str, float] = {}
-        if self.data.valid:
-            loss, nll = validation_loss(self.model, self.data.valid, self.cfg, self.device)
+        if len(self.valid_pairs):
+            loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
-        if self.cfg.train.eval_bleu and self.data.texts.valid:
-            out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.data.texts.valid,
-                                              self.cfg, self.device)
+        if self.cfg.train.eval_bleu and self.valid_texts:
+            out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
         return out
 
     def _improved(self, metrics: dict[str, float]) -> bool:
@@ -403,10 +421,10 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
-            data = prepare(cfg.data, run_dir, cfg.train.seed)
+            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
         barrier(dist)
         if not dist.is_main:
-            data = prepare(cfg.data, run_dir, cfg.train.seed)
+            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
             trainer.restore(latest)

@@ -6,21 +6,20 @@ import torch
 
 from ..config import RunConfig
 from ..data.batching import token_budget_batches
-from ..data.corpus import collate
+from ..data.prepared import TokenPairs
 from ..model.transformer import Transformer
 from .loss import label_smoothed_loss
 
 
 @torch.no_grad()
-def validation_loss(model: Transformer, pairs: list[tuple[list[int], list[int]]], cfg: RunConfig,
+def validation_loss(model: Transformer, pairs: TokenPairs, cfg: RunConfig,
                     device: torch.device) -> tuple[float, float]:
     """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout)."""
-    plan = token_budget_batches([len(s) for s, _ in pairs], [len(t) for _, t in pairs],
-                                cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
+    plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
-    for indices in plan.batches:
-        batch = collate([pairs[i] for i in indices]).to(device)
+    for i in range(len(plan)):
+        batch = pairs.batch(plan[i]).to(device)
         out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing,
                                   model.config.pad_id)
         loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + out.n_tokens

@@ -1,0 +1,351 @@
+"""From a :class:`~transduce.config.DataConfig` to a prepared dataset directory (``transduce prepare``).
+
+Every corpus (the toy pair, Multi30k, plain or gzip files) goes the same way: its splits are
+read as raw lines in chunks, a tokenizer is trained on a sample of the training text (or an
+existing one reused), and the chunks are decoded, encoded and filtered in worker processes,
+then written in order as token files (:mod:`transduce.data.prepared`). The directory is built
+under a temporary name and renamed when complete: a kill at any moment leaves either no
+dataset or a whole one.
+
+``transduce train`` without ``data.prepared`` prepares into ``RUN_DIR/prepared`` once; on
+``--resume`` it opens that directory, after checking that the data settings and every input
+file (sha256) are still those it was made from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, fields, replace
+from itertools import chain, islice
+from pathlib import Path
+from typing import Any, Iterator
+
+from transduce.atomic import atomic_write_text
+from transduce.config import DataConfig
+from transduce.data import toy
+from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, read_parallel_raw
+from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
+                                     file_digest, length_dtype, read_manifest, token_dtype)
+from transduce.data.tokenizer import Tokenizer
+from transduce.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 20_000  # pairs a worker encodes at a time: a few MB each way, many per corpus
+RUN_SUBDIR = "prepared"
+# DataConfig fields that do not change the prepared ids (batching and training-time options).
+_NOT_CONTENT = ("max_tokens", "bpe_dropout_sides", "prepared", "tokenizer")
+
+TextPair = tuple[str, str]
+
+
+# ---- where each split's lines come from ---------------------------------------------------
+
+@dataclass
+class SplitSource:
+    """One split's aligned lines: a pair of files, or generated text (the toy corpus).
+
+    ``expect``: the official line count, checked once the files end (Multi30k); ``limit``: read
+    at most this many pairs (``data.valid_max_sentences``).
+    """
+
+    names: tuple[str, str]
+    files: tuple[Path, Path] | None = None
+    generated: list[TextPair] | None = None
+    expect: int | None = None
+    limit: int | None = None
+
+    def raw_pairs(self) -> Iterator[tuple[bytes, bytes]]:
+        """Undecoded line pairs (decoding, and its errors, happen where they are encoded)."""
+        if self.files is None:
+            pairs = ((s.encode("utf-8"), t.encode("utf-8")) for s, t in self.generated or ())
+        else:
+            pairs = self._counted(read_parallel_raw(*self.files))
+        return islice(pairs, self.limit) if self.limit is not None else pairs
+
+    def text_pairs(self) -> Iterator[TextPair]:
+        """Decoded line pairs, read in this process."""
+        for lineno, (src, tgt) in enumerate(self.raw_pairs(), start=1):
+            yield decode_line(src, self.names[0], lineno), decode_line(tgt, self.names[1], lineno)
+
+    def _counted(self, pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        n = 0
+        for n, pair in enumerate(pairs, start=1):
+            yield pair
+        if self.expect is not None and n != self.expect:
+            raise DataError(f"{self.files[0]}: {n} lines, expected {self.expect} for Multi30k")
+
+    def swapped(self) -> "SplitSource":
+        files = None if self.files is None else (self.files[1], self.files[0])
+        generated = None if self.generated is None else [(t, s) for s, t in self.generated]
+        return SplitSource(self.names[::-1], files, generated, self.expect, self.limit)
+
+
+def split_sources(cfg: DataConfig) -> dict[str, SplitSource]:
+    """The train/valid/test sources a config names; swapped when ``data.reverse``."""
+    sources = _sources(cfg)
+    if cfg.valid_max_sentences is not None:
+        sources["valid"].limit = cfg.valid_max_sentences
+    return {k: v.swapped() for k, v in sources.items()} if cfg.reverse else sources
+
+
+def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
+    if cfg.corpus == "toy":
+        s = toy.make_splits(seed=cfg.toy_seed, n_train=cfg.toy_train_size, n_valid=cfg.toy_valid_size,
+                            n_test=cfg.toy_test_size)
+        return {k: SplitSource((f"toy {k} (source)", f"toy {k} (target)"), generated=s[k]) for k in SPLITS}
+    if cfg.corpus in ("multi30k", "multi30k_tok"):
+        from transduce.data import multi30k
+        root = cfg.root or multi30k.default_root()
+        if root is None:
+            raise DataError("data.root is not set and $TRANSDUCE_MULTI30K is empty: "
+                            "where are the Multi30k files? (transduce data multi30k --dest DIR)")
+        find = multi30k.tok_files if cfg.corpus == "multi30k_tok" else multi30k.multi30k_files
+        out = {}
+        for name, split in zip(SPLITS, ("train", "val", "test_2016_flickr")):
+            files = find(root, split, cfg.src_lang, cfg.tgt_lang)
+            out[name] = SplitSource(tuple(map(str, files)), files, expect=multi30k.MULTI30K_SPLITS[split])
+        return out
+    out = {}
+    for name in SPLITS:
+        src, tgt = getattr(cfg, f"{name}_src"), getattr(cfg, f"{name}_tgt")
+        files = (Path(src), Path(tgt)) if src is not None and tgt is not None else None
+        out[name] = SplitSource((str(src), str(tgt)), files, generated=None if files else [])
+    return out
+
+
+def split_texts(cfg: DataConfig, split: str) -> list[TextPair]:
+    """Every text pair of one (small) split, e.g. the test set a benchmark scores."""
+    return list(split_sources(cfg)[split].text_pairs())
+
+
+def data_settings(cfg: DataConfig) -> dict[str, Any]:
+    """The settings that determine a prepared dataset's contents (recorded in its manifest)."""
+    out = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in _NOT_CONTENT}
+    out["bpe_dropout"] = cfg.bpe_dropout > 0  # only whether the train text is kept
+    if cfg.corpus in ("multi30k", "multi30k_tok") and cfg.root is None:
+        from transduce.data import multi30k
+        out["root"] = str(multi30k.default_root())
+    return out
+
+
+# ---- the tokenizer ------------------------------------------------------------------------------
+
+def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tokenizer:
+    """Reuse ``data.tokenizer`` or train on a seeded sample of the training text."""
+    if cfg.tokenizer is not None:
+        tokenizer = Tokenizer.load(cfg.tokenizer)
+        tokenizer.save(out)
+        return tokenizer
+    src, tgt, n = _sample(train.text_pairs(), cfg.tokenizer_sentences, seed)
+    if n == 0:
+        raise DataError("the training corpus is empty")
+    logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
+                "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
+    return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
+                           seed=seed)
+
+
+def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], list[str], int]:
+    """Up to ``k`` non-empty lines per side, a uniform seeded sample kept in corpus order
+    (reservoir sampling: one pass, memory bounded by ``k``); every line when there are fewer."""
+    reservoirs: list[list[tuple[int, str]]] = [[], []]
+    seen = [0, 0]
+    rngs = [random.Random(seed), random.Random(seed + 1)]
+    n = 0
+    for n, pair in enumerate(pairs, start=1):
+        for side in (0, 1):
+            line = pair[side]
+            if not line.strip():
+                continue
+            i, reservoir = seen[side], reservoirs[side]
+            seen[side] += 1
+            if len(reservoir) < k:
+                reservoir.append((i, line))
+            elif (j := rngs[side].randrange(i + 1)) < k:
+                reservoir[j] = (i, line)
+    src, tgt = ([line for _, line in sorted(r)] for r in reservoirs)
+    return src, tgt, n
+
+
+# ---- encoding in worker processes ------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(protos: tuple[bytes, bytes | None], max_len: int, max_ratio: float, dtype: str) -> None:
+    _WORKER.update(tokenizer=Tokenizer(*protos), max_len=max_len, max_ratio=max_ratio, dtype=dtype)
+
+
+def _work(src: list[bytes], tgt: list[bytes], first: int, names: tuple[str, str], texts: bool) -> EncodedChunk:
+    w = _WORKER
+    return encode_chunk(src, tgt, first, names, w["tokenizer"], w["max_len"], w["max_ratio"], w["dtype"], texts)
+
+
+def _chunks(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[list[bytes], list[bytes], int]]:
+    first = 1
+    while chunk := list(islice(pairs, CHUNK)):
+        yield [s for s, _ in chunk], [t for _, t in chunk], first
+        first += len(chunk)
+
+
+class _Encoder:
+    """Encodes chunks in ``workers`` spawned processes (started at the first split big enough to
+    need them), or in this process; results are written in input order."""
+
+    def __init__(self, tokenizer: Tokenizer, cfg: DataConfig, dtype: str, workers: int):
+        self.tokenizer, self.cfg, self.dtype, self.workers = tokenizer, cfg, dtype, workers
+        self.pool = None
+
+    def __enter__(self) -> "_Encoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def run(self, source: SplitSource, writer: SplitWriter, texts: bool) -> None:
+        chunks = _chunks(source.raw_pairs())
+        head = list(islice(chunks, 2))
+        if self.workers <= 1 or len(head) < 2:  # one chunk: not worth starting processes
+            for src, tgt, first in chain(head, chunks):
+                writer.add(encode_chunk(src, tgt, first, source.names, self.tokenizer, self.cfg.max_len,
+                                        self.cfg.max_ratio, self.dtype, texts, threads=max(self.workers, 1)))
+            return
+        pool = self._pool()
+        pending: deque = deque()
+        try:
+            for src, tgt, first in chain(head, chunks):
+                pending.append(pool.apply_async(_work, (src, tgt, first, source.names, texts)))
+                while len(pending) > 2 * self.workers:  # bounded: the corpus is never all in flight
+                    writer.add(pending.popleft().get())
+        except DataError:  # reading failed (misaligned files, corrupt gzip): errors of earlier lines first
+            while pending:
+                pending.popleft().get()
+            raise
+        while pending:
+            writer.add(pending.popleft().get())
+
+    def _pool(self):
+        if self.pool is None:
+            ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+            self.pool = ctx.Pool(self.workers, _init_worker,
+                                 (self.tokenizer.protos, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
+        return self.pool
+
+
+# ---- the dataset directory -----------------------------------------------------------------
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def prepare_dataset(cfg: DataConfig, out: str | os.PathLike, workers: int | None = None,
+                    seed: int = 0) -> PreparedData:
+    """Read, tokenize, encode and filter every split of ``cfg`` into the new directory ``out``.
+
+    Args:
+        workers: encoding processes (default: one per core); 1 encodes in this process.
+        seed: seeds the tokenizer's training sample and SentencePiece.
+
+    Raises:
+        DataError: ``out`` exists, or bad input (the message names file and line), or a failed write.
+    """
+    out = Path(out)
+    workers = default_workers() if workers is None else workers
+    if workers < 1:
+        raise DataError(f"--workers: must be at least 1; got {workers}")
+    if out.exists():
+        raise DataError(f"{out}: already exists; prepare into a new directory (or remove this one)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.*.tmp"):  # left by a killed prepare
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        _fill(cfg, stage, workers, seed)
+        os.chmod(stage, 0o755)
+        os.rename(stage, out)
+    except OSError as err:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise DataError(f"{out}: cannot write the prepared data ({err.strerror or err})") from err
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return PreparedData.open(out)
+
+
+def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
+    t0 = time.monotonic()
+    sources = split_sources(cfg)
+    inputs = [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": file_digest(path)}
+              for name, source in sources.items() for path in (source.files or ())]
+    tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
+    dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
+    splits = {}
+    with _Encoder(tokenizer, cfg, dtype.str, workers) as encoder:
+        for name in SPLITS:
+            texts = "all" if name != "train" else ("kept" if cfg.bpe_dropout > 0 else None)
+            writer = SplitWriter(stage, name, dtype, length_dtype(cfg.max_len), texts)
+            encoder.run(sources[name], writer, texts is not None)
+            splits[name] = writer.close()
+            if writer.stats.total or name == "train":
+                logger.info("%s: %s", name, writer.stats.summary())
+    if sum(splits["train"]["filter"].values()) == 0:
+        raise DataError("the training corpus is empty")
+    if splits["train"]["pairs"] == 0:
+        raise DataError("no training pair survived filtering (see data.max_len / data.max_ratio)")
+    manifest = {"format": FORMAT, "version": VERSION, "data": data_settings(cfg), "inputs": inputs,
+                "tokenizer": {"digest": tokenizer.digest(), "joint": tokenizer.joint,
+                              "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size},
+                "dtype": dtype.str, "seconds": round(time.monotonic() - t0, 2), "splits": splits}
+    atomic_write_text(stage / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    os.chmod(stage / MANIFEST, 0o644)
+
+
+def check_matches(root: Path, cfg: DataConfig) -> None:
+    """DataError unless ``root`` was prepared from ``cfg``'s settings and its input files as they are now."""
+    manifest = read_manifest(root)
+    have = manifest["data"]
+    for key, value in data_settings(cfg).items():
+        if have.get(key) != value:
+            raise DataError(f"data.{key} is {value!r} but {root} was prepared with {have.get(key)!r} "
+                            "(start a new run with --out, or prepare again)")
+    for item in manifest["inputs"]:
+        path = Path(item["path"])
+        if not path.is_file():
+            raise DataError(f"{path}: input of {root} is gone")
+        if path.stat().st_size != item["size"] or file_digest(path) != item["sha256"]:
+            raise DataError(f"{path} has changed since {root} was prepared from it (sha256 differs): "
+                            "restore it, or start a new run with --out")
+
+
+def prepared_for_run(cfg: DataConfig, run_dir: Path, seed: int = 0, workers: int | None = None) -> PreparedData:
+    """What a training run trains on: ``data.prepared``, else ``RUN_DIR/prepared`` (made once, checked after)."""
+    if cfg.prepared is not None:
+        return _with_tokenizer_check(PreparedData.open(cfg.prepared), cfg)
+    root = run_dir / RUN_SUBDIR
+    if root.exists():
+        check_matches(root, cfg)
+        return _with_tokenizer_check(PreparedData.open(root), cfg)
+    legacy = run_dir / TOKENIZER_DIR  # a run started before prepared data: keep its tokenizer
+    if cfg.tokenizer is None and Tokenizer.exists(legacy):
+        cfg = replace(cfg, tokenizer=str(legacy))
+    return prepare_dataset(cfg, root, workers, seed)
+
+
+def _with_tokenizer_check(data: PreparedData, cfg: DataConfig) -> PreparedData:
+    if cfg.tokenizer is not None and Tokenizer.load(cfg.tokenizer).digest() != data.tokenizer.digest():
+        raise DataError(f"data.tokenizer={cfg.tokenizer} is not the tokenizer {data.root} was prepared with")
+    return data

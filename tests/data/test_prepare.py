@@ -1,0 +1,243 @@
+"""Prepared data: encode once in worker processes, open memory-mapped, and refuse anything stale."""
+
+import errno
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transduce.config import DataConfig
+from transduce.data import prepare as prep
+from transduce.data import prepared
+from transduce.data.corpus import encode_chunk
+from transduce.data.prepare import check_matches, prepare_dataset, prepared_for_run, split_texts
+from transduce.data.prepared import PreparedData
+from transduce.data.tokenizer import Tokenizer
+from transduce.data.toy import generate_pairs
+from transduce.errors import DataError
+
+
+def _files(root: Path, pairs, name="train", gz=False) -> tuple[Path, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k, lang in enumerate(("en", "de")):
+        data = "".join(p[k] + "\n" for p in pairs).encode()
+        path = root / f"{name}.{lang}{'.gz' if gz else ''}"
+        path.write_bytes(gzip.compress(data) if gz else data)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A files corpus (train gzipped) and a tokenizer trained on it."""
+    root = tmp_path_factory.mktemp("corpus")
+    pairs = generate_pairs(1300, seed=3)
+    train = _files(root, pairs[:1200], gz=True)
+    valid = _files(root, pairs[1200:], "valid")
+    tok = root / "tok"
+    Tokenizer.train([s for s, _ in pairs], [t for _, t in pairs], tok, vocab_size=300)
+    cfg = DataConfig(corpus="files", train_src=str(train[0]), train_tgt=str(train[1]), valid_src=str(valid[0]),
+                     valid_tgt=str(valid[1]), tokenizer=str(tok), max_len=40, max_ratio=2.0)
+    return cfg, pairs
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {p.name: prepared.file_digest(p) for p in sorted(root.iterdir())
+            if p.is_file() and p.name != "manifest.json"}
+
+
+def test_workers_and_chunks_do_not_change_the_data(corpus, tmp_path, monkeypatch):
+    cfg, pairs = corpus
+    one = prepare_dataset(cfg, tmp_path / "one", workers=1)
+    monkeypatch.setattr(prep, "CHUNK", 97)  # many chunks, spread over two spawned workers
+    two = prepare_dataset(cfg, tmp_path / "two", workers=2)
+    assert _digests(one.root) == _digests(two.root)
+    assert one.manifest["splits"] == two.manifest["splits"]
+
+
+def test_ids_and_filter_are_the_tokenizers(corpus, tmp_path):
+    cfg, pairs = corpus
+    data = prepare_dataset(cfg, tmp_path / "d", workers=1)
+    tok = data.tokenizer
+    chunk = encode_chunk([s.encode() for s, _ in pairs[:1200]], [t.encode() for _, t in pairs[:1200]], 1,
+                         ("s", "t"), tok, cfg.max_len, cfg.max_ratio, "<u2")
+    train = data.split("train")
+    entry = data.manifest["splits"]["train"]
+    assert entry["filter"] == vars(chunk.stats) and 0 < entry["pairs"] < 1200  # max_ratio 2 drops some
+    kept = [p for p, k in zip(pairs[:1200], chunk.kept) if k]
+    for i in (0, 1, len(kept) - 1):
+        src, tgt = train.pair(i)
+        assert src.tolist() == tok.encode(kept[i][0], "src") and tgt.tolist() == tok.encode(kept[i][1], "tgt")
+    assert train.src_lens.dtype == np.uint16 and train.tokens[0].dtype == np.uint16
+    assert data.texts("valid") == pairs[1200:]  # every validation pair read, for BLEU
+    assert data.manifest["inputs"][0]["sha256"] == prepared.file_digest(cfg.train_src)
+    assert oct(data.root.stat().st_mode & 0o777) == "0o755"
+    batch = train.batch([0, 1])
+    assert batch.src.shape[0] == 2 and batch.n_tgt_tokens == int(train.tgt_lens[:2].sum()) + 2
+
+
+def test_tokenizer_sample_is_bounded_seeded_and_in_corpus_order():
+    pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
+    src, tgt, n = prep._sample(iter(pairs), 50, seed=4)
+    assert n == 1000 and len(src) == len(tgt) == 50
+    assert src == sorted(src, key=lambda s: int(s[1:]))
+    assert (src, tgt) == prep._sample(iter(pairs), 50, seed=4)[:2]
+    assert prep._sample(iter(pairs), 5000, seed=4)[0] == [s for s, _ in pairs]  # small corpora: every line
+
+
+def test_train_without_a_tokenizer_trains_one_on_the_sample(corpus, tmp_path):
+    cfg, _ = corpus
+    data = prepare_dataset(replace(cfg, tokenizer=None, vocab_size=200, tokenizer_sentences=300), tmp_path / "d",
+                           workers=1)
+    assert data.tokenizer.src_vocab_size == 200
+    assert Tokenizer.load(data.root / "tokenizer").digest() == data.manifest["tokenizer"]["digest"]
+
+
+# ---- refusing stale or damaged data ------------------------------------------------------------
+
+@pytest.fixture()
+def ready(corpus, tmp_path):
+    cfg, _ = corpus
+    return cfg, prepare_dataset(cfg, tmp_path / "d", workers=1).root
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "index", "lengths", "delete", "manifest"])
+def test_damaged_files_are_one_line_errors(ready, damage):
+    _, root = ready
+    path = {"truncate": "train.src.bin", "flip": "train.tgt.bin", "index": "train.offsets.npy",
+            "lengths": "train.lengths.npy", "delete": "valid.src.bin", "manifest": "manifest.json"}[damage]
+    target = root / path
+    data = bytearray(target.read_bytes())
+    if damage == "truncate":
+        target.write_bytes(data[:-2])
+    elif damage == "delete":
+        target.unlink()
+    elif damage == "manifest":
+        target.write_text("{not json")
+    else:
+        data[len(data) // 2] ^= 0x01
+        target.write_bytes(bytes(data))
+    with pytest.raises(DataError) as err:
+        PreparedData.open(root)
+    assert str(target) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_foreign_tokenizer_is_refused(ready, tmp_path):
+    _, root = ready
+    other = Tokenizer.train(["a b c d e f"] * 20, ["g h i j k"] * 20, tmp_path / "other", vocab_size=20)
+    other.save(root / "tokenizer")
+    with pytest.raises(DataError, match="not the one the ids"):
+        PreparedData.open(root)
+
+
+def test_a_run_rechecks_settings_and_inputs(corpus, tmp_path):
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "in", pairs[:1200])
+    cfg = replace(cfg, train_src=str(src), train_tgt=str(tgt))
+    first = prepared_for_run(cfg, tmp_path / "run", workers=1)
+    again = prepared_for_run(cfg, tmp_path / "run", workers=1)  # reused, not redone
+    assert again.root == first.root and again.manifest == first.manifest
+    with pytest.raises(DataError, match="data.max_len is 30 but .* was prepared with 40"):
+        prepared_for_run(replace(cfg, max_len=30), tmp_path / "run")
+    src.write_text(src.read_text().replace("dog", "cat", 1))
+    with pytest.raises(DataError, match="has changed since .* was prepared from it"):
+        check_matches(first.root, cfg)
+
+
+def test_existing_output_is_refused(ready):
+    cfg, root = ready
+    with pytest.raises(DataError, match="already exists"):
+        prepare_dataset(cfg, root)
+
+
+# ---- bad input, met in a worker ----------------------------------------------------------------
+
+@pytest.mark.parametrize("bad, message", [
+    (b"ab\xffcd\n", r"train.de:150: invalid UTF-8 at byte 2"),
+    (b"a\x00b\n", r"train.de:150: NUL byte"),
+    (None, r"line counts differ: .*train.de ends after 149 lines but .*train.en has 200"),
+])
+def test_bad_lines_in_a_worker_name_file_and_line(tmp_path, corpus, monkeypatch, bad, message):
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "in", pairs[:200])
+    lines = tgt.read_bytes().splitlines(keepends=True)
+    tgt.write_bytes(b"".join(lines[:149] + ([bad] + lines[150:] if bad else [])))
+    monkeypatch.setattr(prep, "CHUNK", 40)  # line 150 is in the fourth chunk: a worker's
+    bad_cfg = replace(cfg, train_src=str(src), train_tgt=str(tgt))
+    with pytest.raises(DataError, match=message):
+        prepare_dataset(bad_cfg, tmp_path / "out", workers=2)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_cli_prints_one_line_and_leaves_nothing(tmp_path, corpus):
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "in", pairs[:50])
+    tgt.write_bytes(tgt.read_bytes()[:-40])  # misaligned
+    proc = subprocess.run([sys.executable, "-m", "transduce", "prepare", "--out", str(tmp_path / "out"),
+                           "--set", "data.corpus=files", "--set", f"data.train_src={src}",
+                           "--set", f"data.train_tgt={tgt}", "--set", f"data.tokenizer={cfg.tokenizer}"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "line counts differ" in errors[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_leaves_nothing_half_written(ready, tmp_path, monkeypatch):
+    cfg, _ = ready
+    real = prepared._HashedFile.write
+
+    def write(self, data):
+        if self.size > 1000:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(self, data)
+
+    monkeypatch.setattr(prepared._HashedFile, "write", write)
+    monkeypatch.setattr(prep, "CHUNK", 64)
+    with pytest.raises(DataError, match="cannot write the prepared data .No space left on device"):
+        prepare_dataset(cfg, tmp_path / "full", workers=1)
+    assert not (tmp_path / "full").exists() and not list(tmp_path.glob(".full.*"))
+
+
+KILLED = r"""
+import sys
+from transduce.config import DataConfig
+from transduce.data import prepare as prep
+prep.CHUNK = 50
+cfg = DataConfig(corpus="files", train_src=sys.argv[1], train_tgt=sys.argv[2], tokenizer=sys.argv[3])
+prep.prepare_dataset(cfg, sys.argv[4], workers=2)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_during_prepare_leaves_no_dataset_and_a_rerun_works(tmp_path, corpus):
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "in", pairs * 40)  # 52,000 pairs: long enough to be killed mid-way
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(src), str(tgt), cfg.tokenizer, str(out)])
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > 4096 for p in tmp_path.glob(".out.*/train.src.bin")):
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare ended before it could be killed"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    assert list(tmp_path.glob(".out.*.tmp"))  # the staging directory of the killed run
+    data = prepare_dataset(replace(cfg, train_src=str(src), train_tgt=str(tgt), valid_src=None, valid_tgt=None),
+                           out, workers=1)
+    assert data.manifest["splits"]["train"]["pairs"] == len(PreparedData.open(out).split("train")) > 40_000
+    assert not list(tmp_path.glob(".out.*.tmp"))  # cleaned up by the rerun
+
+
+def test_split_texts_reads_a_split(corpus):
+    cfg, pairs = corpus
+    assert split_texts(cfg, "valid") == pairs[1200:]
+    assert split_texts(replace(cfg, reverse=True), "valid") == [(t, s) for s, t in pairs[1200:]]
