@@ -43,7 +43,7 @@ def point(length: int, budget: int, steps: int, path: str, device: str) -> dict:
 
     import transduce.model.attention as attention
     from transduce.config import ModelConfig
-    from transduce.data.corpus import collate
+    from transduce.data.batch import collate
     from transduce.model import Transformer
     from transduce.training.loss import label_smoothed_loss
 

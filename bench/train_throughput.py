@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transduce.config import ModelConfig
-from transduce.data.corpus import collate
+from transduce.data.batch import collate
 from transduce.model import Transformer
 from transduce.model.embeddings import sinusoidal_table
 from transduce.training.loss import projected_label_smoothed_loss

@@ -14,7 +14,7 @@ import os, sys, torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transduce.config import ModelConfig
-from transduce.data.corpus import collate
+from transduce.data.batch import collate
 from transduce.model import Transformer
 from transduce.training.loop import forward_backward
 

@@ -3,7 +3,7 @@
 import torch
 
 from transduce.config import ModelConfig, TrainConfig
-from transduce.data.corpus import collate
+from transduce.data.batch import collate
 from transduce.inference.search import greedy_search
 from transduce.model import Transformer
 from transduce.training.loop import build_optimizer, forward_backward

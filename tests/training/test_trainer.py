@@ -118,3 +118,16 @@ def test_bpe_dropout_config_errors():
         RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "tokenizer_type": "unigram"}})
     with pytest.raises(ConfigError, match="bpe_dropout_sides"):
         RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "bpe_dropout_sides": "target"}})
+
+
+def test_resume_refuses_a_checkpoint_of_another_tokenizer(tmp_path):
+    from transduce.errors import CheckpointError
+    trainer = _trainer(tmp_path / "a")
+    trainer.train_step()
+    ckpt = trainer.save()
+    other = _trainer(tmp_path / "b", {"vocab_size": 110})
+    with pytest.raises(CheckpointError, match="its tokenizer is not the one"):
+        other.restore(ckpt)
+    again = _trainer(tmp_path / "c")  # the same data settings: the same tokenizer, so it resumes
+    again.restore(ckpt)
+    assert again.state.step == 1

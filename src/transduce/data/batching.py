@@ -79,13 +79,16 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
     width = padded_width(src, tgt)
-    kept = np.flatnonzero(width <= max_tokens).astype(np.int32 if src.size < 2**31 else np.int64)
+    index = np.int32 if src.size < 2**31 else np.int64  # 4 bytes a pair: plans of millions stay small
+    fits = width <= max_tokens
+    kept = np.arange(src.size, dtype=index) if fits.all() else np.flatnonzero(fits).astype(index)
+    del fits
     dropped = int(src.size - kept.size)
     if dropped:
         logger.warning("%d pairs are longer than max_tokens=%d on their own; dropped", dropped, max_tokens)
     rng = np.random.default_rng([seed, epoch, 0x7472616E]) if shuffle else None  # "tran": a stream of its own
     if rng is not None:
-        kept = rng.permutation(kept)
+        rng.shuffle(kept)
     order = np.empty_like(kept)
     starts, ends = [], []
     for lo in range(0, kept.size, POOL if shuffle else max(kept.size, 1)):

@@ -1,14 +1,8 @@
-"""Reading, validating and encoding parallel text, and collating it into model batches.
+"""Reading, validating, encoding and filtering parallel text.
 
-Model input convention (the decoder is trained with teacher forcing, paper Section 3.1)::
-
-    pair (raw token ids):  src = [a, b, c]        tgt = [x, y]
-    source ids:            [a, b, c, EOS]          encoder input            (B, S)
-    target input:          [BOS, x, y]             decoder input            (B, T)
-    target labels:         [x, y, EOS]             what the decoder predicts (B, T)
-
-Pairs hold raw token ids; :func:`collate` adds EOS/BOS and pads with PAD_ID (0).
-Length limits (``max_len``) count raw tokens, so the model sees at most ``max_len + 1``.
+Pairs hold raw token ids (no BOS/EOS; :func:`transduce.data.batch.collate` adds them). Length
+limits (``max_len``) count raw tokens, so the model sees at most ``max_len + 1``. No torch here:
+``prepare``'s worker processes import this module, and start faster without it.
 """
 
 from __future__ import annotations
@@ -18,13 +12,13 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-import torch
 
-from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +42,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
             (binary file) or a corrupt gzip stream.
     """
     path = Path(path)
-    return _iter_lines(path, _is_gzip(path))
+    return _iter_lines(path, is_gzip(path))
 
 
 def _iter_lines(path: Path, gzipped: bool) -> Iterator[str]:
@@ -62,7 +56,7 @@ def read_raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
     For readers that decode elsewhere (in worker processes) with :func:`decode_line`.
     """
     path = Path(path)
-    return _iter_raw(path, _is_gzip(path))
+    return _iter_raw(path, is_gzip(path))
 
 
 def _iter_raw(path: Path, gzipped: bool) -> Iterator[bytes]:
@@ -75,8 +69,8 @@ def _iter_raw(path: Path, gzipped: bool) -> Iterator[bytes]:
         raise DataError(f"{path}:{lineno + 1}: cannot read: {_one_line(err)}") from err
 
 
-def _is_gzip(path: Path) -> bool:
-    """Check that ``path`` is a readable file; True if it starts with the gzip magic."""
+def is_gzip(path: Path) -> bool:
+    """Check that ``path`` is a readable file (a one-line DataError if not); True if it is gzip."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     if not path.is_file():
@@ -200,18 +194,15 @@ def encode_chunk(src_raw: Sequence[bytes], tgt_raw: Sequence[bytes], first_line:
     tgt_text = [decode_line(raw, names[1], first_line + i) for i, raw in enumerate(tgt_raw)]
     src_ids = tokenizer.encode_batch(src_text, side="src", num_threads=threads)
     tgt_ids = tokenizer.encode_batch(tgt_text, side="tgt", num_threads=threads)
-    stats = FilterStats()
-    kept = np.zeros(len(src_ids), dtype=bool)
-    for i, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
-        verdict = _verdict(len(src), len(tgt), max_len, max_ratio)
-        kept[i] = verdict == "kept"
-        setattr(stats, verdict, getattr(stats, verdict) + 1)
+    lens = [np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) for ids in (src_ids, tgt_ids)]
+    verdicts = _verdicts(lens[0], lens[1], max_len, max_ratio)
+    kept = verdicts == 0
+    stats = FilterStats(*np.bincount(verdicts, minlength=4).tolist())
     columns = []
-    for ids in (src_ids, tgt_ids):
-        rows = [ids[i] for i in np.flatnonzero(kept)]
-        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        flat = np.fromiter((t for row in rows for t in row), dtype=dtype, count=int(lens.sum()))
-        columns += [flat, lens]
+    everything = bool(kept.all())
+    for ids, n in zip((src_ids, tgt_ids), lens):
+        rows = ids if everything else [ids[i] for i in np.flatnonzero(kept)]
+        columns += [np.fromiter(chain.from_iterable(rows), dtype=dtype, count=int(n[kept].sum())), n[kept]]
     texts = list(zip(src_text, tgt_text)) if want_texts else None
     return EncodedChunk(*columns, kept=kept, stats=stats, texts=texts)
 
@@ -237,68 +228,11 @@ def sample_tokens(texts: Sequence[tuple[str, str]], usual: tuple[list, list], to
     return columns[0], columns[1]
 
 
-def _verdict(n_src: int, n_tgt: int, max_len: int, max_ratio: float) -> str:
-    """The FilterStats field a pair with these token counts belongs to."""
-    if n_src == 0 or n_tgt == 0:
-        return "empty"
-    if n_src > max_len or n_tgt > max_len:
-        return "too_long"
-    if max(n_src, n_tgt) > max_ratio * min(n_src, n_tgt):
-        return "bad_ratio"
-    return "kept"
-
-
-# ---- collation ------------------------------------------------------------------------------
-
-@dataclass
-class Batch:
-    """Padded model inputs for one batch (see the module docstring for the convention).
-
-    Shape:
-        src: (B, S) source ids + EOS, PAD-padded.
-        tgt_in: (B, T) BOS + target ids, PAD-padded.
-        tgt_out: (B, T) target ids + EOS, PAD-padded; PAD positions are ignored by the loss.
-    """
-
-    src: torch.Tensor
-    tgt_in: torch.Tensor
-    tgt_out: torch.Tensor
-    n_src_tokens: int  # non-pad source positions (EOS included)
-    n_tgt_tokens: int  # non-pad labels (EOS included): the loss normaliser
-
-    def to(self, device: torch.device | str) -> "Batch":
-        """A copy with the tensors on ``device`` (non-blocking where possible)."""
-        return Batch(self.src.to(device, non_blocking=True),
-                     self.tgt_in.to(device, non_blocking=True),
-                     self.tgt_out.to(device, non_blocking=True),
-                     self.n_src_tokens, self.n_tgt_tokens)
-
-    def __len__(self) -> int:
-        return self.src.size(0)
-
-
-def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = PAD_ID) -> Batch:
-    """Build a :class:`Batch` from raw-id pairs (lists or arrays), adding EOS to sources and BOS/EOS
-    to targets."""
-    if not len(pairs):
-        raise ValueError("collate: empty list of pairs")
-    src = _pad([s for s, _ in pairs], False, pad_id)     # (B, S)
-    tgt_in = _pad([t for _, t in pairs], True, pad_id)   # (B, T)
-    tgt_out = _pad([t for _, t in pairs], False, pad_id)  # (B, T)
-    n_src = sum(len(s) + 1 for s, _ in pairs)
-    n_tgt = sum(len(t) + 1 for _, t in pairs)
-    return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
-
-
-def _pad(rows: list[Sequence[int]], bos: bool, pad_id: int) -> torch.Tensor:
-    """``[BOS] + row`` (``bos``) or ``row + [EOS]`` for each row, right-padded: a (B, width) long tensor."""
-    width = max(len(r) for r in rows) + 1
-    out = np.full((len(rows), width), pad_id, dtype=np.int64)
-    for i, row in enumerate(rows):
-        if bos:
-            out[i, 0] = BOS_ID
-            out[i, 1:len(row) + 1] = row
-        else:
-            out[i, :len(row)] = row
-            out[i, len(row)] = EOS_ID
-    return torch.from_numpy(out)
+def _verdicts(n_src: np.ndarray, n_tgt: np.ndarray, max_len: int, max_ratio: float) -> np.ndarray:
+    """Per pair, the index of the FilterStats field it counts in: 0 kept, 1 empty, 2 too long, 3 bad ratio."""
+    out = np.zeros(n_src.shape, dtype=np.int64)
+    bad_ratio = np.maximum(n_src, n_tgt) > max_ratio * np.minimum(n_src, n_tgt)
+    out[bad_ratio] = 3
+    out[(n_src > max_len) | (n_tgt > max_len)] = 2
+    out[(n_src == 0) | (n_tgt == 0)] = 1  # checked last, so it wins: the order of the checks
+    return out

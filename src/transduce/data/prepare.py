@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.data import toy
-from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, read_parallel_raw
+from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, is_gzip, read_parallel_raw
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      file_digest, length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
@@ -277,9 +277,10 @@ def prepare_dataset(cfg: DataConfig, out: str | os.PathLike, workers: int | None
         _fill(cfg, stage, workers, seed)
         os.chmod(stage, 0o755)
         os.rename(stage, out)
-    except OSError as err:
+    except OSError as err:  # reading errors are DataErrors already: this is writing (a full disk...)
         shutil.rmtree(stage, ignore_errors=True)
-        raise DataError(f"{out}: cannot write the prepared data ({err.strerror or err})") from err
+        where = f"{err.filename}: " if err.filename else ""
+        raise DataError(f"{out}: cannot write the prepared data ({where}{err.strerror or err})") from err
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
@@ -289,8 +290,11 @@ def prepare_dataset(cfg: DataConfig, out: str | os.PathLike, workers: int | None
 def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
     t0 = time.monotonic()
     sources = split_sources(cfg)
+    files = [(name, path) for name, source in sources.items() for path in (source.files or ())]
+    for _, path in files:
+        is_gzip(path)  # a missing or unreadable input: its own one-line error, before any work
     inputs = [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": file_digest(path)}
-              for name, source in sources.items() for path in (source.files or ())]
+              for name, path in files]
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}

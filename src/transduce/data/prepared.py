@@ -28,13 +28,16 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from transduce.data.corpus import Batch, EncodedChunk, FilterStats, collate
+from transduce.data.corpus import EncodedChunk, FilterStats
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
+
+if TYPE_CHECKING:
+    from transduce.data.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def length_dtype(max_len: int) -> np.dtype:
-    return np.dtype("<u2" if max_len < 1 << 16 else "<u4")
+    """Lengths up to ``max_len``; one below the type's top, so that ``length + 1`` still fits."""
+    return np.dtype("<u2" if max_len < (1 << 16) - 1 else "<u4")
 
 
 def file_digest(path: str | os.PathLike) -> str:
@@ -232,8 +236,9 @@ class TokenPairs:
     def rows(self, side: int, indices: Sequence[int]) -> list[np.ndarray]:
         return [self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]] for i in indices]
 
-    def batch(self, indices: Sequence[int]) -> Batch:
-        """The padded model batch of pairs ``indices`` (see :func:`corpus.collate`)."""
+    def batch(self, indices: Sequence[int]) -> "Batch":
+        """The padded model batch of pairs ``indices`` (see :func:`transduce.data.batch.collate`)."""
+        from transduce.data.batch import collate  # torch, imported where batches are made, not by prepare
         return collate([self.pair(int(i)) for i in indices])
 
     def release(self) -> None:

@@ -26,7 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, load_run_config, save_yaml, with_vocab
 from ..data.batching import BatchPlan, token_budget_batches
-from ..data.corpus import Batch, sample_tokens
+from ..data.batch import Batch
+from ..data.corpus import sample_tokens
 from ..data.prepare import prepared_for_run
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer

@@ -1,0 +1,71 @@
+"""Collating raw-id pairs into padded model batches (teacher forcing, paper Section 3.1)::
+
+    pair (raw token ids):  src = [a, b, c]        tgt = [x, y]
+    source ids:            [a, b, c, EOS]          encoder input            (B, S)
+    target input:          [BOS, x, y]             decoder input            (B, T)
+    target labels:         [x, y, EOS]             what the decoder predicts (B, T)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class Batch:
+    """Padded model inputs for one batch (see the module docstring for the convention).
+
+    Shape:
+        src: (B, S) source ids + EOS, PAD-padded.
+        tgt_in: (B, T) BOS + target ids, PAD-padded.
+        tgt_out: (B, T) target ids + EOS, PAD-padded; PAD positions are ignored by the loss.
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    n_src_tokens: int  # non-pad source positions (EOS included)
+    n_tgt_tokens: int  # non-pad labels (EOS included): the loss normaliser
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """A copy with the tensors on ``device`` (non-blocking where possible)."""
+        return Batch(self.src.to(device, non_blocking=True),
+                     self.tgt_in.to(device, non_blocking=True),
+                     self.tgt_out.to(device, non_blocking=True),
+                     self.n_src_tokens, self.n_tgt_tokens)
+
+    def __len__(self) -> int:
+        return self.src.size(0)
+
+
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = PAD_ID) -> Batch:
+    """Build a :class:`Batch` from raw-id pairs (lists or arrays), adding EOS to sources and BOS/EOS
+    to targets."""
+    if not len(pairs):
+        raise ValueError("collate: empty list of pairs")
+    src = _pad([s for s, _ in pairs], False, pad_id)     # (B, S)
+    tgt_in = _pad([t for _, t in pairs], True, pad_id)   # (B, T)
+    tgt_out = _pad([t for _, t in pairs], False, pad_id)  # (B, T)
+    n_src = sum(len(s) + 1 for s, _ in pairs)
+    n_tgt = sum(len(t) + 1 for _, t in pairs)
+    return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
+
+
+def _pad(rows: list[Sequence[int]], bos: bool, pad_id: int) -> torch.Tensor:
+    """``[BOS] + row`` (``bos``) or ``row + [EOS]`` for each row, right-padded: a (B, width) long tensor."""
+    width = max(len(r) for r in rows) + 1
+    out = np.full((len(rows), width), pad_id, dtype=np.int64)
+    for i, row in enumerate(rows):
+        if bos:
+            out[i, 0] = BOS_ID
+            out[i, 1:len(row) + 1] = row
+        else:
+            out[i, :len(row)] = row
+            out[i, len(row)] = EOS_ID
+    return torch.from_numpy(out)

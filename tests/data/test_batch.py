@@ -1,0 +1,52 @@
+"""Collation: BOS/EOS, padding and the teacher-forcing shift."""
+
+import numpy as np
+import pytest
+import torch
+
+from transduce.data.batch import Batch, collate
+from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def test_collate_adds_bos_eos_and_pads():
+    batch = collate([([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])])
+    assert batch.src.tolist() == [[5, 6, 7, EOS_ID], [10, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 8, 9, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13, 14]]
+    assert batch.tgt_out.tolist() == [[8, 9, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, 14, EOS_ID]]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (6, 8)
+    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
+    assert len(batch) == 2
+
+
+def test_collate_shifts_targets_by_one(toy_tokenizer, toy_pairs):
+    kept = [(toy_tokenizer.encode(s, "src"), toy_tokenizer.encode(t, "tgt")) for s, t in toy_pairs[:64]]
+    batch = collate(kept)
+    labels = batch.tgt_out != PAD_ID
+    assert int(labels.sum()) == batch.n_tgt_tokens
+    assert int((batch.src != PAD_ID).sum()) == batch.n_src_tokens
+    # teacher forcing: the decoder input at t + 1 is the label at t (except after EOS)
+    inner = labels[:, :-1] & (batch.tgt_out[:, :-1] != EOS_ID)
+    assert torch.equal(batch.tgt_in[:, 1:][inner], batch.tgt_out[:, :-1][inner])
+    assert (batch.tgt_out == EOS_ID).sum() == len(kept)
+
+
+def test_collate_custom_pad_and_to_device():
+    batch = collate([([5], [6, 7])], pad_id=99)
+    moved = batch.to("cpu")
+    assert isinstance(moved, Batch) and moved.src.device.type == "cpu"
+    two = collate([([5], [6, 7]), ([5, 5, 5], [6])], pad_id=99)
+    assert two.src[0].tolist() == [5, EOS_ID, 99, 99]
+
+
+def test_collate_rejects_empty_batch():
+    with pytest.raises(ValueError):
+        collate([])
+
+
+def test_collate_takes_arrays_as_lists():
+    pairs = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13, 14])]
+    arrays = [(np.array(s, np.uint16), np.array(t, np.uint16)) for s, t in pairs]
+    a, b = collate(pairs), collate(arrays)
+    assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
+
+
