@@ -25,8 +25,6 @@ logger = logging.getLogger(__name__)
 
 GZIP_MAGIC = b"\x1f\x8b"
 
-Pair = tuple[list[int], list[int]]  # raw token ids (no BOS/EOS) of a source and a target
-
 
 # ---- reading ---------------------------------------------------------------------------------
 
