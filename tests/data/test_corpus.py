@@ -3,7 +3,7 @@ import gzip
 import numpy as np
 import pytest
 
-from transduce.data.corpus import (FilterStats, encode_chunk, read_lines, read_parallel,
+from transduce.data.corpus import (FilterStats, decode_line, decode_lines, encode_chunk, read_lines, read_parallel,
                                    sample_tokens)
 from transduce.errors import DataError
 
@@ -163,3 +163,24 @@ def test_sample_tokens_resegments_only_the_chosen_side_within_max_len(toy_pairs,
     capped = sample_tokens(texts, usual, toy_tokenizer, 0.5, "src", seed=1, max_len=longest)
     assert max(len(s) for s in capped[0]) <= longest
     assert any(c == k for c, k in zip(capped[0], usual[0]) if len(k) == longest)
+
+
+def test_decode_lines_equals_decode_line_one_by_one():
+    cases = [[b"a\n", b"b\r\n", b"c\r"], [b"\xef\xbb\xbfx\n", b"y"], [b"\r\n", b"\n", b"z\r\r\n"],
+             [b"ok\n", b"bad\xff\n"], [b"a\x00\n"], [b"\xef\xbb\xbfq\n"], []]
+    for first in (1, 7):
+        for raws in cases:
+            try:
+                want = [decode_line(r, "p", first + i) for i, r in enumerate(raws)]
+            except DataError as err:
+                want = str(err)
+            try:
+                got = decode_lines(raws, "p", first)
+            except DataError as err:
+                got = str(err)
+            assert got == want, (raws, first)
+
+
+def test_decode_lines_takes_lines_without_newlines_one_by_one():
+    assert decode_lines([b"a", b"b\n", b"c"], "p", 1) == ["a", "b", "c"]
+    assert decode_lines([b"x\ny\n"], "p", 1) == ["x\ny"]  # not a file's line: decoded as it is

@@ -241,3 +241,15 @@ def test_split_texts_reads_a_split(corpus):
     cfg, pairs = corpus
     assert split_texts(cfg, "valid") == pairs[1200:]
     assert split_texts(replace(cfg, reverse=True), "valid") == [(t, s) for s, t in pairs[1200:]]
+
+
+def test_the_toy_corpus_goes_the_same_way(tmp_path, monkeypatch):
+    cfg = DataConfig(toy_train_size=400, toy_valid_size=20, toy_test_size=20, vocab_size=150)
+    one = prepare_dataset(cfg, tmp_path / "one", workers=1)
+    monkeypatch.setattr(prep, "CHUNK", 64)
+    two = prepare_dataset(cfg, tmp_path / "two", workers=2)
+    assert _digests(one.root) == _digests(two.root)
+    train, texts = one.split("train"), split_texts(cfg, "train")
+    assert len(train) == 400
+    for i in (0, 399):
+        assert train.pair(i)[1].tolist() == one.tokenizer.encode(texts[i][1], "tgt")

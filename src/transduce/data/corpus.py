@@ -12,7 +12,6 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -99,6 +98,33 @@ def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
     if lineno == 1 and text.startswith("\ufeff"):
         text = text[1:]
     return text
+
+
+def decode_lines(raws: Sequence[bytes], path: str | os.PathLike, first_line: int) -> list[str]:
+    """:func:`decode_line` of consecutive lines ``first_line, first_line + 1, ...``, decoded in one go.
+
+    Lines as files give them (each ended by one ``\n``, but perhaps the last) are joined and
+    decoded at once; anything else, or bad bytes anywhere, goes through :func:`decode_line` line
+    by line, which names the first bad one.
+    """
+    if not raws:
+        return []
+    joined = b"".join(raws)
+    try:
+        if b"\x00" in joined or joined.count(b"\n") != len(raws) - (not raws[-1].endswith(b"\n")):
+            raise ValueError("a NUL byte, or lines not ended by one newline each")
+        text = joined.decode("utf-8")
+    except ValueError:  # UnicodeDecodeError is one
+        return [decode_line(raw, path, first_line + i) for i, raw in enumerate(raws)]
+    lines = text.split("\n")
+    if joined.endswith(b"\n"):
+        lines.pop()
+    if "\r" in text:  # a "\r\n" ending loses its "\r" too (not a "\r" at the very end of a file)
+        last = len(lines) - (0 if joined.endswith(b"\n") else 1)
+        lines = [line[:-1] if i < last and line.endswith("\r") else line for i, line in enumerate(lines)]
+    if first_line == 1 and lines and lines[0].startswith("\ufeff"):
+        lines[0] = lines[0][1:]
+    return lines
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
@@ -188,19 +214,16 @@ def encode_chunk(src_raw: Sequence[bytes], tgt_raw: Sequence[bytes], first_line:
     than ``max_ratio`` times the tokens of the shorter (``bad_ratio``). Bad bytes raise the same
     ``FILE:LINE`` DataError as :func:`read_lines` (``names`` are the two files' names).
     """
-    src_text = [decode_line(raw, names[0], first_line + i) for i, raw in enumerate(src_raw)]
-    tgt_text = [decode_line(raw, names[1], first_line + i) for i, raw in enumerate(tgt_raw)]
-    src_ids = tokenizer.encode_batch(src_text, side="src", num_threads=threads)
-    tgt_ids = tokenizer.encode_batch(tgt_text, side="tgt", num_threads=threads)
-    lens = [np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)) for ids in (src_ids, tgt_ids)]
-    verdicts = _verdicts(lens[0], lens[1], max_len, max_ratio)
+    src_text, tgt_text = (decode_lines(raw, name, first_line) for raw, name in zip((src_raw, tgt_raw), names))
+    (src_ids, src_lens), (tgt_ids, tgt_lens) = (tokenizer.encode_flat(text, side, threads)
+                                                for text, side in ((src_text, "src"), (tgt_text, "tgt")))
+    verdicts = _verdicts(src_lens, tgt_lens, max_len, max_ratio)
     kept = verdicts == 0
     stats = FilterStats(*np.bincount(verdicts, minlength=4).tolist())
     columns = []
-    everything = bool(kept.all())
-    for ids, n in zip((src_ids, tgt_ids), lens):
-        rows = ids if everything else [ids[i] for i in np.flatnonzero(kept)]
-        columns += [np.fromiter(chain.from_iterable(rows), dtype=dtype, count=int(n[kept].sum())), n[kept]]
+    for ids, lens in ((src_ids, src_lens), (tgt_ids, tgt_lens)):
+        ids = ids if kept.all() else ids[np.repeat(kept, lens)]
+        columns += [ids.astype(dtype), lens[kept]]
     texts = list(zip(src_text, tgt_text)) if want_texts else None
     return EncodedChunk(*columns, kept=kept, stats=stats, texts=texts)
 

@@ -66,7 +66,7 @@ class SplitSource:
     def raw_pairs(self) -> Iterator[tuple[bytes, bytes]]:
         """Undecoded line pairs (decoding, and its errors, happen where they are encoded)."""
         if self.files is None:
-            pairs = ((s.encode("utf-8"), t.encode("utf-8")) for s, t in self.generated or ())
+            pairs = ((f"{s}\n".encode("utf-8"), f"{t}\n".encode("utf-8")) for s, t in self.generated or ())
         else:
             pairs = self._counted(read_parallel_raw(*self.files))
         return islice(pairs, self.limit) if self.limit is not None else pairs

@@ -31,10 +31,12 @@ import random
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
 import sentencepiece as spm
 import yaml
 
 from transduce.atomic import atomic_write_bytes
+from transduce.data.wordcache import WordCache
 from transduce.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class Tokenizer:
         src_sp = _load_proto(src_proto, f"{name} (src)")
         tgt_sp = src_sp if self._joint else _load_proto(self._protos["tgt"], f"{name} (tgt)")
         self._sp = {"src": src_sp, "tgt": tgt_sp}
+        self._word_caches: dict[int, WordCache] = {}  # per model (a joint one serves both sides)
 
     # ---- training -------------------------------------------------------------------------
 
@@ -192,6 +195,19 @@ class Tokenizer:
                      ) -> list[list[int]]:
         """:meth:`encode` for many texts at once (``num_threads`` inside SentencePiece)."""
         return self._side(side).encode(list(texts), out_type=int, num_threads=num_threads)
+
+    def encode_flat(self, texts: Sequence[str], side: str = "src", num_threads: int = 1
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`encode_batch`'s ids one text after another, and each text's length.
+
+        Built a word at a time from a cache of word ids (:mod:`transduce.data.wordcache`): the same
+        ids, a few times faster on a corpus. Returns (T,) int32 ids and (N,) int64 lengths.
+        """
+        sp = self._side(side)
+        cache = self._word_caches.get(id(sp))
+        if cache is None:
+            cache = self._word_caches[id(sp)] = WordCache(sp)
+        return cache.encode(texts, num_threads)
 
     def sample_batch(self, texts: Sequence[str], side: str, dropout: float, seed: int) -> list[list[int]]:
         """Randomly segmented ids of ``texts``: BPE-dropout (Provilkov et al., 2020).
