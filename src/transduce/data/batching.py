@@ -78,24 +78,21 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
         raise ValueError(f"{src.size} source lengths but {tgt.size} target lengths")
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
-    width = padded_width(src, tgt)
+    fits = np.maximum(src, tgt) < max_tokens  # padded width (longer side + 1) within the budget
     index = np.int32 if src.size < 2**31 else np.int64  # 4 bytes a pair: plans of millions stay small
-    fits = width <= max_tokens
-    kept = np.arange(src.size, dtype=index) if fits.all() else np.flatnonzero(fits).astype(index)
+    order = np.arange(src.size, dtype=index) if fits.all() else np.flatnonzero(fits).astype(index)
     del fits
-    dropped = int(src.size - kept.size)
+    dropped = int(src.size - order.size)
     if dropped:
         logger.warning("%d pairs are longer than max_tokens=%d on their own; dropped", dropped, max_tokens)
     rng = np.random.default_rng([seed, epoch, 0x7472616E]) if shuffle else None  # "tran": a stream of its own
     if rng is not None:
-        rng.shuffle(kept)
-    order = np.empty_like(kept)
+        rng.shuffle(order)
     starts, ends = [], []
-    for lo in range(0, kept.size, POOL if shuffle else max(kept.size, 1)):
-        pool = kept[lo:lo + (POOL if shuffle else kept.size)]
-        pool = pool[np.lexsort((src[pool], tgt[pool]))]  # stable: ties keep the pool's order
-        order[lo:lo + pool.size] = pool
-        cuts = _pack(width[pool], max_tokens) + lo         # (n_batches + 1,) offsets into ``order``
+    for lo in range(0, order.size, POOL if shuffle else max(order.size, 1)):
+        pool = order[lo:lo + (POOL if shuffle else order.size)]
+        pool[:] = pool[np.lexsort((src[pool], tgt[pool]))]  # stable: ties keep the pool's order
+        cuts = _pack(padded_width(src[pool], tgt[pool]), max_tokens) + lo  # offsets into ``order``
         starts.append(cuts[:-1])
         ends.append(cuts[1:])
     start = np.concatenate(starts) if starts else np.zeros(0, np.int64)
