@@ -14,11 +14,15 @@ from . import __version__
 from .errors import TransduceError
 
 
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model from a YAML config")
-    p.add_argument("config", nargs="?", help="run config (YAML); defaults if omitted")
+def _add_config(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("config", nargs="?", help=help)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable)")
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model from a YAML config")
+    _add_config(p, "run config (YAML); defaults if omitted")
     p.add_argument("--out", default=None, help="run directory (default: runs/<name>)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--reverse", action="store_true",
@@ -33,9 +37,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="encode a config's corpus once into token files that train opens")
-    p.add_argument("config", nargs="?", help="run config (YAML; its data section is used); defaults if omitted")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable)")
+    _add_config(p, "run config (YAML; its data section is used); defaults if omitted")
     p.add_argument("--out", required=True, help="directory to create (written atomically)")
     p.add_argument("--workers", type=int, default=None, help="encoding processes (default: one per core)")
     p.set_defaults(func=_cmd_prepare)

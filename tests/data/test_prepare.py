@@ -16,7 +16,7 @@ import pytest
 from transduce.config import DataConfig
 from transduce.data import prepare as prep
 from transduce.data import prepared
-from transduce.data.corpus import encode_chunk
+from transduce.data.corpus import encode_chunk, sha256_file
 from transduce.data.prepare import check_matches, prepare_dataset, prepared_for_run, split_texts
 from transduce.data.prepared import PreparedData
 from transduce.data.tokenizer import Tokenizer
@@ -50,7 +50,7 @@ def corpus(tmp_path_factory):
 
 
 def _digests(root: Path) -> dict[str, str]:
-    return {p.name: prepared.file_digest(p) for p in sorted(root.iterdir())
+    return {p.name: sha256_file(p) for p in sorted(root.iterdir())
             if p.is_file() and p.name != "manifest.json"}
 
 
@@ -78,7 +78,7 @@ def test_ids_and_filter_are_the_tokenizers(corpus, tmp_path):
         assert src.tolist() == tok.encode(kept[i][0], "src") and tgt.tolist() == tok.encode(kept[i][1], "tgt")
     assert train.src_lens.dtype == np.uint16 and train.tokens[0].dtype == np.uint16
     assert data.texts("valid") == pairs[1200:]  # every validation pair read, for BLEU
-    assert data.manifest["inputs"][0]["sha256"] == prepared.file_digest(cfg.train_src)
+    assert data.manifest["inputs"][0]["sha256"] == sha256_file(cfg.train_src)
     assert oct(data.root.stat().st_mode & 0o777) == "0o755"
     batch = train.batch([0, 1])
     assert batch.src.shape[0] == 2 and batch.n_tgt_tokens == int(train.tgt_lens[:2].sum()) + 2

@@ -8,6 +8,7 @@ limits (``max_len``) count raw tokens, so the model sees at most ``max_len + 1``
 from __future__ import annotations
 
 import gzip
+import hashlib
 import logging
 import os
 import zlib
@@ -135,6 +136,15 @@ def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
     file ends, and the message names both files and both counts.
     """
     return _zip_strict(src_path, tgt_path, read_lines(src_path), read_lines(tgt_path))
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a file, read in blocks (never mapped into this process)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_parallel_raw(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from transduce.atomic import atomic_path
-from transduce.data.corpus import read_parallel
+from transduce.data.corpus import read_parallel, sha256_file
 from transduce.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
@@ -98,14 +98,6 @@ def read_split(root: str | os.PathLike, split: str, src_lang: str, tgt_lang: str
         raise DataError(f"{src}: {len(pairs)} lines, expected {MULTI30K_SPLITS[split]} for "
                         f"Multi30k {split}")
     return pairs
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def download(dest: str | os.PathLike, base_url: str = DEFAULT_URL,

@@ -31,9 +31,9 @@ from typing import Any, Iterator
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.data import toy
-from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, is_gzip, read_parallel_raw
+from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, is_gzip, read_parallel_raw, sha256_file
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
-                                     file_digest, length_dtype, read_manifest, token_dtype)
+                                     length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
 
@@ -293,7 +293,7 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
     files = [(name, path) for name, source in sources.items() for path in (source.files or ())]
     for _, path in files:
         is_gzip(path)  # a missing or unreadable input: its own one-line error, before any work
-    inputs = [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": file_digest(path)}
+    inputs = [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
               for name, path in files]
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
@@ -330,7 +330,7 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
         path = Path(item["path"])
         if not path.is_file():
             raise DataError(f"{path}: input of {root} is gone")
-        if path.stat().st_size != item["size"] or file_digest(path) != item["sha256"]:
+        if path.stat().st_size != item["size"] or sha256_file(path) != item["sha256"]:
             raise DataError(f"{path} has changed since {root} was prepared from it (sha256 differs): "
                             "restore it, or start a new run with --out")
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from transduce.data.corpus import EncodedChunk, FilterStats
+from transduce.data.corpus import EncodedChunk, FilterStats, sha256_file
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
 
@@ -47,7 +47,6 @@ MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 SPLITS = ("train", "valid", "test")
 SIDES = ("src", "tgt")
-_HASH_BLOCK = 1 << 24
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -58,15 +57,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def length_dtype(max_len: int) -> np.dtype:
     """Lengths up to ``max_len``; one below the type's top, so that ``length + 1`` still fits."""
     return np.dtype("<u2" if max_len < (1 << 16) - 1 else "<u4")
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    """sha256 of a file, read in blocks (the file is not mapped into this process)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---- writing ----------------------------------------------------------------------------------
@@ -144,7 +134,7 @@ class SplitWriter:
             np.save(f, array, allow_pickle=False)
             f.flush()
             os.fsync(f.fileno())
-        return {name: {"size": path.stat().st_size, "sha256": file_digest(path)}}
+        return {name: {"size": path.stat().st_size, "sha256": sha256_file(path)}}
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -343,6 +333,6 @@ def _check_file(path: Path, want: dict[str, Any]) -> None:
     if size != want["size"]:
         raise DataError(f"{path}: {size:,} bytes but the manifest says {want['size']:,} (truncated or replaced; "
                         "prepare the data again)")
-    if file_digest(path) != want["sha256"]:
+    if sha256_file(path) != want["sha256"]:
         raise DataError(f"{path}: contents differ from the manifest's sha256 (modified after prepare; "
                         "prepare the data again)")
