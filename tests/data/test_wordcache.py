@@ -69,3 +69,9 @@ def test_a_full_cache_still_encodes_exactly(real_text, tmp_path):
     want = _reference(sp, real_text[:800])
     assert len(cache.index) == 50
     assert np.array_equal(ids, want[0]) and np.array_equal(lengths, want[1])
+    cache = WordCache(sp, limit=400)  # room for a batch's words, not for the corpus': it starts over
+    for lo in range(0, 800, 100):
+        ids, lengths = cache.encode(real_text[lo:lo + 100])
+        want = _reference(sp, real_text[lo:lo + 100])
+        assert np.array_equal(ids, want[0]) and np.array_equal(lengths, want[1])
+        assert len(cache.index) <= 400

@@ -27,7 +27,7 @@ _UNSAFE = -1
 
 
 class WordCache:
-    """Ids of single words for one SentencePiece model, at most ``limit`` words kept.
+    """Ids of single words for one SentencePiece model, at most ``limit`` words kept (~100 bytes each).
 
     Entry 0 is the empty word (what ``split(" ")`` yields between two spaces): no ids.
     """
@@ -70,11 +70,16 @@ class WordCache:
         return np.concatenate(pieces), lengths
 
     def _add(self, words: list[str]) -> None:
-        """Segment the words not seen before (while there is room), each on its own."""
+        """Segment the words not seen before, each on its own. A full cache starts again empty
+        (cheaper than tracking use: the next lines' words come back at once), and when one call
+        has more distinct words than fit, the rest leave their lines to SentencePiece."""
         new = set(words).difference(self.index)
-        room = self.limit - len(self.index)
-        if not new or room <= 0:
+        if not new:
             return
+        if len(self.index) + len(new) > self.limit:
+            self.index, self.n_entries, self.n_tokens = {"": 0}, 1, 0
+            new = set(words).difference(self.index)
+        room = self.limit - len(self.index)
         new = sorted(new)[:room] if len(new) > room else list(new)
         normal = [self.sp.normalize(w) for w in new]
         safe = [w for w, n in zip(new, normal) if n == "\u2581" + w]
