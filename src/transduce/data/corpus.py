@@ -13,8 +13,9 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,15 +47,6 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
 def _iter_lines(path: Path, gzipped: bool) -> Iterator[str]:
     for lineno, raw in enumerate(_iter_raw(path, gzipped), start=1):
         yield decode_line(raw, path, lineno)
-
-
-def read_raw_lines(path: str | os.PathLike) -> Iterator[bytes]:
-    """The lines of a plain or gzip file as undecoded bytes (checked as :func:`read_lines` is).
-
-    For readers that decode elsewhere (in worker processes) with :func:`decode_line`.
-    """
-    path = Path(path)
-    return _iter_raw(path, is_gzip(path))
 
 
 def _iter_raw(path: Path, gzipped: bool) -> Iterator[bytes]:
@@ -128,16 +120,6 @@ def decode_lines(raws: Sequence[bytes], path: str | os.PathLike, first_line: int
     return lines
 
 
-def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
-                  ) -> Iterator[tuple[str, str]]:
-    """Stream aligned ``(source, target)`` lines; different line counts raise DataError.
-
-    Both files are checked when this is called; the count mismatch is found when the shorter
-    file ends, and the message names both files and both counts.
-    """
-    return _zip_strict(src_path, tgt_path, read_lines(src_path), read_lines(tgt_path))
-
-
 def sha256_file(path: str | os.PathLike) -> str:
     """sha256 of a file, read in blocks (never mapped into this process)."""
     digest = hashlib.sha256()
@@ -147,32 +129,78 @@ def sha256_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def read_parallel_raw(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:
-    """:func:`read_parallel` without decoding: aligned raw line pairs (see :func:`decode_line`)."""
-    return _zip_strict(src_path, tgt_path, read_raw_lines(src_path), read_raw_lines(tgt_path))
+def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike
+                  ) -> Iterator[tuple[str, str]]:
+    """Stream aligned ``(source, target)`` lines; different line counts raise DataError.
+
+    Both files are checked when this is called; the count mismatch is found when the shorter
+    file ends (after the lines both have), and the message names both files and both counts.
+    """
+    chunks = read_parallel_chunks(src_path, tgt_path)
+    return decode_chunks(chunks, str(src_path), str(tgt_path))
 
 
-def _zip_strict(src_path, tgt_path, src_iter: Iterator[str], tgt_iter: Iterator[str]
-                ) -> Iterator[tuple[str, str]]:
-    n = 0
-    while True:
-        src = next(src_iter, None)
-        tgt = next(tgt_iter, None)
-        if src is None and tgt is None:
-            return
-        if src is None or tgt is None:
-            _raise_misaligned(src_path, tgt_path, n, src_iter if tgt is None else tgt_iter,
-                              short_is_src=src is None)
-        n += 1
-        yield src, tgt
+def decode_chunks(chunks: Iterable[tuple[list[bytes], list[bytes]]], src_name: str, tgt_name: str
+                  ) -> Iterator[tuple[str, str]]:
+    """The text pairs of aligned raw chunks (see :func:`read_parallel_chunks`), lines numbered from 1."""
+    first = 1
+    for src, tgt in chunks:
+        yield from zip(decode_lines(src, src_name, first), decode_lines(tgt, tgt_name, first))
+        first += len(src)
 
 
-def _raise_misaligned(src_path, tgt_path, n: int, rest: Iterator[str], short_is_src: bool):
-    """Count the longer file's remaining lines and raise a DataError naming both files."""
-    longer = n + 1 + sum(1 for _ in rest)
-    short, long_ = (src_path, tgt_path) if short_is_src else (tgt_path, src_path)
-    raise DataError(f"line counts differ: {short} ends after {n} lines but {long_} has {longer} "
-                    f"(first unmatched line {n + 1})")
+def read_parallel_chunks(src_path: str | os.PathLike, tgt_path: str | os.PathLike, size: int = 20_000
+                         ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Aligned chunks of ``size`` undecoded lines of two files (see :func:`decode_lines`).
+
+    Lines are read in C (``islice`` over the file), not one Python step each. Checked as
+    :func:`read_parallel` is: the files when this is called, the line counts at the end (the
+    aligned lines come first, then the DataError).
+    """
+    paths = Path(src_path), Path(tgt_path)
+    return _read_chunks(paths, [is_gzip(p) for p in paths], size)
+
+
+def _read_chunks(paths: tuple[Path, Path], gzipped: list[bool], size: int
+                 ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    with _open(paths[0], gzipped[0]) as src, _open(paths[1], gzipped[1]) as tgt:
+        n = 0
+        while True:
+            s, t = _take(src, size, paths[0], n), _take(tgt, size, paths[1], n)
+            m = min(len(s), len(t))
+            if m:
+                yield (s, t) if len(s) == len(t) else (s[:m], t[:m])
+            if len(s) != len(t):
+                short, long_ = (0, 1) if len(s) < len(t) else (1, 0)
+                read = n + max(len(s), len(t))
+                longer = read + _count(tgt if long_ else src, paths[long_], read)
+                raise DataError(f"line counts differ: {paths[short]} ends after {n + m} lines but {paths[long_]} "
+                                f"has {longer} (first unmatched line {n + m + 1})")
+            if len(s) < size:
+                return
+            n += m
+
+
+def _open(path: Path, gzipped: bool):
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def _take(handle, size: int, path: Path, before: int) -> list[bytes]:
+    """The next ``size`` lines (fewer at the end); a read error names the line it stopped at."""
+    lines: list[bytes] = []
+    try:
+        lines.extend(islice(handle, size))  # keeps what it read if the stream breaks
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}:{before + len(lines) + 1}: cannot read: {_one_line(err)}") from err
+    return lines
+
+
+def _count(handle, path: Path, before: int) -> int:
+    """How many lines are left in ``handle`` (``before`` were read)."""
+    total = 0
+    while block := _take(handle, 1 << 16, path, before + total):
+        total += len(block)
+    return total
 
 
 # ---- filtering and encoding -----------------------------------------------------------------

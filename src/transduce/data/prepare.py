@@ -31,7 +31,8 @@ from typing import Any, Iterator
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.data import toy
-from transduce.data.corpus import EncodedChunk, decode_line, encode_chunk, is_gzip, read_parallel_raw, sha256_file
+from transduce.data.corpus import (EncodedChunk, decode_chunks, encode_chunk, is_gzip, read_parallel_chunks,
+                                   sha256_file)
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
@@ -63,23 +64,25 @@ class SplitSource:
     expect: int | None = None
     limit: int | None = None
 
-    def raw_pairs(self) -> Iterator[tuple[bytes, bytes]]:
-        """Undecoded line pairs (decoding, and its errors, happen where they are encoded)."""
+    def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
+        they are encoded)."""
         if self.files is None:
-            pairs = ((f"{s}\n".encode("utf-8"), f"{t}\n".encode("utf-8")) for s, t in self.generated or ())
+            lines = [[f"{p[k]}\n".encode("utf-8") for p in self.generated or ()] for k in (0, 1)]
+            chunks = ((lines[0][i:i + CHUNK], lines[1][i:i + CHUNK]) for i in range(0, len(lines[0]), CHUNK))
         else:
-            pairs = self._counted(read_parallel_raw(*self.files))
-        return islice(pairs, self.limit) if self.limit is not None else pairs
+            chunks = self._counted(read_parallel_chunks(*self.files, CHUNK))
+        return _limited(chunks, self.limit) if self.limit is not None else chunks
 
     def text_pairs(self) -> Iterator[TextPair]:
         """Decoded line pairs, read in this process."""
-        for lineno, (src, tgt) in enumerate(self.raw_pairs(), start=1):
-            yield decode_line(src, self.names[0], lineno), decode_line(tgt, self.names[1], lineno)
+        return decode_chunks(self.raw_chunks(), *self.names)
 
-    def _counted(self, pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+    def _counted(self, chunks: Iterator[tuple[list[bytes], list[bytes]]]) -> Iterator[tuple[list[bytes], list[bytes]]]:
         n = 0
-        for n, pair in enumerate(pairs, start=1):
-            yield pair
+        for chunk in chunks:
+            n += len(chunk[0])
+            yield chunk
         if self.expect is not None and n != self.expect:
             raise DataError(f"{self.files[0]}: {n} lines, expected {self.expect} for Multi30k")
 
@@ -87,6 +90,16 @@ class SplitSource:
         files = None if self.files is None else (self.files[1], self.files[0])
         generated = None if self.generated is None else [(t, s) for s, t in self.generated]
         return SplitSource(self.names[::-1], files, generated, self.expect, self.limit)
+
+
+def _limited(chunks: Iterator[tuple[list[bytes], list[bytes]]], limit: int
+             ) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """The first ``limit`` pairs of ``chunks``."""
+    for src, tgt in chunks:
+        if limit <= 0:
+            return
+        yield src[:limit], tgt[:limit]
+        limit -= len(src)
 
 
 def split_sources(cfg: DataConfig) -> dict[str, SplitSource]:
@@ -190,11 +203,12 @@ def _work(src: list[bytes], tgt: list[bytes], first: int, names: tuple[str, str]
     return encode_chunk(src, tgt, first, names, w["tokenizer"], w["max_len"], w["max_ratio"], w["dtype"], texts)
 
 
-def _chunks(pairs: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[list[bytes], list[bytes], int]]:
+def _numbered(chunks: Iterator[tuple[list[bytes], list[bytes]]]) -> Iterator[tuple[list[bytes], list[bytes], int]]:
+    """Each chunk with the line number of its first line."""
     first = 1
-    while chunk := list(islice(pairs, CHUNK)):
-        yield [s for s, _ in chunk], [t for _, t in chunk], first
-        first += len(chunk)
+    for src, tgt in chunks:
+        yield src, tgt, first
+        first += len(src)
 
 
 class _Encoder:
@@ -214,7 +228,7 @@ class _Encoder:
             self.pool.join()
 
     def run(self, source: SplitSource, writer: SplitWriter, texts: bool) -> None:
-        chunks = _chunks(source.raw_pairs())
+        chunks = _numbered(source.raw_chunks())
         head = list(islice(chunks, 2))
         if self.workers <= 1 or len(head) < 2:  # one chunk: not worth starting processes
             for src, tgt, first in chain(head, chunks):
