@@ -76,8 +76,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     texts = trainer.data.texts  # the corpus as files, for `transduce translate/evaluate`
     write_splits(run_dir / "data", {"train": texts.train, "valid": texts.valid, "test": test})
     sources, refs = [s for s, _ in test], [t for _, t in test]
-    scores = evaluate(translator, sources, refs, beam=4, lenpen=0.6)
-    hyps = translator.translate(sources[:4], beam=4, lenpen=0.6)
+    scores = evaluate(translator, sources, refs)  # the paper's beam 4, lenpen 0.6 (DecodeConfig defaults)
+    hyps = translator.translate(sources[:4])
     examples = list(zip(sources[:4], refs[:4], hyps))
     png = _attention_picture(translator, sources[0], run_dir / "attention.png")
     result = DemoResult(run_dir, scores["bleu"], scores["chrf"], time.monotonic() - t0, train_seconds, examples, png)
@@ -91,7 +91,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
 def _attention_picture(translator, sentence: str, path: Path) -> Path | None:
     """Cross/self-attention heatmaps of one sentence, if matplotlib is installed."""
     from .errors import TransduceError
-    from .inference.attention import attention_maps, plot_attention
+    from .inference.attention import attention_maps
+    from .viz.attention import plot_attention
     try:
         return plot_attention(attention_maps(translator, sentence), path)
     except TransduceError as e:  # matplotlib missing: the demo still succeeds

@@ -99,12 +99,12 @@ class _StubTranslator:
     """Looks like a Translator to the server; slow, and fails on the sentence "boom"."""
 
     def __init__(self, real: Translator, delay: float):
-        self.config, self.tokenizer, self.delay = real.config, real.tokenizer, delay
+        self.config, self.tokenizer, self.settings, self.delay = real.config, real.tokenizer, real.settings, delay
 
     def close(self) -> None:
         pass
 
-    def translate(self, texts, **options):
+    def translate(self, texts, decode=None):
         time.sleep(self.delay)
         if "boom" in texts:
             raise RuntimeError("stub failure")
@@ -150,7 +150,7 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
 
 def test_defaults_and_missing_extra():
     from transduce.serve import ServeConfig
-    from transduce.serve.app import require
+    from transduce.errors import require
 
     assert ServeConfig().host == "127.0.0.1"
     from transduce.errors import ConfigError
@@ -158,4 +158,4 @@ def test_defaults_and_missing_extra():
         with pytest.raises(ConfigError, match="serve.workers"):
             ServeConfig(**bad)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
-        require("transduce_no_such_package")
+        require("transduce_no_such_package", "serve")

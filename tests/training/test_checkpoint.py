@@ -51,3 +51,18 @@ def test_plot_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
     out = plot_run(tmp_path)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_model_directories_are_ordinary_0755_directories(tmp_path):
+    """One atomic directory writer (transduce.atomic.atomic_dir) for checkpoints, model/ and
+    exports: the finished directory is 0755, not mkdtemp's private 0700."""
+    import stat
+
+    from transduce.training.checkpoint import save_model_dir
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                                    n_encoder_layers=1, n_decoder_layers=1, d_ff=16))
+    out = save_model_dir(model, _Tok(), tmp_path / "model")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    save_model_dir(model, _Tok(), tmp_path / "model")  # replacing keeps it so
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755 and not list(tmp_path.glob(".*"))

@@ -105,24 +105,22 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
-    beam: int = 4, lenpen: float = 0.6, nbest: int = 1, max_len_a: float = 1.0, max_len_b: int = 50,
-    batch_tokens: int = 4096, chunk_lines: int = 2000, stdin: IO | None = None, stdout: TextIO | None = None,
-    stop: str = "k_finished",
+    decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
+    stdout: TextIO | None = None,
 ) -> int:
-    """Translate a file (or stdin) line by line into a file (or stdout); returns lines read.
+    """Translate a file (or stdin) line by line into a file (or stdout) with ``decode``
+    (default: the translator's settings); returns lines read.
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
     """
-    DecodeConfig(beam=beam, lenpen=float(lenpen), max_len_a=float(max_len_a), max_len_b=max_len_b,
-                 nbest=nbest, batch_tokens=batch_tokens, stop=stop)  # bad settings fail before any I/O
+    decode = decode or translator.decode
     n = 0
     lines = iter_lines(input_path, stdin)
     with atomic_output(output_path, stdout) as out:
         for chunk in _chunks(lines, chunk_lines):
-            results = translator.translate_detailed(chunk, beam, lenpen, nbest, max_len_a, max_len_b, batch_tokens,
-                                                    stop=stop)
-            out.write("".join(line + "\n" for t in results for line in format_translation(t, nbest)))
+            results = translator.translate_detailed(chunk, decode)
+            out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)
             logger.info("translated %d lines", n)
