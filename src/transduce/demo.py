@@ -13,19 +13,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from .config import RunConfig
 
 logger = logging.getLogger(__name__)
 
-DEMO = {
-    "model": {"d_model": 128, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "d_ff": 512,
-              "dropout": 0.1, "max_positions": 256},
-    "data": {"corpus": "toy", "vocab_size": 1000, "max_tokens": 4096, "valid_max_sentences": 200},
-    "train": {"max_steps": 800, "warmup_steps": 300, "lr_scale": 0.7, "log_every": 100, "eval_every": 400,
-              "save_every": 400, "keep_last": 2},
-}
 
 
 @dataclass
@@ -50,7 +46,9 @@ class DemoResult:
 
 
 def demo_config(steps: int | None = None) -> RunConfig:
-    d = {k: dict(v) for k, v in DEMO.items()}
+    """The demo's run config: ``demo.yaml`` shipped in the package, with the step count and
+    this machine's thread count (at most 4)."""
+    d = yaml.safe_load(resources.files("transduce").joinpath("demo.yaml").read_text(encoding="utf-8"))
     if steps is not None:
         d["train"]["max_steps"] = steps
     d["train"]["num_threads"] = min(os.cpu_count() or 1, 4)
@@ -62,7 +60,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     from .evaluation.metrics import evaluate
     from .data.toy import write_splits
     from .inference.translator import Translator
-    from .training.checkpoint import atomic_write_text, latest_checkpoint
+    from .atomic import atomic_write_text
+    from .training.checkpoint import latest_checkpoint
     from .training.loop import run_training
 
     t0 = time.monotonic()

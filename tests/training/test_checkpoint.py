@@ -1,6 +1,5 @@
-"""Checkpoint averaging and learning-curve plots."""
+"""Checkpoint averaging and model directories."""
 
-import json
 
 import pytest
 import torch
@@ -41,16 +40,6 @@ def test_average_refuses_different_configs(tmp_path):
     with pytest.raises(CheckpointError, match="config differs"):
         average_checkpoints([tmp_path / "a", tmp_path / "b"], tmp_path / "avg")
     assert not (tmp_path / "avg").exists()
-
-
-def test_plot_run(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
-    from transduce.viz.curves import plot_run
-    lines = [{"step": s, "loss": 5 - s / 10, "lr": 1e-3, "ppl": 3.0} for s in range(1, 20)]
-    lines += [{"step": 10, "val_loss": 3.0, "val_bleu": 12.0}, {"step": 19, "val_loss": 2.5, "val_bleu": 20.0}]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
-    out = plot_run(tmp_path)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
 def test_model_directories_are_ordinary_0755_directories(tmp_path):
