@@ -112,7 +112,8 @@ class _StubTranslator:
 
 
 def test_timeouts_and_failures_are_answered(trained_dir):
-    from transduce.serve import BackgroundServer, ServeConfig, TranslationService, create_app
+    from server_helpers import BackgroundServer
+    from transduce.serve import ServeConfig, TranslationService, create_app
 
     service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.3),
                                  ServeConfig(request_timeout_s=0.1, batch_wait_ms=1))
@@ -129,7 +130,8 @@ def test_timeouts_and_failures_are_answered(trained_dir):
 @pytest.mark.slow
 def test_worker_processes_serve_the_same_answers(trained_dir):
     """``serve --workers 2``: each batch spread over two processes; answers as one process gives."""
-    from transduce.serve import BackgroundServer, ServeConfig, create_app, load_service
+    from server_helpers import BackgroundServer
+    from transduce.serve import ServeConfig, create_app, load_service
 
     sentences = [s for s, _ in toy_pairs(24, seed=5)]
     want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
