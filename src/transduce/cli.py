@@ -246,12 +246,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .model.io import load_decode_config
     from .serve import ServeConfig, serve
-    batch_tokens = args.batch_tokens
-    if batch_tokens is None:
-        batch_tokens = load_decode_config(args.model_dir).batch_tokens
-    serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=batch_tokens,
+    serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,
                                       workers=args.workers))

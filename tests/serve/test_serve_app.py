@@ -99,7 +99,8 @@ class _StubTranslator:
     """Looks like a Translator to the server; slow, and fails on the sentence "boom"."""
 
     def __init__(self, real: Translator, delay: float):
-        self.config, self.tokenizer, self.settings, self.delay = real.config, real.tokenizer, real.settings, delay
+        self.config, self.tokenizer, self.decode, self.delay = real.config, real.tokenizer, real.decode, delay
+        self.settings = real.settings
 
     def close(self) -> None:
         pass

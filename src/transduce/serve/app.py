@@ -38,7 +38,7 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    batch_tokens: int = 4096
+    batch_tokens: int | None = None  # None: the model's decoding settings (DecodeConfig.batch_tokens)
     batch_wait_ms: float = 5.0
     batching: bool = True
     max_body_bytes: int = 256 * 1024
@@ -53,7 +53,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
-            if getattr(self, key) <= 0:
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
@@ -76,7 +76,8 @@ class TranslationService:
 
     def __init__(self, translator, cfg: ServeConfig):
         self.translator, self.cfg = translator, cfg
-        self.batcher = DynamicBatcher(self._run, max_cost=cfg.batch_tokens, wait_ms=cfg.batch_wait_ms,
+        self.batch_tokens = cfg.batch_tokens or translator.decode.batch_tokens
+        self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
                                       max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
 
     def cost(self, texts: list[str]) -> int:
@@ -92,7 +93,7 @@ class TranslationService:
 
     def settings(self, **fields) -> Any:
         """The model's decoding settings with a request's fields and the server's batch size."""
-        return self.translator.settings(batch_tokens=self.cfg.batch_tokens, nbest=1, **fields)
+        return self.translator.settings(batch_tokens=self.batch_tokens, nbest=1, **fields)
 
     def close(self) -> None:
         self.batcher.close()
@@ -274,7 +275,7 @@ def create_app(service: TranslationService, title: str = "transduce"):
     async def health():
         return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
                 "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
-                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": cfg.batch_tokens,
+                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
                            "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
 
     @app.get("/", response_class=HTMLResponse)
