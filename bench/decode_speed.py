@@ -41,9 +41,8 @@ from typing import Any, Callable
 
 import torch
 
-from transduce.config import ModelConfig
-from transduce.inference import SearchPool, SearchSpec, beam_search, greedy_search
-from transduce.inference.cpu import use_onednn_linears
+from transduce.config import DecodeConfig, ModelConfig
+from transduce.inference import SearchPool, SearchSpec, beam_search, greedy_search, prepare_for_decoding
 from transduce.model import Transformer
 
 VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
@@ -57,14 +56,15 @@ def ours(src: torch.Tensor, out_len: int, beam: int, bf16: bool = False) -> Call
     """
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)).eval()
-    use_onednn_linears(model)  # what Translator does on CPU
+    prepare_for_decoding(model, onednn=True)  # what Translator does on CPU
+    decode = DecodeConfig(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len)
 
     def run() -> int:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             if beam == 1:
-                out = greedy_search(model, src, 0.0, out_len, min_len=out_len)
+                out = greedy_search(model, src, decode)
             else:
-                out = beam_search(model, src, beam, 0.6, 0.0, out_len, nbest=1, min_len=out_len)
+                out = beam_search(model, src, decode)
         return int(out.lengths.sum())
     return run
 
@@ -79,7 +79,7 @@ def ours_pool(src: torch.Tensor, out_len: int, beam: int, procs: int, threads: i
     save_model(Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)), out_dir)
     pool = SearchPool(out_dir, workers=procs, threads=max(1, threads // procs))
     parts = list(src.split(-(-len(src) // procs)))
-    spec = SearchSpec(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len)
+    spec = SearchSpec(DecodeConfig(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len))
 
     def run() -> int:
         return sum(int(out.lengths.sum()) for out in pool.map(parts, spec))

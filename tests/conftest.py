@@ -11,19 +11,33 @@ import pytest
 import torch
 
 
-def _toy_model_module():
-    """tests/export/toy_model.py, registered in ``sys.modules`` by path so ``from toy_model
-    import ...`` works under any pytest import mode."""
-    if "toy_model" not in sys.modules:
-        path = Path(__file__).resolve().parent / "export" / "toy_model.py"
-        spec = importlib.util.spec_from_file_location("toy_model", path)
+def _helper_module(name: str, directory: str):
+    """tests/DIRECTORY/NAME.py, registered in ``sys.modules`` by path so ``from NAME import ...``
+    works under any pytest import mode and from any test directory."""
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent / directory / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["toy_model"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["toy_model"]
+    return sys.modules[name]
 
 
-toy_model = _toy_model_module()
+toy_model = _helper_module("toy_model", "export")
+inference_helpers = _helper_module("inference_helpers", "inference")
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A tiny untrained model directory with a trained tokenizer (inference and CLI tests)."""
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.model import save_model
+
+    root = tmp_path_factory.mktemp("model")
+    sentences = inference_helpers.SENTENCES
+    tok = Tokenizer.train(sentences * 3, [s.upper() for s in sentences] * 3, root, vocab_size=60)
+    save_model(inference_helpers.tiny_transformer(vocab=tok.src_vocab_size, seed=1), root)
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -86,12 +86,8 @@ def test_shipped_configs_load():
     assert load_run_config(root / "big.yaml").model.d_model == 1024
 
 
-def test_toy_config_is_the_demo():
-    from dataclasses import replace
-    from pathlib import Path
-
+def test_demo_config_is_the_shipped_file_as_the_readme_describes_it():
     from transduce.demo import demo_config
-    toy = load_run_config(Path(__file__).resolve().parents[1] / "configs" / "toy.yaml")
-    demo = demo_config()
-    assert replace(demo.train, num_threads=None) == toy.train
-    assert demo.model == toy.model and demo.data == toy.data
+    demo = demo_config(steps=5)
+    assert (demo.model.d_model, demo.model.n_encoder_layers, demo.model.n_decoder_layers) == (128, 2, 2)
+    assert demo.data.corpus == "toy" and demo.train.max_steps == 5 and demo_config().train.max_steps == 800

@@ -2,12 +2,14 @@
 
 A kill or an error at any moment leaves either the old file or the new one, never a partial
 file (the temporary is removed on failure; a hard kill can leave a hidden ``.NAME.*`` file).
+Directories the same way (:func:`atomic_dir`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -41,3 +43,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """UTF-8, ``\\n`` line endings, flushed to disk before the rename."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary sibling directory of ``final``; if the block succeeds it becomes
+    ``final`` (mode 0755, an ordinary directory), replacing one that exists (renamed aside
+    first, removed after). On any exception the temporary directory is removed."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        yield tmp
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from . import __version__
 from .errors import TransduceError
@@ -31,8 +32,26 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .training.loop import train_main
     return train_main(args.config, args.overrides, args.out, args.resume, args.reverse)
+
+
+def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
+    return Path("runs") / ((Path(config_path).stem if config_path else "run") + ("_reverse" if reverse else ""))
+
+
+def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
+               reverse: bool = False) -> int:
+    """``transduce train``: returns the process exit status."""
+    from .config import load_run_config
+    from .training import loop
+
+    run_dir = Path(out) if out else default_run_dir(config_path, reverse)
+    if resume and config_path is None and (run_dir / "config.yaml").is_file():
+        config_path = str(run_dir / "config.yaml")  # resume with the run's own config
+    if reverse:  # idempotent: a reversed run's own config already says so
+        overrides = [*overrides, "data.reverse=true"]
+    loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
+    return 0
 
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
@@ -79,8 +98,6 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from .training.checkpoint import average_checkpoints
     out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out))
     print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
@@ -101,13 +118,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _add_search_options(p: argparse.ArgumentParser) -> None:
-    """Search settings shared by translate and evaluate (defaults: the paper, Sec. 6.1)."""
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 = greedy (default: 4)")
-    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha (default: 0.6)")
-    p.add_argument("--max-len-a", type=float, default=1.0, help="max output = A * source_len + B (default A=1)")
-    p.add_argument("--max-len-b", type=int, default=50, help="(default B=50)")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
-    p.add_argument("--stop", default="k_finished", choices=["k_finished", "best_finished"],
+    """Search settings shared by translate and evaluate. Each overrides the model directory's
+    saved decoding settings (its config.yaml ``decode`` section); those not given keep them."""
+    p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
+    p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
+    p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
+    p.add_argument("--max-len-b", type=int, default=None, help="(default B=50)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="source tokens per batch (default: 4096)")
+    p.add_argument("--stop", default=None, choices=["k_finished", "best_finished"],
                    help="when beam search ends a sentence: once K hypotheses finished (fairseq, default), "
                         "or once the best extension ended (CTranslate2; exact with --lenpen 0)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
@@ -119,22 +137,34 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
 
 
+# argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
+DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
+                "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest"}
+
+
+def decode_settings(args: argparse.Namespace):
+    """The model directory's saved DecodeConfig with the flags given on the command line."""
+    import dataclasses
+
+    from .model.io import load_decode_config
+    given = {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items()
+             if getattr(args, dest, None) is not None}
+    return dataclasses.replace(load_decode_config(args.model_dir), **given)
+
+
 def _load_translator(args: argparse.Namespace):
     """The Translator the search options ask for: in this process, or a pool of CPU workers."""
     from .errors import ConfigError
     from .inference import Translator, TranslatorPool
     int8 = getattr(args, "int8", False)
+    decode = decode_settings(args)
     if args.workers < 0:
         raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
     if args.workers:
         if args.device not in ("auto", "cpu"):
             raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
-        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8)
-    translator = Translator.load(args.model_dir, args.device, args.precision)
-    if int8:
-        from .export import quantize_translator
-        translator = quantize_translator(translator)
-    return translator
+        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
+    return Translator.load(args.model_dir, args.device, args.precision, int8, decode)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -142,8 +172,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--input", default=None, help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
-    p.add_argument("--nbest", type=int, default=1,
-                   help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first")
+    p.add_argument("--nbest", type=int, default=None,
+                   help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
     _add_search_options(p)
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
     p.set_defaults(func=_cmd_translate)
@@ -152,8 +182,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import translate_file
     with _load_translator(args) as translator:
-        translate_file(translator, args.input, args.output, args.beam, args.lenpen, args.nbest,
-                       args.max_len_a, args.max_len_b, args.batch_tokens, stop=args.stop)
+        translate_file(translator, args.input, args.output)
     return 0
 
 
@@ -178,9 +207,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     from .evaluation import evaluate_files
     with _load_translator(args) as translator:
-        result = evaluate_files(translator, args.src, args.ref, args.beam, args.lenpen,
-                                args.max_len_a, args.max_len_b, args.batch_tokens, args.tok_ref, args.lang,
-                                args.stop, args.hyp_tokenized)
+        result = evaluate_files(translator, args.src, args.ref, tok_ref_path=args.tok_ref, lang=args.lang,
+                                hyps_tokenized=args.hyp_tokenized)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 
@@ -192,15 +220,17 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("--layer", type=int, default=-1, help="layer index, negative from the top (default: -1)")
     p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
-    p.add_argument("--beam", type=int, default=4, help="beam size for the translation (default: 4)")
+    p.add_argument("--beam", type=int, default=None, help="beam size for the translation (default: the model's)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
     p.set_defaults(func=_cmd_attention)
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
-    from .inference import Translator, attention_maps, plot_attention
+    from .inference import Translator, attention_maps
+    from .viz.attention import plot_attention
     translator = Translator.load(args.model_dir, args.device)
-    maps = attention_maps(translator, args.sentence, args.layer, args.head, args.beam)
+    decode = translator.settings(beam=args.beam) if args.beam is not None else None
+    maps = attention_maps(translator, args.sentence, args.layer, args.head, decode)
     print(plot_attention(maps, args.out))
     return 0
 
@@ -227,7 +257,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="source tokens per batch (default: the model's decoding settings, else 4096)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long to gather concurrent requests into one batch (default: 5)")
     p.add_argument("--no-batching", action="store_true", help="run each request on its own")

@@ -17,7 +17,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from .atomic import atomic_write_text
-from .errors import ConfigError
+from .errors import ConfigError, one_line
 
 __all__ = [
     "ModelConfig", "DataConfig", "TrainConfig", "DecodeConfig", "RunConfig",
@@ -266,12 +266,19 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Search settings. Defaults are the paper's (Sec. 6.1): beam 4, alpha 0.6, max len src+50."""
+    """Search settings. Defaults are the paper's (Sec. 6.1): beam 4, alpha 0.6, max len src+50.
+
+    Saved with a trained model (``decode`` in its config.yaml) and used by ``translate``,
+    ``evaluate``, ``serve`` and :class:`~transduce.inference.Translator` unless told otherwise.
+    ``min_len``: no EOS before this many output tokens. ``stop``: when beam search ends a
+    sentence (see :mod:`transduce.inference.beam`).
+    """
 
     beam: int = 4
     lenpen: float = 0.6
     max_len_a: float = 1.0
     max_len_b: int = 50
+    min_len: int = 0
     nbest: int = 1
     batch_tokens: int = 4096
     max_input_len: int = 1022
@@ -279,6 +286,7 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         _typecheck(self, "decode")
+        _check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")
         _one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
         for k in ("beam", "nbest", "batch_tokens", "max_input_len"):
             _check(getattr(self, k) > 0, f"decode.{k}", f"must be positive; got {getattr(self, k)}")
@@ -363,7 +371,7 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"{p}: not valid YAML ({one_line(e)})") from None
     return data or {}
 
 

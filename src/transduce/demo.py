@@ -13,19 +13,15 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
+
+import yaml
 
 from .config import RunConfig
 
 logger = logging.getLogger(__name__)
 
-DEMO = {
-    "model": {"d_model": 128, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "d_ff": 512,
-              "dropout": 0.1, "max_positions": 256},
-    "data": {"corpus": "toy", "vocab_size": 1000, "max_tokens": 4096, "valid_max_sentences": 200},
-    "train": {"max_steps": 800, "warmup_steps": 300, "lr_scale": 0.7, "log_every": 100, "eval_every": 400,
-              "save_every": 400, "keep_last": 2},
-}
 
 
 @dataclass
@@ -50,7 +46,9 @@ class DemoResult:
 
 
 def demo_config(steps: int | None = None) -> RunConfig:
-    d = {k: dict(v) for k, v in DEMO.items()}
+    """The demo's run config: ``demo.yaml`` shipped in the package, with the step count and
+    this machine's thread count (at most 4)."""
+    d = yaml.safe_load(resources.files("transduce").joinpath("demo.yaml").read_text(encoding="utf-8"))
     if steps is not None:
         d["train"]["max_steps"] = steps
     d["train"]["num_threads"] = min(os.cpu_count() or 1, 4)
@@ -63,7 +61,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     from .data.toy import write_splits
     from .evaluation.metrics import evaluate
     from .inference.translator import Translator
-    from .training.checkpoint import atomic_write_text, latest_checkpoint
+    from .atomic import atomic_write_text
+    from .training.checkpoint import latest_checkpoint
     from .training.loop import run_training
 
     t0 = time.monotonic()
@@ -77,8 +76,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
     test = texts["test"]
     write_splits(run_dir / "data", texts)  # the corpus as files, for `transduce translate/evaluate`
     sources, refs = [s for s, _ in test], [t for _, t in test]
-    scores = evaluate(translator, sources, refs, beam=4, lenpen=0.6)
-    hyps = translator.translate(sources[:4], beam=4, lenpen=0.6)
+    scores = evaluate(translator, sources, refs)  # the paper's beam 4, lenpen 0.6 (DecodeConfig defaults)
+    hyps = translator.translate(sources[:4])
     examples = list(zip(sources[:4], refs[:4], hyps))
     png = _attention_picture(translator, sources[0], run_dir / "attention.png")
     result = DemoResult(run_dir, scores["bleu"], scores["chrf"], time.monotonic() - t0, train_seconds, examples, png)
@@ -92,7 +91,8 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
 def _attention_picture(translator, sentence: str, path: Path) -> Path | None:
     """Cross/self-attention heatmaps of one sentence, if matplotlib is installed."""
     from .errors import TransduceError
-    from .inference.attention import attention_maps, plot_attention
+    from .inference.attention import attention_maps
+    from .viz.attention import plot_attention
     try:
         return plot_attention(attention_maps(translator, sentence), path)
     except TransduceError as e:  # matplotlib missing: the demo still succeeds

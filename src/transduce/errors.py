@@ -20,3 +20,21 @@ class DataError(TransduceError):
 
 class CheckpointError(TransduceError):
     """A model directory or checkpoint that is missing, corrupt or does not match."""
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error's message on one line (whitespace, line breaks included, collapsed), for
+    quoting a library's error inside ours."""
+    return " ".join(str(err).split())
+
+
+def require(module: str, extra: str, what: str | None = None):
+    """Import an optional dependency, or raise a one-line TransduceError naming the pip extra
+    that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise TransduceError(f"{what or 'this'} needs the optional package {module.split('.')[0]!r}; "
+                             f"install it with: pip install 'transduce[{extra}]'") from None

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from transduce.config import DecodeConfig
+
 from transduce.export import export_model
 from transduce.export.onnx_export import OnnxGreedy
 from transduce.inference.search import greedy_search
@@ -37,7 +39,7 @@ def test_greedy_matches_eager(onnx_dir, trained_dir, n):
     tr = Translator.load(trained_dir)
     src = _sources(tr, [s for s, _ in toy_pairs(n, seed=n)])
     with torch.no_grad():
-        out = greedy_search(tr.model, src, max_len_a=0.0, max_len_b=25)
+        out = greedy_search(tr.model, src, DecodeConfig(max_len_a=0.0, max_len_b=25))
     want = [out.hypothesis(i) for i in range(n)]
     assert OnnxGreedy(onnx_dir, threads=1).greedy(src.numpy(), max_len=25) == want
     assert all(w and w[-1] == 2 for w in want)  # the trained model ends its outputs

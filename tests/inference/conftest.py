@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_helpers import SENTENCES, tiny_transformer
+from inference_helpers import tiny_transformer
 from transduce.model import Transformer
 
 
@@ -22,15 +22,3 @@ def _one_thread():
 @pytest.fixture
 def model() -> Transformer:
     return tiny_transformer()
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    from transduce.data.tokenizer import Tokenizer
-    from transduce.model import save_model
-
-    root = tmp_path_factory.mktemp("model")
-    tok = Tokenizer.train(SENTENCES * 3, [s.upper() for s in SENTENCES] * 3, root, vocab_size=60)
-    model = tiny_transformer(vocab=tok.src_vocab_size, seed=1)
-    save_model(model, root)
-    return root

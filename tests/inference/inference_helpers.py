@@ -61,7 +61,7 @@ class _Cache:
 
 @dataclass
 class _Out:
-    logits: Tensor
+    states: Tensor
     cache: _Cache | None
     cross_attentions: list[Tensor] | None = None
 

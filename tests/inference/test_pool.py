@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from transduce.errors import CheckpointError, ConfigError
-from transduce.inference import SearchPool, SearchSpec, Translator, TranslatorPool, spread_batches
+from transduce.config import DecodeConfig
+from transduce.inference import AttentionChoice, SearchPool, SearchSpec, Translator, TranslatorPool, spread_batches
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
          "tea", "", "the bird sings a song", "a cat", "the dog and the cat sit by the river"]
@@ -43,7 +44,7 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize("beam,nbest", [(1, 1), (4, 3)])
 def test_pool_gives_the_translators_results_in_input_order(pool, translator, beam, nbest):
-    kwargs = dict(beam=beam, nbest=nbest, max_len_b=6, need_attention=True)
+    kwargs = dict(beam=beam, nbest=nbest, max_len_b=6, attention=AttentionChoice())
     got = pool.translate_detailed(TEXTS, **kwargs)
     # The pool spreads the one batch over its 2 workers; search results do not depend on how
     # sentences are batched (test_translator), so the Translator's one batch must agree.
@@ -64,7 +65,7 @@ def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
 
 
 def test_pool_truncates_overlong_input_with_a_warning(model_dir, caplog):
-    with TranslatorPool.load(model_dir, workers=1, max_input_len=4) as short, \
+    with TranslatorPool.load(model_dir, workers=1, decode=DecodeConfig(max_input_len=4)) as short, \
             caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
         result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
     assert result[0].truncated and len(result[0].source_tokens) == 4
@@ -76,7 +77,7 @@ def test_search_pool_runs_specs_on_id_batches(model_dir):
 
     model = load_model(model_dir)
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
-    spec = SearchSpec(beam=3, nbest=2, max_len_b=5)
+    spec = SearchSpec(DecodeConfig(beam=3, nbest=2, max_len_b=5))
     with SearchPool(model_dir, workers=1, threads=1) as pool:
         outs = list(pool.map([src, src[:1]], spec))
     with torch.inference_mode():

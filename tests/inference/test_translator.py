@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from transduce.errors import CheckpointError, ConfigError, TransduceError
-from transduce.inference import Translator, attention_maps, plot_attention
+from transduce.config import DecodeConfig
+from transduce.inference import AttentionChoice, Translator, attention_maps
+from transduce.viz.attention import plot_attention
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
          "tea", "", "the bird sings a song"]
@@ -31,7 +33,7 @@ def test_translate_keeps_input_order_count_and_empty_lines(translator, beam):
 
 
 def test_translate_detailed_nbest_scores_pieces_and_attention(translator):
-    results = translator.translate_detailed(TEXTS[:3], beam=4, nbest=3, max_len_b=5, need_attention=True)
+    results = translator.translate_detailed(TEXTS[:3], attention=AttentionChoice(), beam=4, nbest=3, max_len_b=5)
     first = results[0]
     assert len(first.hypotheses) == 3
     scores = [h.score for h in first.hypotheses]
@@ -51,19 +53,20 @@ def test_closing_hands_the_model_back_plain_and_translation_still_works(model_di
     block undoes both, and translating after close gives the same output."""
     from transduce.data.tokenizer import Tokenizer
     from transduce.inference.cpu import OneDNNLinear
+    from transduce.inference.fast import is_prepared
     from transduce.model import load_model
 
     model = load_model(model_dir, "cpu")
     with Translator(model, Tokenizer.load(model_dir)) as tr:
         before = tr.translate(TEXTS, beam=3, max_len_b=6)
-    assert not any(isinstance(m, OneDNNLinear) for m in model.modules())
+    assert not any(isinstance(m, OneDNNLinear) for m in model.modules()) and not is_prepared(model)
     assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in model.modules())
     assert tr.translate(TEXTS, beam=3, max_len_b=6) == before
     tr.close()
 
 
 def test_overlong_input_is_truncated_with_a_warning(model_dir, caplog):
-    short = Translator.load(model_dir, max_input_len=4)
+    short = Translator.load(model_dir, decode=DecodeConfig(max_input_len=4))
     with caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
         result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
     assert result[0].truncated and len(result[0].source_tokens) == 4
@@ -95,14 +98,14 @@ def test_user_errors_are_one_line_transduce_errors(model_dir, tmp_path):
     with pytest.raises(ConfigError, match="decode.nbest"):
         tr.translate_detailed(["a"], beam=2, nbest=3)
     with pytest.raises(ConfigError, match="attention head"):
-        tr.translate_detailed(["a"], need_attention=True, attention_head=99)
+        tr.translate_detailed(["a"], attention=AttentionChoice(head=99))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA"):
             Translator.load(model_dir, device="cuda")
 
 
 def test_attention_maps_and_png(translator, tmp_path):
-    maps = attention_maps(translator, "the cat sat", layer=0, head=1, beam=2)
+    maps = attention_maps(translator, "the cat sat", layer=0, head=1, decode=DecodeConfig(beam=2))
     s, t = len(maps.source_pieces), len(maps.target_pieces)
     assert maps.encoder.shape == (s, s) and maps.decoder.shape == (t, t) and maps.cross.shape == (t, s)
     assert torch.all(maps.decoder.triu(1) == 0)  # causal
@@ -113,7 +116,7 @@ def test_attention_maps_and_png(translator, tmp_path):
 
 
 def test_attention_plot_without_matplotlib_is_a_clear_error(translator, tmp_path, monkeypatch):
-    maps = attention_maps(translator, "tea", beam=1)
+    maps = attention_maps(translator, "tea", decode=DecodeConfig(beam=1))
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(TransduceError, match="matplotlib"):
         plot_attention(maps, tmp_path / "x.png")

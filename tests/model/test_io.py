@@ -60,3 +60,23 @@ def test_corrupt_foreign_and_missing(tmp_path):
     (tmp_path / "m" / "config.yaml").write_text("model: {d_model: 15, n_heads: 2}")
     with pytest.raises(CheckpointError, match="model.d_model"):
         load_model(tmp_path / "m")
+
+
+def test_decoding_settings_are_saved_loaded_and_checked(tmp_path):
+    import yaml
+
+    from transduce.config import DecodeConfig
+    from transduce.errors import ConfigError
+    from transduce.model.io import load_decode_config
+
+    model = Transformer(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                                    n_encoder_layers=1, n_decoder_layers=1, d_ff=16))
+    save_model(model, tmp_path / "old")
+    assert load_decode_config(tmp_path / "old") == DecodeConfig()  # saved without: the defaults
+    save_model(model, tmp_path / "new", DecodeConfig(beam=5, lenpen=1.0))
+    assert load_decode_config(tmp_path / "new") == DecodeConfig(beam=5, lenpen=1.0)
+    config = yaml.safe_load((tmp_path / "new" / "config.yaml").read_text())
+    config["decode"]["beam"] = 0
+    (tmp_path / "new" / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"config.yaml: decode.beam: must be positive"):
+        load_decode_config(tmp_path / "new")

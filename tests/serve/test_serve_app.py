@@ -99,12 +99,13 @@ class _StubTranslator:
     """Looks like a Translator to the server; slow, and fails on the sentence "boom"."""
 
     def __init__(self, real: Translator, delay: float):
-        self.config, self.tokenizer, self.delay = real.config, real.tokenizer, delay
+        self.config, self.tokenizer, self.decode, self.delay = real.config, real.tokenizer, real.decode, delay
+        self.settings = real.settings
 
     def close(self) -> None:
         pass
 
-    def translate(self, texts, **options):
+    def translate(self, texts, decode=None):
         time.sleep(self.delay)
         if "boom" in texts:
             raise RuntimeError("stub failure")
@@ -112,7 +113,8 @@ class _StubTranslator:
 
 
 def test_timeouts_and_failures_are_answered(trained_dir):
-    from transduce.serve import BackgroundServer, ServeConfig, TranslationService, create_app
+    from server_helpers import BackgroundServer
+    from transduce.serve import ServeConfig, TranslationService, create_app
 
     service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.3),
                                  ServeConfig(request_timeout_s=0.1, batch_wait_ms=1))
@@ -129,7 +131,8 @@ def test_timeouts_and_failures_are_answered(trained_dir):
 @pytest.mark.slow
 def test_worker_processes_serve_the_same_answers(trained_dir):
     """``serve --workers 2``: each batch spread over two processes; answers as one process gives."""
-    from transduce.serve import BackgroundServer, ServeConfig, create_app, load_service
+    from server_helpers import BackgroundServer
+    from transduce.serve import ServeConfig, create_app, load_service
 
     sentences = [s for s, _ in toy_pairs(24, seed=5)]
     want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
@@ -150,7 +153,7 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
 
 def test_defaults_and_missing_extra():
     from transduce.serve import ServeConfig
-    from transduce.serve.app import require
+    from transduce.errors import require
 
     assert ServeConfig().host == "127.0.0.1"
     from transduce.errors import ConfigError
@@ -158,4 +161,4 @@ def test_defaults_and_missing_extra():
         with pytest.raises(ConfigError, match="serve.workers"):
             ServeConfig(**bad)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
-        require("transduce_no_such_package")
+        require("transduce_no_such_package", "serve")

@@ -1,6 +1,5 @@
-"""Checkpoint averaging and learning-curve plots."""
+"""Checkpoint averaging and model directories."""
 
-import json
 
 import pytest
 import torch
@@ -43,11 +42,16 @@ def test_average_refuses_different_configs(tmp_path):
     assert not (tmp_path / "avg").exists()
 
 
-def test_plot_run(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
-    from transduce.viz.curves import plot_run
-    lines = [{"step": s, "loss": 5 - s / 10, "lr": 1e-3, "ppl": 3.0} for s in range(1, 20)]
-    lines += [{"step": 10, "val_loss": 3.0, "val_bleu": 12.0}, {"step": 19, "val_loss": 2.5, "val_bleu": 20.0}]
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines))
-    out = plot_run(tmp_path)
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+def test_model_directories_are_ordinary_0755_directories(tmp_path):
+    """One atomic directory writer (transduce.atomic.atomic_dir) for checkpoints, model/ and
+    exports: the finished directory is 0755, not mkdtemp's private 0700."""
+    import stat
+
+    from transduce.training.checkpoint import save_model_dir
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                                    n_encoder_layers=1, n_decoder_layers=1, d_ff=16))
+    out = save_model_dir(model, _Tok(), tmp_path / "model")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    save_model_dir(model, _Tok(), tmp_path / "model")  # replacing keeps it so
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755 and not list(tmp_path.glob(".*"))

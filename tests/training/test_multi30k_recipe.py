@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from transduce.config import load_run_config
-from transduce.training.loop import train_main
+from transduce.cli import train_main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

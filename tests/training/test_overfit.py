@@ -2,6 +2,8 @@
 
 import torch
 
+from transduce.config import DecodeConfig
+
 from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batch import collate
 from transduce.inference.search import greedy_search
@@ -32,6 +34,6 @@ def test_tiny_model_learns_to_reverse():
         opt.zero_grad()
     model.eval()
     batch = collate(pairs[:64])
-    out = greedy_search(model, batch.src, max_len_a=1.0, max_len_b=2)
+    out = greedy_search(model, batch.src, DecodeConfig(max_len_a=1.0, max_len_b=2))
     correct = sum(out.hypothesis(i) == pairs[i][1] + [2] for i in range(64))
     assert correct >= 63, f"only {correct}/64 reversed exactly"

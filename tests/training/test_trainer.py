@@ -69,7 +69,8 @@ def test_reverse_swaps_every_split_and_the_cli_records_it(tmp_path, monkeypatch)
     seen = {}
     monkeypatch.setattr(loop, "run_training", lambda cfg, run_dir, resume: seen.update(cfg=cfg, run_dir=run_dir))
     monkeypatch.chdir(tmp_path)
-    assert loop.train_main(None, ["train.max_steps=1"], None, False, reverse=True) == 0
+    from transduce.cli import train_main
+    assert train_main(None, ["train.max_steps=1"], None, False, reverse=True) == 0
     assert seen["cfg"].data.reverse and seen["run_dir"].name == "run_reverse"
 
 
@@ -131,3 +132,32 @@ def test_resume_refuses_a_checkpoint_of_another_tokenizer(tmp_path):
     again = _trainer(tmp_path / "c")  # the same data settings: the same tokenizer, so it resumes
     again.restore(ckpt)
     assert again.state.step == 1
+
+
+def test_model_directories_keep_the_runs_decoding_settings(tmp_path):
+    """A recipe's ``decode`` section (multi30k: beam 5, lenpen 1.0) goes into every model
+    directory the run writes (checkpoints, best, model, averaged or not), and translating with
+    that directory uses it unless a flag says otherwise."""
+    import yaml
+
+    from transduce.cli import build_parser, decode_settings
+    from transduce.config import DecodeConfig
+    from transduce.inference import Translator
+
+    cfg = RunConfig.from_dict({
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 120, "max_tokens": 256},
+        "train": {"max_steps": 2, "eval_bleu": False, "warmup_steps": 5, "save_every": 1, "keep_last": 2,
+                  "average_last": 2, "eval_every": 1},
+        "decode": {"beam": 5, "lenpen": 1.0},
+    })
+    loop.run_training(cfg, tmp_path)
+    want = DecodeConfig(beam=5, lenpen=1.0)
+    for d in [tmp_path / "model", tmp_path / "best", *list_checkpoints(tmp_path / "checkpoints")]:
+        assert yaml.safe_load((d / "config.yaml").read_text())["decode"] == cfg.to_dict()["decode"], d
+    assert Translator.load(tmp_path / "model").decode == want
+    parser = build_parser()
+    assert decode_settings(parser.parse_args(["translate", str(tmp_path / "model")])) == want
+    flagged = decode_settings(parser.parse_args(["translate", str(tmp_path / "model"), "--beam", "2"]))
+    assert flagged == DecodeConfig(beam=2, lenpen=1.0)

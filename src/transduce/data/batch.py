@@ -49,23 +49,22 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = 
     to targets."""
     if not len(pairs):
         raise ValueError("collate: empty list of pairs")
-    src = _pad([s for s, _ in pairs], False, pad_id)     # (B, S)
-    tgt_in = _pad([t for _, t in pairs], True, pad_id)   # (B, T)
-    tgt_out = _pad([t for _, t in pairs], False, pad_id)  # (B, T)
+    src = pad([s for s, _ in pairs], pad_id, eos=True)      # (B, S)
+    tgt_in = pad([t for _, t in pairs], pad_id, bos=True)   # (B, T)
+    tgt_out = pad([t for _, t in pairs], pad_id, eos=True)  # (B, T)
     n_src = sum(len(s) + 1 for s, _ in pairs)
     n_tgt = sum(len(t) + 1 for _, t in pairs)
     return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
 
 
-def _pad(rows: list[Sequence[int]], bos: bool, pad_id: int) -> torch.Tensor:
-    """``[BOS] + row`` (``bos``) or ``row + [EOS]`` for each row, right-padded: a (B, width) long tensor."""
-    width = max(len(r) for r in rows) + 1
+def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, bos: bool = False, eos: bool = False) -> torch.Tensor:
+    """Rows (lists or arrays), each with BOS before and/or EOS after, right-padded: a (B, width) long tensor."""
+    width = max(len(r) for r in rows) + bos + eos
     out = np.full((len(rows), width), pad_id, dtype=np.int64)
     for i, row in enumerate(rows):
+        out[i, bos:bos + len(row)] = row
         if bos:
             out[i, 0] = BOS_ID
-            out[i, 1:len(row) + 1] = row
-        else:
-            out[i, :len(row)] = row
-            out[i, len(row)] = EOS_ID
+        if eos:
+            out[i, bos + len(row)] = EOS_ID
     return torch.from_numpy(out)

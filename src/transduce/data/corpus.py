@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from transduce.data.tokenizer import Tokenizer
-from transduce.errors import DataError
+from transduce.errors import DataError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _iter_raw(path: Path, gzipped: bool) -> Iterator[bytes]:
             for lineno, raw in enumerate(handle, start=1):
                 yield raw
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{path}:{lineno + 1}: cannot read: {_one_line(err)}") from err
+        raise DataError(f"{path}:{lineno + 1}: cannot read: {one_line(err)}") from err
 
 
 def is_gzip(path: Path) -> bool:
@@ -70,10 +70,6 @@ def is_gzip(path: Path) -> bool:
             return probe.read(2) == GZIP_MAGIC
     except OSError as err:
         raise DataError(f"{path}: cannot open ({err.strerror or err})") from err
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())
 
 
 def decode_line(raw: bytes, path: str | os.PathLike, lineno: int) -> str:
@@ -191,7 +187,7 @@ def _take(handle, size: int, path: Path, before: int) -> list[bytes]:
     try:
         lines.extend(islice(handle, size))  # keeps what it read if the stream breaks
     except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{path}:{before + len(lines) + 1}: cannot read: {_one_line(err)}") from err
+        raise DataError(f"{path}:{before + len(lines) + 1}: cannot read: {one_line(err)}") from err
     return lines
 
 

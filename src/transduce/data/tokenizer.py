@@ -37,7 +37,7 @@ import yaml
 
 from transduce.atomic import atomic_write_bytes
 from transduce.data.wordcache import WordCache
-from transduce.errors import ConfigError, DataError
+from transduce.errors import ConfigError, DataError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -276,13 +276,13 @@ def _train_spm(lines: list[str], vocab_size: int, model_type: str,
         return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, True)
     except RuntimeError as err:
         if "Vocabulary size too high" not in str(err):
-            raise DataError(f"tokenizer training failed: {_one_line(err)}") from err
+            raise DataError(f"tokenizer training failed: {one_line(err)}") from err
     logger.warning("vocab_size %d is too large for %d lines; using a smaller vocabulary",
                    vocab_size, len(lines))
     try:
         return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, False)
     except RuntimeError as err:
-        raise DataError(f"tokenizer training failed: {_one_line(err)}") from err
+        raise DataError(f"tokenizer training failed: {one_line(err)}") from err
 
 
 def _run_trainer(lines: list[str], vocab_size: int, model_type: str,
@@ -307,7 +307,7 @@ def _load_proto(proto: bytes, name: str) -> spm.SentencePieceProcessor:
     try:
         sp = spm.SentencePieceProcessor(model_proto=proto)
     except (RuntimeError, OSError, TypeError) as err:
-        raise DataError(f"{name}: not a valid SentencePiece model ({_one_line(err)})") from err
+        raise DataError(f"{name}: not a valid SentencePiece model ({one_line(err)})") from err
     found = (sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id())
     if found != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
         raise DataError(f"{name}: special ids (pad, bos, eos, unk) are {found}, expected (0, 1, 2, 3)")
@@ -321,7 +321,7 @@ def _read_meta(path: Path) -> bool:
     try:
         meta = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: unreadable tokenizer metadata ({_one_line(err)})") from err
+        raise DataError(f"{path}: unreadable tokenizer metadata ({one_line(err)})") from err
     if not isinstance(meta, dict) or not isinstance(meta.get("joint"), bool):
         raise DataError(f"{path}: expected a mapping with a boolean 'joint' key")
     return meta["joint"]
@@ -331,7 +331,3 @@ def _read_model(path: Path) -> bytes:
     if not path.is_file():
         raise DataError(f"{path}: tokenizer model file is missing")
     return path.read_bytes()
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())

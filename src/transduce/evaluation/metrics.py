@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..config import DecodeConfig
 from ..errors import DataError
 
 if TYPE_CHECKING:
@@ -58,11 +60,10 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
 
 
 def evaluate(translator: "Translator", sources: Sequence[str], references: Sequence[str],
-             beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-             batch_tokens: int = 4096, tok_references: Sequence[str] | None = None,
-             lang: str | None = None, stop: str = "k_finished", hyps_tokenized: bool = False
-             ) -> dict[str, Any]:
-    """Translate ``sources``, score against ``references``, and time the translation.
+             decode: DecodeConfig | None = None, tok_references: Sequence[str] | None = None,
+             lang: str | None = None, hyps_tokenized: bool = False) -> dict[str, Any]:
+    """Translate ``sources`` with ``decode`` (default: the translator's settings), score against
+    ``references``, and time the translation.
 
     With ``tok_references`` (lowercased, Moses-tokenized references, as Multi30k ships) and the
     target ``lang``, also the published-style tokenized BLEU (:mod:`.moses`); ``hyps_tokenized``
@@ -74,9 +75,9 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
     """
     if len(sources) != len(references):
         raise DataError(f"{len(sources)} source lines but {len(references)} reference lines")
+    decode = replace(decode or translator.decode, nbest=1)
     start = time.perf_counter()
-    results = translator.translate_detailed(sources, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens,
-                                            stop=stop)
+    results = translator.translate_detailed(sources, decode)
     seconds = time.perf_counter() - start
     tokens = sum(len(r.best.tokens) + int(r.best.ended) for r in results if r.source_tokens)
     out = score([r.best.text for r in results], references)
@@ -87,26 +88,23 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
         out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang, hyps_tokenized))
     out.update(seconds=round(seconds, 3), sentences_per_s=len(results) / max(seconds, 1e-9),
                tokens_per_s=tokens / max(seconds, 1e-9),
-               search={"beam": beam, "lenpen": lenpen, "max_len_a": max_len_a, "max_len_b": max_len_b,
-                       "stop": stop})
+               search={"beam": decode.beam, "lenpen": decode.lenpen, "max_len_a": decode.max_len_a,
+                       "max_len_b": decode.max_len_b, "stop": decode.stop})
     logger.info("BLEU %.2f chrF %.2f (%d sentences, %.1f sentences/s)",
                 out["bleu"], out["chrf"], len(results), out["sentences_per_s"])
     return out
 
 
-def evaluate_files(translator: "Translator", src_path: str, ref_path: str, beam: int = 4,
-                   lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50,
-                   batch_tokens: int = 4096, tok_ref_path: str | None = None,
-                   lang: str | None = None, stop: str = "k_finished", hyps_tokenized: bool = False
+def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decode: DecodeConfig | None = None,
+                   tok_ref_path: str | None = None, lang: str | None = None, hyps_tokenized: bool = False
                    ) -> dict[str, Any]:
     """:func:`evaluate` on a source file and a reference file (strict UTF-8, one per line)."""
-    from ..inference.files import read_lines
+    from ..data.corpus import read_lines
 
-    sources, references = read_lines(src_path), read_lines(ref_path)
+    sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
     if len(sources) != len(references):
         raise DataError(f"{src_path} has {len(sources)} lines but {ref_path} has {len(references)}")
-    tok_refs = read_lines(tok_ref_path) if tok_ref_path is not None else None
+    tok_refs = list(read_lines(tok_ref_path)) if tok_ref_path is not None else None
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
-    return evaluate(translator, sources, references, beam, lenpen, max_len_a, max_len_b, batch_tokens,
-                    tok_refs, lang, stop, hyps_tokenized)
+    return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)

@@ -1,4 +1,4 @@
-"""Ship a trained model to other runtimes: Hugging Face Marian, CTranslate2, ONNX; int8 on CPU.
+"""Ship a trained model to other runtimes: Hugging Face Marian, CTranslate2, ONNX.
 
 Every exporter writes into a temporary directory beside the destination, checks the exported
 model against the eager one on a fixed probe set (:mod:`.verify`), and only then renames the
@@ -9,9 +9,7 @@ them; ``pip install 'transduce[export]'`` installs them all.
 
 from __future__ import annotations
 
-from .base import FORMATS, ExportError, ExportReport, export_model
-from .quantize import quantize_dynamic_int8, quantize_translator
+from .base import ExportError, ExportReport
+from .dispatch import FORMATS, export_model
 
-__all__ = [
-    "FORMATS", "ExportError", "ExportReport", "export_model", "quantize_dynamic_int8", "quantize_translator",
-]
+__all__ = ["FORMATS", "ExportError", "ExportReport", "export_model"]

@@ -1,24 +1,18 @@
-"""What every exporter shares: the entry point, atomic output directories, optional imports."""
+"""What every exporter shares: its error, report, atomic output directory and probe settings."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..atomic import atomic_dir
 from ..errors import TransduceError
 
 logger = logging.getLogger(__name__)
-
-FORMATS = ("hf", "ctranslate2", "onnx")
-QUANTIZATIONS = ("int8",)
-
 
 class ExportError(TransduceError):
     """An export that cannot be done (unsupported option, missing package) or failed its check."""
@@ -43,35 +37,17 @@ class ExportReport:
         return f"exported {self.format} model to {self.out} (verified: {', '.join(parts)})"
 
 
-def require(module: str, extra: str = "export") -> Any:
-    """Import an optional dependency or raise a one-line ExportError saying how to get it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ExportError(f"this needs the optional package {module!r} ({e}); "
-                          f"install it with: pip install 'transduce[{extra}]'") from None
-
-
 @contextlib.contextmanager
 def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """A temporary directory beside ``out`` that is renamed to ``out`` if the block succeeds.
-
-    On any exception the temporary directory is removed and ``out`` is left untouched.
-    """
+    """A temporary directory beside ``out`` that becomes ``out`` if the block succeeds
+    (:func:`~transduce.atomic.atomic_dir`); an existing ``out`` needs ``force``."""
     out = Path(out)
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists (pass --force to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the export is an ordinary directory
-    try:
+    if out.exists() and not out.is_dir():
+        out.unlink()
+    with atomic_dir(out) as tmp:
         yield tmp
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -114,39 +90,3 @@ def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
         raise ExportError(f"{model_dir}: no tokenizer here (tokenizer.yaml + spm model); "
                           "this format ships the tokenizer, so the model directory must hold one")
     return model, None
-
-
-def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
-                 quantization: str | None = None, force: bool = False) -> ExportReport:
-    """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified.
-
-    Args:
-        model_dir: a directory written by ``save_model`` (+ tokenizer files).
-        fmt: "hf" (MarianMTModel directory), "ctranslate2" or "onnx".
-        out: destination directory (must not exist unless ``force``).
-        quantization: None or "int8" (CTranslate2 only).
-        force: replace an existing ``out``.
-
-    Returns:
-        An :class:`ExportReport` with the verification measurements.
-
-    Raises:
-        ExportError: unsupported format/option, missing package, or a failed verification.
-    """
-    if fmt not in FORMATS:
-        raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
-    if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
-        raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        if fmt == "hf":
-            from .hf import export_hf
-            checks = export_hf(model_dir, tmp)
-        elif fmt == "ctranslate2":
-            from .ct2 import export_ctranslate2
-            checks = export_ctranslate2(model_dir, tmp, quantization)
-        else:
-            from .onnx_export import export_onnx
-            checks = export_onnx(model_dir, tmp)
-    report = ExportReport(fmt, Path(out), checks)
-    logger.debug(report.summary())
-    return report

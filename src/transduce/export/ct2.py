@@ -26,7 +26,8 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..model import Transformer
-from .base import ExportError, load_for_export, require
+from ..errors import require
+from .base import ExportError, load_for_export
 from .verify import check_close, check_same_outputs, eager_search, probe_sources
 
 logger = logging.getLogger(__name__)
@@ -104,13 +105,13 @@ def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
 
 
 def _activation(cfg: ModelConfig):
-    Activation = require("ctranslate2.specs.common_spec").Activation
+    Activation = require("ctranslate2.specs.common_spec", "export").Activation
     return {"relu": Activation.RELU, "gelu": Activation.GELU, "swiglu": Activation.SWISH}[cfg.activation]
 
 
 def transformer_spec(model: Transformer):
     """A filled ``TransformerSpec`` (no vocabulary yet) for ``model``."""
-    ts = require("ctranslate2.specs.transformer_spec")
+    ts = require("ctranslate2.specs.transformer_spec", "export")
     cfg = model.config
     rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
     common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation == "swiglu", **rope)
@@ -146,7 +147,7 @@ def export_ctranslate2(model_dir: str | os.PathLike, out: Path, quantization: st
     Args:
         quantization: None (float32) or "int8" (weights stored in int8).
     """
-    require("ctranslate2")
+    require("ctranslate2", "export")
     model, tok = load_for_export(model_dir, need_tokenizer=True)
     for key in ("n_encoder_layers", "n_decoder_layers"):
         if getattr(model.config, key) == 0:
@@ -192,7 +193,7 @@ def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | N
     """Load ``out``; compare sequence log-probs and greedy/beam outputs with the eager model."""
     from .verify import sequence_log_prob
 
-    ctranslate2 = require("ctranslate2")
+    ctranslate2 = require("ctranslate2", "export")
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="default", intra_threads=1)
     src = probe_sources(model)
     checks: dict[str, object] = {}

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..model import Transformer
-from .base import ExportError, load_for_export, require
+from ..errors import require
+from .base import ExportError, load_for_export
 from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
                      probe_targets)
 
@@ -140,7 +141,7 @@ def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
 
 def marian_config(cfg: ModelConfig):
     """The MarianConfig of the same shape; generation starts from our BOS, not Marian's PAD."""
-    transformers = require("transformers")
+    transformers = require("transformers", "export")
     return transformers.MarianConfig(
         vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size,
         d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
@@ -161,7 +162,7 @@ def generation_config(cfg: ModelConfig):
     HF divides scores by len ** length_penalty, not by the GNMT penalty we use; with
     ``length_penalty=0`` (our ``lenpen=0``) both rank hypotheses by their plain log-probability.
     """
-    transformers = require("transformers")
+    transformers = require("transformers", "export")
     return transformers.GenerationConfig(
         decoder_start_token_id=cfg.bos_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
         pad_token_id=cfg.pad_id, bad_words_ids=[[cfg.pad_id], [cfg.bos_id]], num_beams=4,
@@ -193,7 +194,7 @@ def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, max_len:
 
 def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     """Write a MarianMTModel directory for ``model_dir`` into ``out`` and verify it."""
-    transformers = require("transformers")
+    transformers = require("transformers", "export")
     model, tok = load_for_export(model_dir, need_tokenizer=True)
     cfg = model.config
     check_marian_compatible(cfg)
@@ -227,7 +228,7 @@ def _no_progress_bars(transformers) -> Iterator[None]:
 @torch.no_grad()
 def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
     """Reload ``out`` with transformers; compare logits, greedy and beam outputs to eager."""
-    transformers = require("transformers")
+    transformers = require("transformers", "export")
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
-from .base import ExportError, load_for_export, quiet_loggers, require
+from ..errors import one_line, require
+from .base import ExportError, load_for_export, quiet_loggers
 from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
 
 logger = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def _names(n: int, prefix: str) -> list[str]:
 def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
             dynamic_shapes: tuple) -> None:
     """torch.onnx.export with the dynamo exporter, quietly; ExportError with a one-line reason."""
-    require("onnxscript")
+    require("onnxscript", "export")
     try:
         with warnings.catch_warnings(), quiet_loggers("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
             warnings.simplefilter("ignore")
@@ -89,7 +90,7 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
                                         dynamic_shapes=dynamic_shapes, opset_version=OPSET, verbose=False)
         program.save(str(path), external_data=False)
     except Exception as e:  # the exporter raises many types; report the first line only
-        raise ExportError(f"torch.onnx.export failed for {path.name}: {str(e).splitlines()[0]}") from None
+        raise ExportError(f"torch.onnx.export failed for {path.name}: {one_line(e)}") from None
 
 
 def _example(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3) -> tuple:
@@ -132,7 +133,7 @@ class OnnxGreedy:
     """
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        ort = require("onnxruntime")
+        ort = require("onnxruntime", "export")
         root = Path(directory)
         self.meta = json.loads((root / META).read_text(encoding="utf-8"))
         opts = ort.SessionOptions()
@@ -217,7 +218,7 @@ def _copy_tokenizer(model_dir: str | os.PathLike, out: Path) -> None:
 
 def export_onnx(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     """Write the two graphs (+ config and tokenizer files) for ``model_dir`` into ``out``; verify."""
-    require("onnx")
+    require("onnx", "export")
     model, _ = load_for_export(model_dir, need_tokenizer=False)
     export_graphs(model, out)
     _write_meta(model, out)

@@ -127,13 +127,11 @@ def check_same_outputs(name: str, model: Transformer, src: Tensor, want: list[li
 def eager_search(model: Transformer, src: Tensor, beam: int, max_len: int, lenpen: float = 0.0,
                  stop: str = "k_finished") -> list[list[int]]:
     """Our greedy (beam=1) or beam search outputs for the probe set, best hypothesis each."""
+    from ..config import DecodeConfig
     from ..inference.beam import beam_search
     from ..inference.search import greedy_search
 
+    decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_len, stop=stop)
     with torch.no_grad():
-        if beam == 1:
-            out = greedy_search(model, src, max_len_a=0.0, max_len_b=max_len)
-        else:
-            out = beam_search(model, src, beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_len, nbest=1,
-                              stop=stop)
+        out = greedy_search(model, src, decode) if beam == 1 else beam_search(model, src, decode)
     return [out.hypothesis(i) for i in range(src.shape[0])]

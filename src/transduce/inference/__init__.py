@@ -1,18 +1,19 @@
 """Decoding: greedy search, beam search, sampling, and the text-in text-out Translator (in this
 process, or TranslatorPool: in worker processes)."""
 
-from .attention import AttentionMaps, attention_maps, plot_attention
+from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
 from .beam import beam_search
-from .files import read_lines, translate_file
+from .files import translate_file
 from .pool import SearchPool, TranslatorPool
 from .sampling import sample
-from .search import SearchOutput, greedy_search, length_penalty, max_lengths
+from .fast import prepare_for_decoding, restore
+from .search import AttentionChoice, SearchOutput, greedy_search, length_penalty, max_lengths
 from .translator import BaseTranslator, Hypothesis, SearchSpec, Translation, Translator
 
 __all__ = [
     "greedy_search", "beam_search", "sample", "SearchOutput", "length_penalty", "max_lengths",
     "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",
-    "SearchSpec", "Translation", "Hypothesis", "translate_file", "read_lines",
-    "AttentionMaps", "attention_maps", "plot_attention",
+    "SearchSpec", "Translation", "Hypothesis", "translate_file",
+    "AttentionMaps", "attention_maps", "AttentionChoice", "prepare_for_decoding", "restore",
 ]

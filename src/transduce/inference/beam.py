@@ -31,11 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .search import (Seq2Seq, SearchOutput, best_tokens, cross_attention_row, length_penalty, max_lengths,
-                     new_cache)
-
-
-STOP_RULES = ("k_finished", "best_finished")
+from ..config import DecodeConfig
+from .fast import new_cache, prepared
+from .search import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, length_penalty,
+                     max_lengths)
 
 
 @dataclass
@@ -184,53 +183,51 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
     return beams, fin
 
 
-@torch.no_grad()  # search never needs gradients (and the in-place cache forbids them)
-def beam_search(
-    model: Seq2Seq, src: Tensor, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
-    max_len_b: int = 50, nbest: int | None = None, min_len: int = 0, need_attention: bool = False,
-    attention_layer: int = -1, attention_head: int | None = None, stop: str = "k_finished",
-) -> SearchOutput:
+@torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
+def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
+                attention: AttentionChoice | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
         model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
         src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
-        beam: hypotheses kept per sentence (K).
-        lenpen: alpha of the GNMT length penalty ((5 + |Y|) / 6) ** alpha; 0 disables it.
-        max_len_a, max_len_b: output limit a * source_len + b tokens (EOS counted).
-        nbest: hypotheses returned per sentence (default: all K).
-        min_len: EOS is forbidden for the first ``min_len`` tokens.
-        need_attention: also return each output token's cross-attention.
-        attention_layer, attention_head: which layer, and which head (None = mean of heads).
-        stop: when a sentence is done, "k_finished" or "best_finished" (see the module doc).
+        decode: ``beam`` hypotheses kept per sentence (K); ``lenpen``, alpha of the GNMT length
+            penalty ((5 + |Y|) / 6) ** alpha (0 disables it); output limit ``max_len_a`` *
+            source_len + ``max_len_b`` tokens (EOS counted); ``nbest`` hypotheses returned per
+            sentence; no EOS before ``min_len`` tokens; ``stop``, when a sentence is done
+            (see the module doc).
+        attention: also return each output token's cross-attention of this layer and head.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
-    if stop not in STOP_RULES:
-        raise ValueError(f"stop must be one of {', '.join(STOP_RULES)}; got {stop!r}")
-    cfg = model.config
-    want = min(nbest or beam, beam)
-    beams, fin = start(src, beam, cfg, max_len_a, max_len_b, need_attention)
+    with prepared(model):
+        return _beam_search(model, src, decode, attention)
+
+
+def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None
+                 ) -> SearchOutput:
+    cfg, beam, need_attention = model.config, decode.beam, attention is not None
+    beams, fin = start(src, beam, cfg, decode.max_len_a, decode.max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
     for step in range(fin.tokens.shape[2]):
         n_rows = beams.scores.numel()
         out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention,
                            project=False)
-        states = out.logits[:, -1]                                        # (N, D): project=False
-        row_logp, row_token = best_tokens(model, states, cfg, step, min_len, 2 * beam)  # (N, w)
+        states = out.states[:, -1]                                        # (N, D)
+        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam)  # (N, w)
         attn = None
         if need_attention:
-            attn = cross_attention_row(out.cross_attentions, attention_layer, attention_head)
+            attn = cross_attention_row(out.cross_attentions, attention)
             attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
         cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)
         if bool(cand.ends.any()):
-            finish(fin, beams, cand, step, lenpen, cfg.pad_id, attn)
+            finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)
-        if stop == "k_finished":
+        if decode.stop == "k_finished":
             done = fin.count[beams.ids] >= beam                           # (B,)
         else:
-            done = fin.best_ended[beams.ids] & (fin.count[beams.ids] >= want)
+            done = fin.best_ended[beams.ids] & (fin.count[beams.ids] >= decode.nbest)
         if bool(done.all()):
             break
         # The encoder output and cross-attention K/V stay one row per sentence, shared by its
@@ -240,7 +237,7 @@ def beam_search(
             beams, rows, keep = drop_done(beams, rows, done)
             enc = enc.index_select(keep)
         cache = cache.reorder(rows, cross=keep)
-    return _output(fin, nbest or beam)
+    return _output(fin, decode.nbest)
 
 
 def _output(fin: Finished, nbest: int) -> SearchOutput:

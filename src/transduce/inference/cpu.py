@@ -1,17 +1,27 @@
-"""CPU inference speed-up: run the model's linear layers through oneDNN.
+"""CPU linear layers for decoding: oneDNN matmuls, and dynamic int8 quantisation.
 
 PyTorch's CPU ``F.linear`` calls the BLAS it was built with (MKL), which on some CPUs (AMD
 in particular) takes a slower code path and scales badly across threads; oneDNN, which PyTorch
-also ships, picks its kernels by instruction set. On the 2-core AMD EPYC where we benchmark,
-the output projection (256 x 256 @ 256 x 8000) runs about 2x faster at batch 64 through
-oneDNN (see BENCHMARKS.md). The swap keeps every parameter object, name and tie, and falls
+also ships, picks its kernels by instruction set (BENCHMARKS.md, "Decoding speed", has the
+measurements). :class:`OneDNNLinear` keeps every parameter object, name and tie, and falls
 back to ``F.linear`` whenever gradients, autocast or a non-CPU/non-fp32 tensor are involved.
+
+Dynamic quantisation (Jacob et al., 2018; PyTorch's ``quantize_dynamic``) stores each
+``nn.Linear`` weight as int8 with a per-tensor scale and quantises activations on the fly, per
+batch: no calibration data, about 4x smaller linear layers, and faster matrix products on CPUs
+with int8 instructions. Embeddings, LayerNorms and attention softmax stay in float32, and so
+does the tied output projection's embedding-side copy (the projection itself is an
+``nn.Linear`` and becomes int8).
+
+Both are applied through :func:`~transduce.inference.fast.prepare_for_decoding`.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -20,12 +30,12 @@ from torch import Tensor, nn
 logger = logging.getLogger(__name__)
 
 # Row count the weights are packed for. oneDNN picks its kernel by it, but a packed weight
-# is valid for any number of rows; 1 selects a slow path, 64..1344 all measured alike.
+# is valid for any number of rows; 1 selects a slow path, a decoding batch's row count does not.
 PACK_ROWS = 64
 
 
 @functools.lru_cache(maxsize=None)
-def _onednn_ok() -> bool:
+def onednn_available() -> bool:
     """Whether this PyTorch build has the oneDNN linear op and it gives F.linear's answer.
 
     Checked once, with a private generator: the global RNG (dropout masks of a training run
@@ -48,7 +58,7 @@ class OneDNNLinear(nn.Linear):
 
     The weight is used in oneDNN's own blocked layout, reordered once and kept beside the
     parameter (rebuilt when the parameter's storage or version counter changes): reordering
-    it on every call cost 35% of the output projection's time at 64 rows, 16% at 256.
+    it on every call costs a sizeable share of a small matmul's time.
     """
 
     def _fast(self, x: Tensor) -> bool:
@@ -81,39 +91,45 @@ class OneDNNLinear(nn.Linear):
 
     def forward_relu(self, x: Tensor) -> Tensor:
         """relu(x W^T + b) with the ReLU applied inside the matmul's output loop (one pass
-        over the (N, d_ff) activations fewer; :class:`~transduce.model.layers.FeedForward`
-        uses it when a layer offers it)."""
+        over the (N, d_ff) activations fewer; see :class:`~transduce.inference.fast.FastFeedForward`)."""
         if not self._fast(x):
             return F.relu(F.linear(x, self.weight, self.bias))
         return self._matmul(x, "relu")
 
 
-def drop_inference_state(model: nn.Module) -> None:
-    """Undo :func:`use_onednn_linears` and forget every kept inference copy of the weights
-    (oneDNN-packed weights, fused Q/K/V layers), in place.
-
-    The trainer calls it after validating through a :class:`~transduce.inference.Translator`,
-    so the training model does not carry a second copy of its weights between validations.
-    """
+def plain_linears(model: nn.Module) -> None:
+    """Turn ``nn.Linear`` subclasses that only change ``forward`` (such as :class:`OneDNNLinear`)
+    back into ``nn.Linear``, in place."""
     for module in model.modules():
-        if type(module) is OneDNNLinear:
+        if isinstance(module, nn.Linear) and type(module) is not nn.Linear \
+                and set(module.state_dict()) <= {"weight", "bias"}:
             module.__class__ = nn.Linear
-        module.__dict__.pop("_packed", None)
-        module.__dict__.pop("_fused_layers", None)
+            module.__dict__.pop("_packed", None)
 
 
-def use_onednn_linears(model: nn.Module) -> int:
-    """Switch every plain ``nn.Linear`` of ``model`` to :class:`OneDNNLinear`, in place.
+def quantize_dynamic_int8(model: nn.Module, inplace: bool = False) -> nn.Module:
+    """A copy of ``model`` (eval mode, CPU) whose ``nn.Linear`` layers run in dynamic int8.
 
-    Returns the number of layers switched (0 when oneDNN is unavailable). Parameters, names
-    and the state dict are unchanged; training (grad mode) still uses ``F.linear``.
+    Args:
+        model: a float model, e.g. :class:`~transduce.model.Transformer`.
+        inplace: quantise ``model`` itself instead of a deep copy.
+
+    Returns:
+        The quantised model; ``encode``/``decode``/KV cache work unchanged.
+
+    Examples:
+        >>> from transduce.config import model_preset
+        >>> from transduce.model import Transformer
+        >>> q = quantize_dynamic_int8(Transformer(model_preset("tiny", src_vocab_size=50, tgt_vocab_size=50)))
+        >>> q.output_proj._get_name()
+        'DynamicQuantizedLinear'
     """
-    if not _onednn_ok():
-        logger.debug("oneDNN linear unavailable; keeping F.linear")
-        return 0
-    n = 0
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = OneDNNLinear
-            n += 1
-    return n
+    target = model if inplace else copy.deepcopy(model)
+    target = target.to("cpu").float().eval()
+    plain_linears(target)  # quantize_dynamic matches exact types and would skip subclasses
+    # torch.ao.quantization is deprecated in favour of torchao but still the one built-in path;
+    # its warnings say so on every call, which is noise for users of this function.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=DeprecationWarning)
+        warnings.simplefilter("ignore", category=UserWarning)
+        return torch.ao.quantization.quantize_dynamic(target, {nn.Linear}, dtype=torch.qint8, inplace=True)

@@ -19,50 +19,27 @@ from typing import IO, Iterable, Iterator, TextIO
 
 from ..atomic import atomic_path
 from ..config import DecodeConfig
+from ..data.corpus import decode_line, read_lines
 from ..errors import DataError
 from .translator import Translation, Translator
 
 logger = logging.getLogger(__name__)
 
 
-def decode_line(raw: bytes, name: str, lineno: int) -> str:
-    """Strict UTF-8 decoding of one line without its terminator; DataError names FILE:LINE."""
-    if raw.endswith(b"\n"):
-        raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{name}:{lineno}: invalid UTF-8 at byte {err.start} of the line") from None
-    return text[1:] if lineno == 1 and text.startswith("\ufeff") else text
-
-
 def iter_lines(path: str | os.PathLike | None, stdin: IO | None = None) -> Iterator[str]:
-    """Lines of ``path``, or of standard input when ``path`` is None or "-".
+    """Lines of ``path`` (plain or gzip), or of standard input when ``path`` is None or "-".
 
     A missing file is reported here, before anything is read or written.
     """
     if path is None or str(path) == "-":
         stream = stdin if stdin is not None else sys.stdin
         return _decode_all(getattr(stream, "buffer", stream), "<stdin>")
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    return _decode_file(path)
-
-
-def _decode_file(path: Path) -> Iterator[str]:
-    with open(path, "rb") as handle:
-        yield from _decode_all(handle, str(path))
+    return read_lines(path)
 
 
 def _decode_all(lines: Iterable[bytes | str], name: str) -> Iterator[str]:
     for lineno, raw in enumerate(lines, start=1):
         yield decode_line(raw.encode("utf-8") if isinstance(raw, str) else raw, name, lineno)
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 file (see :func:`iter_lines`)."""
-    return list(iter_lines(path))
 
 
 @contextlib.contextmanager
@@ -105,24 +82,22 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
-    beam: int = 4, lenpen: float = 0.6, nbest: int = 1, max_len_a: float = 1.0, max_len_b: int = 50,
-    batch_tokens: int = 4096, chunk_lines: int = 2000, stdin: IO | None = None, stdout: TextIO | None = None,
-    stop: str = "k_finished",
+    decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
+    stdout: TextIO | None = None,
 ) -> int:
-    """Translate a file (or stdin) line by line into a file (or stdout); returns lines read.
+    """Translate a file (or stdin) line by line into a file (or stdout) with ``decode``
+    (default: the translator's settings); returns lines read.
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
     """
-    DecodeConfig(beam=beam, lenpen=float(lenpen), max_len_a=float(max_len_a), max_len_b=max_len_b,
-                 nbest=nbest, batch_tokens=batch_tokens, stop=stop)  # bad settings fail before any I/O
+    decode = decode or translator.decode
     n = 0
     lines = iter_lines(input_path, stdin)
     with atomic_output(output_path, stdout) as out:
         for chunk in _chunks(lines, chunk_lines):
-            results = translator.translate_detailed(chunk, beam, lenpen, nbest, max_len_a, max_len_b, batch_tokens,
-                                                    stop=stop)
-            out.write("".join(line + "\n" for t in results for line in format_translation(t, nbest)))
+            results = translator.translate_detailed(chunk, decode)
+            out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)
             logger.info("translated %d lines", n)

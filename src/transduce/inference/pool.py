@@ -40,15 +40,13 @@ from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
 from .search import SearchOutput
-from .translator import BaseTranslator, SearchSpec, Translator, check_precision, input_limit
+from ..device import check_precision
+from .translator import BaseTranslator, SearchSpec, Translator, input_limit
 
 logger = logging.getLogger(__name__)
 
-_DEFAULTS = DecodeConfig()
-
-# How TranslatorPool cuts a call's sentences into batches (see TranslatorPool._batches).
-# On the 2-core machine, 1,000 Multi30k sentences at beam 5 ran at 275-287 sentences/s with
-# budgets of 1,024-2,048 tokens and at 240 with ~3,800 (a worker left idle at the end).
+# How TranslatorPool cuts a call's sentences into batches (see TranslatorPool._batches): a few
+# batches per worker, so that no worker sits idle at the end (BENCHMARKS.md, "Worker processes").
 BATCHES_PER_WORKER = 4
 MIN_BATCH_TOKENS = 2048
 
@@ -75,7 +73,7 @@ class _Packed:
     @classmethod
     def of(cls, t: Tensor) -> "_Packed":
         t = t.detach().cpu().contiguous()
-        # One C copy of the memory (bytes() of a storage iterates it in Python: 25 ms a batch).
+        # One C copy of the memory (bytes() of a storage iterates it in Python, element by element).
         return cls(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()), t.dtype, tuple(t.shape))
 
     def tensor(self) -> Tensor:
@@ -108,11 +106,7 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barri
         from ..model import load_model
 
         # No tokenizer: workers only search ids, and a SearchPool needs none in the directory.
-        translator = Translator(load_model(model_dir, "cpu"), None, "cpu", precision)
-        if int8:
-            from ..export.quantize import quantize_translator
-            translator = quantize_translator(translator)
-        _WORKER["translator"] = translator
+        _WORKER["translator"] = Translator(load_model(model_dir, "cpu"), None, "cpu", precision, int8)
     except TransduceError as err:
         _WORKER["error"] = err
     except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
@@ -230,25 +224,26 @@ class TranslatorPool(BaseTranslator):
     Args:
         model_dir: the model directory (the parent loads only its config and tokenizer).
         workers, threads, precision, int8: as :class:`SearchPool`.
-        max_input_len: as :class:`~transduce.inference.Translator`.
+        decode: the default decoding settings (default: the model directory's saved ones).
     """
 
     def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
-                 precision: str = "fp32", int8: bool = False, max_input_len: int = _DEFAULTS.max_input_len):
+                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
         from ..data.tokenizer import Tokenizer
-        from ..model.io import load_model_config
+        from ..model.io import load_decode_config, load_model_config
 
         self.config = load_model_config(model_dir)  # a missing directory or bad config fails here
         self.tokenizer = Tokenizer.load(model_dir)
-        self.max_input_len = input_limit(self.config, max_input_len)
+        self.decode = decode or load_decode_config(model_dir)
+        self.max_input_len = input_limit(self.config, self.decode.max_input_len)
         self.precision = precision
         self.pool = SearchPool(model_dir, workers, threads, precision, int8)
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1, precision: str = "fp32",
-             int8: bool = False, max_input_len: int = _DEFAULTS.max_input_len) -> "TranslatorPool":
+             int8: bool = False, decode: DecodeConfig | None = None) -> "TranslatorPool":
         """The same as the constructor; named like :meth:`Translator.load`."""
-        return cls(model_dir, workers, threads, precision, int8, max_input_len)
+        return cls(model_dir, workers, threads, precision, int8, decode)
 
     def close(self) -> None:
         self.pool.close()

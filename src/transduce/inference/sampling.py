@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from .search import Seq2Seq, SearchOutput, sequential_search, step_log_probs
+from ..config import DecodeConfig
+from .search import AttentionChoice, Seq2Seq, SearchOutput, sequential_search, step_log_probs
 
 
 def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -48,14 +49,12 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
 
 def sample(
     model: Seq2Seq, src: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-    seed: int | None = None, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 0,
-    need_attention: bool = False, attention_layer: int = -1, attention_head: int | None = None,
+    seed: int | None = None, decode: DecodeConfig = DecodeConfig(), attention: AttentionChoice | None = None,
 ) -> SearchOutput:
     """Draw one output per sentence, token by token, from the filtered model distribution.
 
     Args:
-        model, src, max_len_a, max_len_b, min_len, need_attention, attention_layer,
-            attention_head: as :func:`~transduce.inference.search.greedy_search`.
+        model, src, decode, attention: as :func:`~transduce.inference.search.greedy_search`.
         temperature: divides the logits; < 1 sharpens, > 1 flattens.
         top_k: sample among the k most probable tokens only (0 = all).
         top_p: sample among the most probable tokens covering this mass (1.0 = all).
@@ -72,10 +71,9 @@ def sample(
     cfg = model.config
 
     def choose(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        logp = step_log_probs(model.output_proj(states), cfg, step, min_len)  # (N, V)
+        logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len)  # (N, V)
         probs = filter_logits(logp, temperature, top_k, top_p).exp()     # (N, V)
         token = torch.multinomial(probs, 1, generator=generator)         # (N, 1)
         return token.squeeze(1), logp.gather(1, token).squeeze(1)
 
-    return sequential_search(model, src, choose, max_len_a, max_len_b, True, need_attention,
-                             attention_layer, attention_head)
+    return sequential_search(model, src, choose, decode, attention)

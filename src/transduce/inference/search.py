@@ -22,6 +22,9 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from ..config import DecodeConfig
+from .fast import new_cache, prepared
+
 
 class Seq2Seq(Protocol):
     """What search needs from a model (:class:`~transduce.model.Transformer` fits)."""
@@ -34,8 +37,17 @@ class Seq2Seq(Protocol):
 
     def new_cache(self): ...
 
-    # decode(..., project=False) gives the states that ``output_proj`` turns into logits
+    # decode(...).states are what ``output_proj`` turns into logits
     output_proj: Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """Which cross-attention a search records for each output token: layer ``layer`` (negative
+    from the top), head ``head`` or the mean over heads (None)."""
+
+    layer: int = -1
+    head: int | None = None
 
 
 @dataclass
@@ -103,9 +115,8 @@ def step_log_probs(logits: Tensor, config: object, step: int, min_len: int) -> T
 
 
 # Rows scored at a time on CPU by :func:`best_tokens`: the projection, log-softmax and top-k of
-# a (rows, V) block of logits run while it is still in cache. With 1,250 rows and an 8k
-# vocabulary (40 MB of logits a step) that took scoring from 77 to 39 ms a step on one core;
-# at 320 rows or fewer it changes nothing (BENCHMARKS.md, "Decoding speed").
+# a (rows, V) block of logits run while it is still in the CPU cache, which pays for large
+# beam batches and changes nothing for small ones (BENCHMARKS.md, "Decoding speed").
 SCORE_ROWS = 128
 
 
@@ -155,20 +166,13 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, best.gather(1, i // c) * c + i % c
 
 
-def cross_attention_row(cross: list[Tensor] | None, layer: int, head: int | None) -> Tensor:
-    """One step's cross-attention of layer ``layer``: head ``head`` or the mean over heads.
+def cross_attention_row(cross: list[Tensor] | None, choice: AttentionChoice) -> Tensor:
+    """One step's cross-attention of the chosen layer: one head or the mean over heads.
 
     Shape: each entry (N, H, 1, S) -> (N, S).
     """
-    w = cross[layer][:, :, -1]                                            # (N, H, S)
-    return w.mean(dim=1) if head is None else w[:, head]
-
-
-def new_cache(model: Seq2Seq):
-    """The model's empty KV cache, switched to in-place preallocated buffers when it can be
-    (no per-step reallocation; see :meth:`~transduce.model.KVCache.in_place`)."""
-    cache = model.new_cache()
-    return cache.in_place() if hasattr(cache, "in_place") else cache
+    w = cross[choice.layer][:, :, -1]                                     # (N, H, S)
+    return w.mean(dim=1) if choice.head is None else w[:, choice.head]
 
 
 # Choose the next token from the decoder's output states (N, D) at a step (the second
@@ -186,12 +190,9 @@ class _Rows:
     limit: Tensor      # (N,) max_len of each row
 
 
-@torch.no_grad()  # search never needs gradients (and the in-place cache forbids them)
-def sequential_search(
-    model: Seq2Seq, src: Tensor, choose: TokenChooser, max_len_a: float, max_len_b: int,
-    use_cache: bool = True, need_attention: bool = False, attention_layer: int = -1,
-    attention_head: int | None = None,
-) -> SearchOutput:
+@torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
+def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig = DecodeConfig(),
+                      attention: AttentionChoice | None = None, use_cache: bool = True) -> SearchOutput:
     """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
 
     ``choose`` sees the decoder's output states (``decode(..., project=False)``) and does the
@@ -199,13 +200,21 @@ def sequential_search(
 
     Each step decodes only the newest token against the KV cache (``use_cache=False`` re-runs
     the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
-    leave the batch.
+    leave the batch. ``decode`` gives the length limits; ``attention`` says which
+    cross-attention to record (None: none).
 
     Shape: src (B, S) -> SearchOutput with K = 1.
     """
+    with prepared(model):
+        return _sequential_search(model, src, choose, decode, attention, use_cache)
+
+
+def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig,
+                       attention: AttentionChoice | None, use_cache: bool) -> SearchOutput:
     cfg, device = model.config, src.device
+    need_attention = attention is not None
     b = src.shape[0]
-    limit = max_lengths(src, cfg, max_len_a, max_len_b)                  # (B,)
+    limit = max_lengths(src, cfg, decode.max_len_a, decode.max_len_b)    # (B,)
     t_cap = int(limit.max())
     out_tokens = torch.full((b, t_cap), cfg.pad_id, dtype=torch.long, device=device)
     out_lengths = torch.zeros(b, dtype=torch.long, device=device)
@@ -218,12 +227,11 @@ def sequential_search(
     for step in range(t_cap):
         out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
                            project=False)
-        token, token_logp = choose(out.logits[:, -1], step)              # states (N, D) -> (N,), (N,)
+        token, token_logp = choose(out.states[:, -1], step)              # states (N, D) -> (N,), (N,)
         out_tokens[rows.ids, step] = token
         out_logp[rows.ids] += token_logp
         if need_attention:
-            out_attn[rows.ids, step] = cross_attention_row(
-                out.cross_attentions, attention_layer, attention_head).float()
+            out_attn[rows.ids, step] = cross_attention_row(out.cross_attentions, attention).float()
         done = (token == cfg.eos_id) | (rows.limit <= step + 1)           # (N,)
         out_lengths[rows.ids[done]] = step + 1
         rows = _Rows(rows.ids, token[:, None], torch.cat([rows.prefix, token[:, None]], dim=1), rows.limit)
@@ -238,21 +246,17 @@ def sequential_search(
                         out_logp[:, None], None if out_attn is None else out_attn[:, None])
 
 
-def greedy_search(
-    model: Seq2Seq, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50, min_len: int = 0,
-    use_cache: bool = True, need_attention: bool = False, attention_layer: int = -1,
-    attention_head: int | None = None,
-) -> SearchOutput:
+def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
+                  attention: AttentionChoice | None = None, use_cache: bool = True) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
         model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
         src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
-        max_len_a, max_len_b: output limit a * source_len + b tokens (EOS counted).
-        min_len: EOS is forbidden for the first ``min_len`` tokens.
+        decode: the settings used here: ``max_len_a``/``max_len_b`` (output limit
+            a * source_len + b tokens, EOS counted) and ``min_len`` (no EOS before it).
+        attention: also return each output token's cross-attention of this layer and head.
         use_cache: decode incrementally with the KV cache (False re-runs the prefix).
-        need_attention: also return each output token's cross-attention.
-        attention_layer, attention_head: which layer, and which head (None = mean of heads).
 
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
@@ -260,8 +264,7 @@ def greedy_search(
     cfg = model.config
 
     def most_probable(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, min_len, 1)  # (N, 1) each
+        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
-    return sequential_search(model, src, most_probable, max_len_a, max_len_b, use_cache, need_attention,
-                             attention_layer, attention_head)
+    return sequential_search(model, src, most_probable, decode, attention, use_cache)

@@ -13,24 +13,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ..config import DecodeConfig
+from ..data.batch import pad
+from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .beam import beam_search
-from .cpu import drop_inference_state, use_onednn_linears
+from .fast import prepare_for_decoding, restore
 from .sampling import check_sampling, sample
-from .search import SearchOutput, greedy_search
+from .search import AttentionChoice, SearchOutput, greedy_search
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-_DEFAULTS = DecodeConfig()
 
 
 @dataclass
@@ -77,20 +77,12 @@ class SearchSpec:
     """The settings of one search, runnable on any batch of source ids.
 
     A plain value, so worker processes can be sent it (see
-    :class:`~transduce.inference.pool.TranslatorPool`). ``beam`` 1 is greedy search;
+    :class:`~transduce.inference.pool.TranslatorPool`). ``decode.beam`` 1 is greedy search;
     ``temperature`` set means sampling (``beam``, ``lenpen``, ``nbest`` and ``stop`` unused).
     """
 
-    beam: int = _DEFAULTS.beam
-    lenpen: float = _DEFAULTS.lenpen
-    nbest: int = 1
-    max_len_a: float = _DEFAULTS.max_len_a
-    max_len_b: int = _DEFAULTS.max_len_b
-    min_len: int = 0
-    stop: str = _DEFAULTS.stop
-    need_attention: bool = False
-    attention_layer: int = -1
-    attention_head: int | None = None
+    decode: DecodeConfig = DecodeConfig()
+    attention: AttentionChoice | None = None
     temperature: float | None = None
     top_k: int = 0
     top_p: float = 1.0
@@ -99,24 +91,22 @@ class SearchSpec:
     def run(self, model: torch.nn.Module, src: Tensor) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded)."""
         if self.temperature is not None:
-            return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed,
-                          self.max_len_a, self.max_len_b)
-        if self.beam == 1:
-            return greedy_search(model, src, self.max_len_a, self.max_len_b, self.min_len, True,
-                                 self.need_attention, self.attention_layer, self.attention_head)
-        return beam_search(model, src, self.beam, self.lenpen, self.max_len_a, self.max_len_b, self.nbest,
-                           self.min_len, self.need_attention, self.attention_layer, self.attention_head,
-                           self.stop)
+            return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
+        if self.decode.beam == 1:
+            return greedy_search(model, src, self.decode, self.attention)
+        return beam_search(model, src, self.decode, self.attention)
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto" -> CUDA if available else CPU; a ConfigError for CUDA without a GPU."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device: {device} requested but CUDA is not available")
-    return device
+def check_layer_head(config, layer: int, head: int | None, key: str = "attention layer") -> None:
+    """A ConfigError unless ``layer`` indexes every stack of ``config`` (negative from the top)
+    and ``head`` is a head index or None (the mean of heads)."""
+    for name in ("encoder", "decoder"):
+        n = getattr(config, f"n_{name}_layers", None)
+        if n is not None and not -n <= layer < n:
+            raise ConfigError(f"{key}: must be in [{-n}, {n}) for the {n}-layer {name}; got {layer}")
+    n_heads = getattr(config, "n_heads", None)
+    if head is not None and n_heads is not None and not 0 <= head < n_heads:
+        raise ConfigError(f"attention head: must be in [0, {n_heads}); got {head}")
 
 
 class BaseTranslator:
@@ -124,12 +114,14 @@ class BaseTranslator:
 
     Subclasses say where the searches run: :class:`Translator` in this process,
     :class:`~transduce.inference.pool.TranslatorPool` in worker processes. They set
-    ``tokenizer``, ``config`` (the model's :class:`~transduce.config.ModelConfig`) and
-    ``max_input_len``, and implement :meth:`_search`.
+    ``tokenizer``, ``config`` (the model's :class:`~transduce.config.ModelConfig`), ``decode``
+    (the default :class:`~transduce.config.DecodeConfig`) and ``max_input_len``, and implement
+    :meth:`_search`.
     """
 
     tokenizer: object
     config: object
+    decode: DecodeConfig
     max_input_len: int
 
     def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
@@ -149,41 +141,38 @@ class BaseTranslator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def translate(self, texts: Sequence[str], beam: int = _DEFAULTS.beam, lenpen: float = _DEFAULTS.lenpen,
-                  max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
-                  batch_tokens: int = _DEFAULTS.batch_tokens, stop: str = _DEFAULTS.stop) -> list[str]:
-        """Translate each text; beam 1 is greedy search. Empty input gives empty output."""
-        out = self.translate_detailed(texts, beam, lenpen, 1, max_len_a, max_len_b, batch_tokens, stop=stop)
+    def settings(self, decode: DecodeConfig | None = None, **overrides) -> DecodeConfig:
+        """``decode`` (default: this translator's own settings, :attr:`decode`) with the named
+        fields replaced, validated; a ConfigError names an unknown field."""
+        unknown = set(overrides) - {f.name for f in fields(DecodeConfig)}
+        if unknown:
+            raise ConfigError(f"decode: unknown setting(s) {', '.join(sorted(unknown))}")
+        return replace(decode or self.decode, **overrides)
+
+    def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides) -> list[str]:
+        """Translate each text with ``decode`` (default: :attr:`decode`) and ``overrides`` of its
+        fields (``beam=1`` is greedy search). Empty input gives empty output."""
+        decode = self.settings(decode, **overrides)
+        out = self.translate_detailed(texts, replace(decode, nbest=1))
         return [t.best.text for t in out]
 
-    def translate_detailed(
-        self, texts: Sequence[str], beam: int = _DEFAULTS.beam, lenpen: float = _DEFAULTS.lenpen,
-        nbest: int = 1, max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
-        batch_tokens: int = _DEFAULTS.batch_tokens, need_attention: bool = False,
-        attention_layer: int = -1, attention_head: int | None = None, min_len: int = 0,
-        stop: str = _DEFAULTS.stop,
-    ) -> list[Translation]:
-        """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses.
-
-        Settings are validated as :class:`~transduce.config.DecodeConfig`; attention options as
-        :func:`~transduce.inference.beam.beam_search`.
-        """
-        DecodeConfig(beam=beam, lenpen=float(lenpen), max_len_a=float(max_len_a), max_len_b=max_len_b,
-                     nbest=nbest, batch_tokens=batch_tokens, stop=stop)
-        self._check_attention(attention_layer, attention_head)
-        spec = SearchSpec(beam, float(lenpen), nbest, float(max_len_a), max_len_b, min_len, stop,
-                          need_attention, attention_layer, attention_head)
-        return self._run(texts, spec, batch_tokens)
+    def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
+                           attention: AttentionChoice | None = None, **overrides) -> list[Translation]:
+        """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
+        ``attention`` also returns each hypothesis' cross-attention of that layer and head."""
+        decode = self.settings(decode, **overrides)
+        if attention is not None:
+            check_layer_head(self.config, attention.layer, attention.head)
+        return self._run(texts, SearchSpec(decode, attention), decode.batch_tokens)
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               seed: int | None = None, max_len_a: float = _DEFAULTS.max_len_a,
-               max_len_b: int = _DEFAULTS.max_len_b, batch_tokens: int = _DEFAULTS.batch_tokens,
-               ) -> list[Translation]:
-        """One sampled translation per text (see :func:`~transduce.inference.sampling.sample`)."""
+               seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
+        """One sampled translation per text (see :func:`~transduce.inference.sampling.sample`);
+        ``decode`` gives the length limits and batch size."""
         check_sampling(temperature, top_k, top_p)
-        spec = SearchSpec(max_len_a=float(max_len_a), max_len_b=max_len_b, temperature=float(temperature),
-                          top_k=top_k, top_p=float(top_p), seed=seed)
-        return self._run(texts, spec, batch_tokens)
+        decode = self.settings(decode, **overrides)
+        spec = SearchSpec(decode, temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
+        return self._run(texts, spec, decode.batch_tokens)
 
     def encode_source(self, text: str) -> tuple[list[int], bool]:
         """Source ids (no EOS), cut to ``max_input_len``; returns (ids, truncated)."""
@@ -201,7 +190,8 @@ class BaseTranslator:
         eos = self.config.eos_id
         batches = [[todo[j] for j in batch]
                    for batch in self._batches([len(results[i].source_tokens) + 1 for i in todo], batch_tokens)]
-        sources = [self._pad([results[i].source_tokens + [eos] for i in index]) for index in batches]  # (B, S) each
+        sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
+                   for index in batches]
         for index, out in zip(batches, self._search(sources, spec)):
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
@@ -213,12 +203,6 @@ class BaseTranslator:
         pieces = self.tokenizer.pieces(ids, side="src")
         empty = [Hypothesis("", [], [], 0.0, 0.0)] if not ids else []
         return Translation(text, ids, pieces, empty, truncated)
-
-    def _pad(self, rows: list[list[int]]) -> Tensor:
-        """A (B, S) CPU tensor of the rows, PAD-padded."""
-        width = max(len(r) for r in rows)
-        pad = self.config.pad_id
-        return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
 
     def _hypotheses(self, out: SearchOutput, row: int, src_len: int) -> list[Hypothesis]:
         """Hypothesis objects of batch row ``row``, skipping empty (-inf) slots."""
@@ -239,15 +223,6 @@ class BaseTranslator:
                                    score, float(out.log_probs[row, k]), ended, attention))
         return hyps
 
-    def _check_attention(self, layer: int, head: int | None) -> None:
-        cfg = self.config
-        n_layers = getattr(cfg, "n_decoder_layers", None)
-        if n_layers is not None and not -n_layers <= layer < n_layers:
-            raise ConfigError(f"attention layer: must be in [{-n_layers}, {n_layers}); got {layer}")
-        n_heads = getattr(cfg, "n_heads", None)
-        if head is not None and n_heads is not None and not 0 <= head < n_heads:
-            raise ConfigError(f"attention head: must be in [0, {n_heads}); got {head}")
-
 
 class Translator(BaseTranslator):
     """A model and its tokenizer, ready to translate lists of sentences.
@@ -257,63 +232,61 @@ class Translator(BaseTranslator):
             ``encode``/``decode``/``new_cache``/``config``).
         tokenizer: a :class:`~transduce.data.tokenizer.Tokenizer` (``encode``/``decode``/``pieces``).
         device: "cpu", "cuda", "cuda:1" or "auto".
-        precision: "fp32", or "bf16"/"fp16" autocast (meant for CUDA).
-        max_input_len: longer inputs are cut to this many tokens, with a warning.
+        precision: "fp32", or "bf16"/"fp16" autocast (fp16 on CUDA only).
+        int8: dynamic int8 quantisation of the linear layers (CPU only).
+        decode: the default decoding settings (:attr:`decode`); ``max_input_len``: longer inputs
+            are cut to this many tokens, with a warning.
 
-    On CPU the model's linear layers are switched in place to oneDNN (same parameters and
-    results; see :func:`~transduce.inference.cpu.use_onednn_linears`), and searches keep
-    packed and fused copies of the weights. :meth:`close` (or leaving a ``with Translator(...)``
-    block) hands the model back as it came, without those copies: do that before training a
-    model you translated with.
+    The model is prepared for decoding in place (:func:`~transduce.inference.fast.prepare_for_decoding`:
+    fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
+    results), and searches keep packed and fused copies of the weights. :meth:`close` (or
+    leaving a ``with Translator(...)`` block) hands the model back as it came (int8 aside),
+    without those copies: do that before training a model you translated with.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
-                 precision: str = "fp32", max_input_len: int = _DEFAULTS.max_input_len):
-        check_precision(precision)
+                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
         self.device = resolve_device(device)
-        self.model = model.to(self.device).eval()
-        if self.device.type == "cpu":
-            use_onednn_linears(self.model)  # same math, faster CPU matmuls (see inference.cpu)
+        autocast_context(self.device, precision)  # a bad precision fails here, not at the first search
+        if int8 and self.device.type != "cpu":
+            raise ConfigError(f"--int8: dynamic int8 quantisation runs on CPU only; got device {self.device} "
+                              "(use --device cpu)")
+        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu", int8=int8)
         self.tokenizer = tokenizer
         self.precision = precision
         self.config = model.config
-        self.max_input_len = input_limit(self.config, max_input_len)
+        self.decode = decode or DecodeConfig()
+        self.max_input_len = input_limit(self.config, self.decode.max_input_len)
 
     def close(self) -> None:
-        """Undo the in-place CPU switch and drop the kept weight copies (see
-        :func:`~transduce.inference.cpu.drop_inference_state`). The translator still works
-        afterwards, through plain ``F.linear`` (slower on CPU; a new Translator switches again)."""
-        drop_inference_state(self.model)
+        """Undo the preparation and drop the kept weight copies (see
+        :func:`~transduce.inference.fast.restore`). The translator still works afterwards, more
+        slowly (each search prepares the model for its own duration)."""
+        restore(self.model)
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu",
-             precision: str = "fp32", max_input_len: int = _DEFAULTS.max_input_len) -> "Translator":
-        """Load the model (``config.yaml`` + ``model.safetensors``) and tokenizer of a model dir."""
+    def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32",
+             int8: bool = False, decode: DecodeConfig | None = None) -> "Translator":
+        """Load the model, tokenizer and decoding settings of a model directory; ``decode``
+        replaces the saved settings."""
         from ..data.tokenizer import Tokenizer
-        from ..model import load_model
+        from ..model.io import load_decode_config, load_model
 
         if not os.path.isdir(model_dir):
             raise CheckpointError(f"{model_dir}: model directory not found")
         device = resolve_device(device)
-        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device, precision, max_input_len)
+        decode = decode or load_decode_config(model_dir)
+        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device, precision, int8, decode)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
-        dtype = PRECISIONS[self.precision]
-        if dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        return autocast_context(self.device, self.precision)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
         for src in batches:
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device)).cpu()
             yield out  # outside the block: the caller does not run in inference mode
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
 def input_limit(config, max_input_len: int) -> int:

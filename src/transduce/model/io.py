@@ -16,8 +16,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path
-from ..config import ModelConfig, model_config_from_dict, read_yaml, save_yaml
-from ..errors import CheckpointError, ConfigError
+from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
+from ..errors import CheckpointError, ConfigError, one_line
 from .transformer import Transformer
 
 FORMAT = "transduce"
@@ -59,19 +59,38 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             meta = f.metadata() or {}
         state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a transduce checkpoint (format={meta.get('format')!r})")
     return state
 
 
-def save_model(model: Transformer, directory: str | os.PathLike) -> Path:
-    """Write ``config.yaml`` and ``model.safetensors`` into ``directory`` (created if needed)."""
+def save_model(model: Transformer, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
+    """Write ``config.yaml`` (the model's config, and the decoding settings to use it with, if
+    given) and ``model.safetensors`` into ``directory`` (created if needed)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_weights(unique_state_dict(model), directory / WEIGHTS)
-    save_yaml({"model": dataclasses.asdict(model.config)}, directory / CONFIG)
+    config = {"model": dataclasses.asdict(model.config)}
+    if decode is not None:
+        config["decode"] = dataclasses.asdict(decode)
+    save_yaml(config, directory / CONFIG)
     return directory
+
+
+def load_decode_config(directory: str | os.PathLike) -> DecodeConfig:
+    """The decoding settings saved with a model (``decode`` in its config.yaml), or the
+    defaults for a model saved without them; a bad value is a ConfigError naming the key."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: model directory not found")
+    section = read_yaml(path).get("decode")
+    if section is None:
+        return DecodeConfig()
+    try:
+        return config_from_dict(DecodeConfig, section, "decode")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def load_model_config(directory: str | os.PathLike) -> ModelConfig:

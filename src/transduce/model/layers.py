@@ -29,8 +29,6 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.activation == "relu" and hasattr(self.fc1, "forward_relu"):
-            return self.fc2(self.dropout(self.fc1.forward_relu(x)))        # ReLU fused (inference)
         h = self.fc1(x)                                                   # (B, T, d_ff)
         if self.activation == "relu":
             h = F.relu(h)
@@ -101,8 +99,7 @@ class DecoderLayer(nn.Module):
         kv = None
         if cache is not None:
             if cache.cross_k is None:  # first step: project the encoder output once
-                # contiguous once here, or every step's matmul would copy the strided heads
-                cache.cross_k, cache.cross_v = (t.contiguous() for t in self.cross_attn.project_kv(memory))
+                cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
             kv = (cache.cross_k, cache.cross_v)
         h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, need_weights=need_weights)
         x = self._residual(x, h, self.norm2)

@@ -35,11 +35,12 @@ class EncoderOutput:
 
 @dataclass
 class DecoderOutput:
-    """Logits (B, T, V) (the states before the output projection, (B, T, D), when decoded with
-    ``project=False``), the updated cache (if one was given), optional attention maps per
+    """The decoder's output states (B, T, D), their logits (B, T, V) (None when decoded with
+    ``project=False``), the updated cache (if one was given), and optional attention maps per
     layer: self (B, H, T, T_total) and cross (B, H, T, S)."""
 
-    logits: Tensor
+    states: Tensor
+    logits: Tensor | None = None
     cache: KVCache | None = None
     self_attentions: list[Tensor] | None = None
     cross_attentions: list[Tensor] | None = None
@@ -128,8 +129,8 @@ class Transformer(nn.Module):
         Without ``cache``: ``tgt`` (B, T) is the whole shifted target (teacher forcing).
         With ``cache`` (start with ``model.new_cache()``): ``tgt`` (B, t) holds only the new
         tokens; the cache is extended and returned, so each step costs the same.
-        ``project=False`` returns the decoder's output states (B, T, D) in place of the logits,
-        for a loss that applies ``output_proj`` itself.
+        ``project=False`` leaves ``logits`` None, for a loss or search that applies
+        ``output_proj`` to the ``states`` itself.
         """
         start = cache.length if cache is not None else 0
         x = self.tgt_embed(tgt, start)                                    # (B, T, D)
@@ -144,12 +145,13 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         if cache is not None:
             cache.length += tgt.shape[1]
-        return DecoderOutput(self.output_proj(x) if project else x, cache, self_ws, cross_ws)
+        return DecoderOutput(x, self.output_proj(x) if project else None, cache, self_ws, cross_ws)
 
     def forward(self, src: Tensor, tgt: Tensor, project: bool = True) -> Tensor:
         """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V), or with
         ``project=False`` the states before the output projection (B, T, D)."""
-        return self.decode(tgt, self.encode(src), project=project).logits
+        out = self.decode(tgt, self.encode(src), project=project)
+        return out.logits if project else out.states
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding with :meth:`decode`."""

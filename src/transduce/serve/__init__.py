@@ -4,8 +4,8 @@ Concurrent requests are gathered into token-budget batches by :class:`DynamicBat
 page at ``/`` translates typed sentences and shows each translation's cross-attention.
 """
 
-from .app import BackgroundServer, ServeConfig, TranslationService, create_app, load_service, serve
+from .app import ServeConfig, TranslationService, create_app, load_service, serve
 from .batcher import BatchStats, DynamicBatcher
 
-__all__ = ["BackgroundServer", "ServeConfig", "TranslationService", "create_app", "load_service", "serve",
+__all__ = ["ServeConfig", "TranslationService", "create_app", "load_service", "serve",
            "BatchStats", "DynamicBatcher"]

@@ -3,7 +3,7 @@
 
 Routes:
     POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50}
-                     -> {"translations": [...]} in input order
+                     -> {"translations": [...]} in input order (settings not given: the model's)
     POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
     GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
@@ -20,13 +20,13 @@ FastAPI and uvicorn are optional (``pip install 'transduce[serve]'``) and import
 import asyncio
 import logging
 import os
-import threading
-import time
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any, Hashable
 
-from ..errors import ConfigError, TransduceError
+from ..errors import ConfigError, TransduceError, require
+from ..inference.search import AttentionChoice
+from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    batch_tokens: int = 4096
+    batch_tokens: int | None = None  # None: the model's decoding settings (DecodeConfig.batch_tokens)
     batch_wait_ms: float = 5.0
     batching: bool = True
     max_body_bytes: int = 256 * 1024
@@ -53,7 +53,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
-            if getattr(self, key) <= 0:
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
@@ -62,17 +62,6 @@ class ServeConfig:
                               f"got workers={self.workers}, device={self.device!r}")
         if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
-
-
-def require(module: str) -> Any:
-    """Import an optional serving dependency or raise a one-line TransduceError."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise TransduceError(f"serving needs the optional package {module!r}; "
-                             "install it with: pip install 'transduce[serve]'") from None
 
 
 class TranslationService:
@@ -87,7 +76,8 @@ class TranslationService:
 
     def __init__(self, translator, cfg: ServeConfig):
         self.translator, self.cfg = translator, cfg
-        self.batcher = DynamicBatcher(self._run, max_cost=cfg.batch_tokens, wait_ms=cfg.batch_wait_ms,
+        self.batch_tokens = cfg.batch_tokens or translator.decode.batch_tokens
+        self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
                                       max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
 
     def cost(self, texts: list[str]) -> int:
@@ -95,12 +85,15 @@ class TranslationService:
         return sum(len(self.translator.tokenizer.encode(t, "src")) + 1 for t in texts)
 
     def _run(self, key: Hashable, items: list[str]) -> list[Any]:
-        kind, options = key[0], dict(key[1:])
+        """One batch of jobs with the same key: (kind, DecodeConfig, AttentionChoice or None)."""
+        kind, decode, attention = key
         if kind == "translate":
-            return self.translator.translate(items, batch_tokens=self.cfg.batch_tokens, **options)
-        results = self.translator.translate_detailed(items, batch_tokens=self.cfg.batch_tokens,
-                                                     need_attention=True, **options)
-        return [attention_payload(r) for r in results]
+            return self.translator.translate(items, decode)
+        return [attention_payload(r) for r in self.translator.translate_detailed(items, decode, attention)]
+
+    def settings(self, **fields) -> Any:
+        """The model's decoding settings with a request's fields and the server's batch size."""
+        return self.translator.settings(batch_tokens=self.batch_tokens, nbest=1, **fields)
 
     def close(self) -> None:
         self.batcher.close()
@@ -128,11 +121,7 @@ def load_service(model_dir: str | os.PathLike, cfg: ServeConfig) -> TranslationS
         return TranslationService(TranslatorPool.load(model_dir, cfg.workers, cfg.threads or 1, int8=cfg.int8), cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    translator = Translator.load(model_dir, cfg.device)
-    if cfg.int8:
-        from ..export.quantize import quantize_translator
-        translator = quantize_translator(translator)
-    return TranslationService(translator, cfg)
+    return TranslationService(Translator.load(model_dir, cfg.device, int8=cfg.int8), cfg)
 
 
 class ApiError(Exception):
@@ -183,17 +172,17 @@ def request_models():
 
     class TranslateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
-        sentences: list[str]
-        beam: int = Field(4, ge=1, le=16)
-        lenpen: float = Field(0.6, ge=0.0, le=5.0)
-        max_len_a: float = Field(1.0, ge=0.0, le=4.0)
-        max_len_b: int = Field(50, ge=0, le=1024)
+        sentences: list[str]  # settings not given: the model's own (its saved DecodeConfig)
+        beam: int | None = Field(None, ge=1, le=16)
+        lenpen: float | None = Field(None, ge=0.0, le=5.0)
+        max_len_a: float | None = Field(None, ge=0.0, le=4.0)
+        max_len_b: int | None = Field(None, ge=0, le=1024)
 
     class AttentionRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
         sentence: str
-        beam: int = Field(4, ge=1, le=16)
-        lenpen: float = Field(0.6, ge=0.0, le=5.0)
+        beam: int | None = Field(None, ge=1, le=16)
+        lenpen: float | None = Field(None, ge=0.0, le=5.0)
         layer: int = -1
         head: int | None = None
 
@@ -246,7 +235,7 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
 
 def create_app(service: TranslationService, title: str = "transduce"):
     """The FastAPI application for ``service`` (see the module docstring for the routes)."""
-    fastapi = require("fastapi")
+    fastapi = require("fastapi", "serve", "serving")
     from fastapi import Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
@@ -265,9 +254,8 @@ def create_app(service: TranslationService, title: str = "transduce"):
         check_sentences(req.sentences, cfg)
         if not req.sentences:
             return {"translations": []}
-        key = ("translate", ("beam", req.beam), ("lenpen", req.lenpen), ("max_len_a", req.max_len_a),
-               ("max_len_b", req.max_len_b))
-        return {"translations": await run_job(service, key, req.sentences)}
+        decode = service.settings(**req.model_dump(exclude={"sentences"}, exclude_none=True))
+        return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
 
     @app.post("/attention")
     async def attention(request: Request):
@@ -275,18 +263,19 @@ def create_app(service: TranslationService, title: str = "transduce"):
         check_sentences([req.sentence], cfg)
         if not req.sentence.strip():
             raise ApiError(422, "sentence: is empty")
-        n = model_cfg.n_decoder_layers
-        if not -n <= req.layer < n or (req.head is not None and not 0 <= req.head < model_cfg.n_heads):
-            raise ApiError(422, f"layer must be in [{-n}, {n}) and head in [0, {model_cfg.n_heads}) or null")
-        key = ("attention", ("beam", req.beam), ("lenpen", req.lenpen), ("attention_layer", req.layer),
-               ("attention_head", req.head))
+        try:
+            check_layer_head(model_cfg, req.layer, req.head, "layer")
+        except ConfigError as e:
+            raise ApiError(422, str(e)) from None
+        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        key = ("attention", decode, AttentionChoice(req.layer, req.head))
         return (await run_job(service, key, [req.sentence]))[0]
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
                 "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
-                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": cfg.batch_tokens,
+                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
                            "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
 
     @app.get("/", response_class=HTMLResponse)
@@ -296,47 +285,10 @@ def create_app(service: TranslationService, title: str = "transduce"):
     return app
 
 
-class BackgroundServer:
-    """A uvicorn server in a thread, for tests and benchmarks (``port=0`` picks a free port).
-
-    Examples:
-        >>> with BackgroundServer(app) as server:      # doctest: +SKIP
-        ...     httpx.get(server.url + "/health")
-    """
-
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
-        uvicorn = require("uvicorn")
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="transduce-uvicorn", daemon=True)
-        self.url = ""
-
-    def start(self, timeout: float = 20.0) -> "BackgroundServer":
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("the server did not start")
-            time.sleep(0.02)
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    def __enter__(self) -> "BackgroundServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
 def serve(model_dir: str | os.PathLike, cfg: ServeConfig) -> None:
     """Load ``model_dir`` and serve it with uvicorn until interrupted (``transduce serve``)."""
-    uvicorn = require("uvicorn")
-    require("fastapi")
+    uvicorn = require("uvicorn", "serve", "serving")
+    require("fastapi", "serve", "serving")
     service = load_service(model_dir, cfg)
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("serving on %s: reachable from other machines (there is no authentication)", cfg.host)

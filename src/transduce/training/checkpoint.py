@@ -14,14 +14,14 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from ..atomic import atomic_write_text
-from ..errors import CheckpointError
+from ..atomic import atomic_dir, atomic_write_text
+from ..config import DecodeConfig
+from ..errors import CheckpointError, one_line
 from ..model.io import load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 
@@ -29,43 +29,29 @@ CKPT_RE = re.compile(r"^step_(\d{8})$")
 
 
 def write_dir_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
-    """Create ``final`` by filling a temporary sibling directory and renaming it into place.
-
-    An existing ``final`` is replaced (renamed aside first, removed after).
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-    try:
+    """Create ``final`` by filling a temporary sibling directory and renaming it into place
+    (see :func:`~transduce.atomic.atomic_dir`)."""
+    with atomic_dir(final) as tmp:
         fill(tmp)
-        old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    return Path(final)
 
 
-def save_model_dir(model: Transformer, tokenizer: Any, directory: Path) -> Path:
-    """A complete model directory (weights, config, tokenizer), written atomically."""
+def save_model_dir(model: Transformer, tokenizer: Any, directory: Path, decode: DecodeConfig | None = None) -> Path:
+    """A complete model directory (weights, config and decoding settings, tokenizer), written atomically."""
     def fill(tmp: Path) -> None:
-        save_model(model, tmp)
+        save_model(model, tmp, decode)
         tokenizer.save(tmp)
     return write_dir_atomically(Path(directory), fill)
 
 
 def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: Any,
-                    trainer_state: dict[str, Any], info: dict[str, Any], keep_last: int) -> Path:
+                    trainer_state: dict[str, Any], info: dict[str, Any], keep_last: int,
+                    decode: DecodeConfig | None = None) -> Path:
     """Write ``step_XXXXXXXX`` under ``ckpt_root``, point ``latest`` at it, prune old ones."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
 
     def fill(tmp: Path) -> None:
-        save_model(model, tmp)
+        save_model(model, tmp, decode)
         tokenizer.save(tmp)
         torch.save(trainer_state, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps(info, indent=1))
@@ -110,7 +96,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         info = json.loads((path / "state.json").read_text())
     except (OSError, RuntimeError, ValueError, EOFError) as e:
-        raise CheckpointError(f"{path}: unreadable training state ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: unreadable training state ({one_line(e)})") from None
     return weights, trainer_state, info
 
 

@@ -24,13 +24,14 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import RunConfig, load_run_config, save_yaml, with_vocab
-from ..data.batching import BatchPlan, token_budget_batches
+from ..config import RunConfig, save_yaml, with_vocab
 from ..data.batch import Batch
+from ..data.batching import BatchPlan, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.prepare import prepared_for_run
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
+from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
 from ..model.io import load_state_checked
 from ..model.transformer import Transformer
@@ -63,28 +64,6 @@ class TrainState:
     elapsed: float = 0.0       # seconds of training before this process started
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"train.device: unknown device {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: CUDA requested but not available")
-    return device
-
-
-def autocast_context(device: torch.device, precision: str):
-    """bf16 autocast on CPU and CUDA, fp16 on CUDA; fp32 runs without autocast."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision: fp16 needs CUDA; use bf16 on CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def output_weight(model: torch.nn.Module) -> torch.Tensor:
     """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
     model = getattr(model, "_orig_mod", model)
@@ -113,7 +92,7 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
                 hidden = model(batch.src, batch.tgt_in, project=False)   # (B, T, D)
                 out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
             else:
-                with autocast_context(device, precision):
+                with autocast_context(device, precision, "train.precision"):
                     logits = model(batch.src, batch.tgt_in)              # (B, T, V)
                 out = label_smoothed_loss(logits, batch.tgt_out, smoothing, pad_id)
             scaled = out.loss / normalizer
@@ -200,7 +179,7 @@ class Trainer:
         state = replace(self.state, elapsed=self.elapsed())
         info = {"train_state": asdict(state), "world_size": self.dist.world_size}
         return save_checkpoint(self.run_dir / "checkpoints", self.state.step, self.model, self.data.tokenizer,
-                               trainer_state, info, self.cfg.train.keep_last)
+                               trainer_state, info, self.cfg.train.keep_last, self.cfg.decode)
 
     def elapsed(self) -> float:
         return self.state.elapsed + time.monotonic() - self._t0
@@ -380,7 +359,7 @@ class Trainer:
         self.log({"step": self.state.step, "elapsed": self.elapsed(), **metrics})
         progress.message(f"step {self.state.step}: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if self._improved(metrics) and self.dist.is_main:
-            save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best")
+            save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
         return metrics
 
     def finish(self, reason: str) -> dict[str, float]:
@@ -396,19 +375,15 @@ class Trainer:
             if len(ckpts) > 1:
                 average_checkpoints(ckpts, self.run_dir / "model")
             else:
-                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model")
+                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
             logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
                         self.elapsed(), self.run_dir / "model")
         return metrics
 
 
-def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
-    return Path("runs") / ((Path(config_path).stem if config_path else "run") + ("_reverse" if reverse else ""))
-
-
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
     """Prepare data, build or restore the trainer, train, and write the final model."""
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.train.device, "train.device")
     dist = init_distributed(device.type)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
@@ -434,15 +409,3 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         return trainer, metrics
     finally:
         shutdown_distributed()
-
-
-def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
-               reverse: bool = False) -> int:
-    """``transduce train``: returns the process exit status."""
-    run_dir = Path(out) if out else default_run_dir(config_path, reverse)
-    if resume and config_path is None and (run_dir / "config.yaml").is_file():
-        config_path = str(run_dir / "config.yaml")  # resume with the run's own config
-    if reverse:  # idempotent: a reversed run's own config already says so
-        overrides = [*overrides, "data.reverse=true"]
-    run_training(load_run_config(config_path, overrides), run_dir, resume)
-    return 0

@@ -85,9 +85,9 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     forward computes the block's logits, its loss terms and, when gradients are wanted, its
     gradients right away (d logits = keep * (softmax - smoothed one-hot), then d hidden =
     d logits @ weight and d weight += d logits^T @ hidden), while the block is still in cache.
-    The backward only scales them by the incoming gradient of the loss. On the d_model 128,
-    8k-vocabulary recipe the (N, V) logits are 30x larger than the hidden states, so this
-    removes most of the step's memory traffic outside the matmuls.
+    The backward only scales them by the incoming gradient of the loss. With a small d_model and
+    a large vocabulary the (N, V) logits dwarf the hidden states, so this removes most of the
+    step's memory traffic outside the matmuls (BENCHMARKS.md, "Training throughput").
 
     Shape: hidden (N, D), weight (V, D), target (N,), keep (N,) float (1 = counted, 0 = pad)
     -> the sums of the smoothed loss and of the NLL (scalars).
@@ -133,9 +133,9 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
 
     The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight), ...)``
     (see :class:`_ProjectedSmoothedCrossEntropy`), for float32 training; the NLL is for
-    reporting (no gradient). ``chunk`` rows per block: by default 256 on CPU (fastest of
-    128-4,096 on the recipe shape, BENCHMARKS.md) and 4,096 elsewhere, where a block is a
-    few kernel launches and small blocks would leave a GPU idle.
+    reporting (no gradient). ``chunk`` rows per block: on CPU a block that stays in cache (the
+    size measured fastest, BENCHMARKS.md); elsewhere a large one, since a block is a few kernel
+    launches and small blocks would leave a GPU idle.
 
     Shape: hidden (B, T, D) (the decoder output before the output projection), weight (V, D),
     target (B, T).

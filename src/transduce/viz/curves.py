@@ -7,15 +7,12 @@ import os
 from pathlib import Path
 
 from ..atomic import atomic_path
-from ..errors import TransduceError
+from ..errors import TransduceError, require
 
 
-def require_matplotlib():
+def require_matplotlib(what: str = "plotting"):
     """Import matplotlib with a headless backend, or explain how to get it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise TransduceError("this needs matplotlib: pip install 'transduce[plot]'") from None
+    matplotlib = require("matplotlib", "plot", what)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt

@@ -11,6 +11,11 @@ import sacrebleu
 
 from transduce.cli import main
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
 LINES = ["the cat sat on the mat", "", "a dog runs in the park",
          " ".join(["the old man drinks tea"] * 220),  # > 1022 tokens: truncated
          "", "tea"]

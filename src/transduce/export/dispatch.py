@@ -1,0 +1,50 @@
+"""``transduce export``: one entry point choosing the exporter by format."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .base import ExportError, ExportReport, staging_dir, torch_threads
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("hf", "ctranslate2", "onnx")
+QUANTIZATIONS = ("int8",)
+
+
+def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
+                 quantization: str | None = None, force: bool = False) -> ExportReport:
+    """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified.
+
+    Args:
+        model_dir: a directory written by ``save_model`` (+ tokenizer files).
+        fmt: "hf" (MarianMTModel directory), "ctranslate2" or "onnx".
+        out: destination directory (must not exist unless ``force``).
+        quantization: None or "int8" (CTranslate2 only).
+        force: replace an existing ``out``.
+
+    Returns:
+        An :class:`ExportReport` with the verification measurements.
+
+    Raises:
+        ExportError: unsupported format/option, missing package, or a failed verification.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
+        raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
+    with staging_dir(out, force) as tmp, torch_threads(1):
+        if fmt == "hf":
+            from .hf import export_hf
+            checks = export_hf(model_dir, tmp)
+        elif fmt == "ctranslate2":
+            from .ct2 import export_ctranslate2
+            checks = export_ctranslate2(model_dir, tmp, quantization)
+        else:
+            from .onnx_export import export_onnx
+            checks = export_onnx(model_dir, tmp)
+    report = ExportReport(fmt, Path(out), checks)
+    logger.debug(report.summary())
+    return report
