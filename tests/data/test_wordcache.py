@@ -1,15 +1,17 @@
 """The word cache gives exactly SentencePiece's ids, on real text and on text built to break it."""
 
 import gzip
+import io
 import random
 from itertools import chain
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
-from transduce.data.wordcache import WordCache
+from transduce.data.wordcache import WordCache, word_separable
 
 ODD = ["a\xa0b", "  lead and  double  ", "tab\there", "x ¨y z", "ｆｕｌｌ width", "ctrl\x01char", "", " ",
        "\u2581under score", "e\u0301 combining", "Nummer\xa028.", "line\u2028sep", "zero\u200bwidth", "ﬁ ligature",
@@ -75,3 +77,17 @@ def test_a_full_cache_still_encodes_exactly(real_text, tmp_path):
         want = _reference(sp, real_text[lo:lo + 100])
         assert np.array_equal(ids, want[0]) and np.array_equal(lengths, want[1])
         assert len(cache.index) <= 400
+
+
+@pytest.mark.parametrize("option", [{}, {"split_by_whitespace": False}, {"remove_extra_whitespaces": False},
+                                    {"treat_whitespace_as_suffix": True}, {"add_dummy_prefix": False}])
+def test_models_that_join_words_are_encoded_a_line_at_a_time(real_text, option):
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(real_text[:3000]), model_writer=buffer, vocab_size=300,
+                                   pad_id=0, bos_id=1, eos_id=2, unk_id=3, minloglevel=2, **option)
+    tok = Tokenizer(buffer.getvalue())
+    assert word_separable(tok._side("src")) == (option == {})
+    texts = real_text[:400] + ["two  spaces here", "  lead"]
+    ids, lengths = tok.encode_flat(texts, "src")
+    want = _reference(tok._side("src"), texts)
+    assert np.array_equal(ids, want[0]) and np.array_equal(lengths, want[1])

@@ -28,6 +28,7 @@ import io
 import logging
 import os
 import random
+from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -36,7 +37,7 @@ import sentencepiece as spm
 import yaml
 
 from transduce.atomic import atomic_write_bytes
-from transduce.data.wordcache import WordCache
+from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Tokenizer:
         src_sp = _load_proto(src_proto, f"{name} (src)")
         tgt_sp = src_sp if self._joint else _load_proto(self._protos["tgt"], f"{name} (tgt)")
         self._sp = {"src": src_sp, "tgt": tgt_sp}
-        self._word_caches: dict[int, WordCache] = {}  # per model (a joint one serves both sides)
+        self._word_caches: dict[int, WordCache | None] = {}  # per model (a joint one serves both sides)
 
     # ---- training -------------------------------------------------------------------------
 
@@ -204,10 +205,14 @@ class Tokenizer:
         ids, a few times faster on a corpus. Returns (T,) int32 ids and (N,) int64 lengths.
         """
         sp = self._side(side)
-        cache = self._word_caches.get(id(sp))
-        if cache is None:
-            cache = self._word_caches[id(sp)] = WordCache(sp)
-        return cache.encode(texts, num_threads)
+        if id(sp) not in self._word_caches:
+            self._word_caches[id(sp)] = WordCache(sp) if word_separable(sp) else None
+        cache = self._word_caches[id(sp)]
+        if cache is not None:
+            return cache.encode(texts, num_threads)
+        rows = sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        return np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum())), lengths
 
     def sample_batch(self, texts: Sequence[str], side: str, dropout: float, seed: int) -> list[list[int]]:
         """Randomly segmented ids of ``texts``: BPE-dropout (Provilkov et al., 2020).

@@ -26,6 +26,16 @@ _OTHER_SPACE = re.compile(r"[^\S ]")  # whitespace that is not a plain space
 _UNSAFE = -1
 
 
+def word_separable(sp: spm.SentencePieceProcessor) -> bool:
+    """Whether ``sp`` segments every word on its own, which the cache relies on: no piece holds a
+    word boundary other than its leading one (``split_by_whitespace``, boundaries marked at the
+    start), and runs of spaces collapse behind a dummy prefix. Our tokenizers always pass; a
+    model trained elsewhere with other options is encoded a line at a time instead."""
+    if sp.normalize("a  b") != "\u2581a\u2581b":
+        return False
+    return not any("\u2581" in sp.id_to_piece(i)[1:] for i in range(sp.get_piece_size()))
+
+
 class WordCache:
     """Ids of single words for one SentencePiece model, at most ``limit`` words kept (~100 bytes each).
 
