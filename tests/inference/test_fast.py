@@ -11,20 +11,7 @@ from transduce.inference.cpu import OneDNNLinear
 from transduce.inference.fast import (PooledKVCache, PooledLayerCache, fast_attention, is_prepared,
                                       prepare_for_decoding, restore)
 from transduce.model.attention import LayerCache, MultiHeadAttention, scaled_dot_product_attention
-
-B, H, T, S, DH = 2, 4, 5, 7, 8
-D = H * DH
-
-
-def _qkv(t_q=T, t_k=S):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(B, H, t_q, DH, generator=g), torch.randn(B, H, t_k, DH, generator=g),
-            torch.randn(B, H, t_k, DH, generator=g))
-
-
-def _key_mask(t_k=S):
-    lengths = torch.tensor([t_k, t_k - 3])
-    return (torch.arange(t_k)[None, :] < lengths[:, None])[:, None, None, :]   # (B, 1, 1, S)
+from attention_helpers import B, D, DH, H, T, _key_mask, _qkv
 
 
 @pytest.mark.parametrize("t_q", [1, 3])

@@ -7,20 +7,7 @@ from torch import nn
 
 from transduce.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from transduce.model.masks import causal_mask, combine, padding_mask
-
-B, H, T, S, DH = 2, 4, 5, 7, 8
-D = H * DH
-
-
-def _qkv(t_q=T, t_k=S):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(B, H, t_q, DH, generator=g), torch.randn(B, H, t_k, DH, generator=g),
-            torch.randn(B, H, t_k, DH, generator=g))
-
-
-def _key_mask(t_k=S):
-    lengths = torch.tensor([t_k, t_k - 3])
-    return (torch.arange(t_k)[None, :] < lengths[:, None])[:, None, None, :]   # (B, 1, 1, S)
+from attention_helpers import B, D, H, S, T, _key_mask, _qkv
 
 
 @pytest.mark.parametrize("masked", [False, True])
