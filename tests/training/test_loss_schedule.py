@@ -77,6 +77,49 @@ def test_projected_loss_equals_projection_then_loss(chunk, eps):
     with torch.no_grad():  # evaluation: no gradient work, same value
         torch.testing.assert_close(projected_label_smoothed_loss(hidden, weight, target, eps, 0).loss, ref.detach())
 
+@pytest.mark.parametrize("chunk", [4, 1000])
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_projected_loss_under_bf16_autocast_matches_autocast_projection_then_loss(chunk, eps):
+    """Under bf16 autocast (the training path on GPUs) the fused loss equals what autocast gives
+    F.linear then the loss, within bf16 precision, and both are near the float64 truth; pad
+    rows get no gradient, the nll has no host sync (a device tensor), and a block's gradient
+    is computed in float32 before it is rounded."""
+    from transduce.training.loss import _low_precision_block, projected_label_smoothed_loss
+    torch.manual_seed(3)
+    hidden = torch.randn(4, 9, 32)
+    weight = torch.randn(300, 32) * 0.2
+    target = torch.randint(1, 300, (4, 9))
+    target[2, 5:] = 0
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h3, w3 = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk)
+        ref = label_smoothed_loss(F.linear(h2, w2), target, eps, pad_id=0)
+    (out.loss * 0.5).backward()
+    (ref.loss * 0.5).backward()
+    (label_smoothed_loss(F.linear(h3, w3), target, eps, pad_id=0).loss * 0.5).backward()
+    assert out.loss.dtype == torch.float32 and h1.grad.dtype == w1.grad.dtype == torch.float32
+    assert int(out.n_tokens) == 32
+    torch.testing.assert_close(out.loss, ref.loss, rtol=2e-3, atol=1e-2)
+    torch.testing.assert_close(out.nll, ref.nll, rtol=2e-3, atol=1e-2)
+    for mine, theirs, truth in ((h1.grad, h2.grad, h3.grad), (w1.grad, w2.grad, w3.grad)):
+        scale = truth.abs().max().item()
+        assert (mine - theirs).abs().max().item() < 0.02 * scale
+        assert (mine.double() - truth).abs().max().item() < 0.02 * scale
+    assert bool((h1.grad[2, 5:] == 0).all())
+    # the block function alone, in float32 on bf16-exact logits, is the closed form exactly
+    logits = torch.randn(6, 40).bfloat16()
+    t = torch.randint(0, 40, (6,))
+    nll, smooth, g = _low_precision_block(logits, t, eps)
+    logp = torch.log_softmax(logits.float(), -1)
+    torch.testing.assert_close(nll, -logp.gather(1, t[:, None]).squeeze(1))
+    torch.testing.assert_close(smooth, -logp.mean(-1))
+    expected = logp.exp() - eps / 40 - (1 - eps) * F.one_hot(t, 40)
+    assert g.dtype == torch.bfloat16
+    torch.testing.assert_close(g.float(), expected.bfloat16().float())
+
+
 def test_noam_schedule_is_equation_3():
     cfg = TrainConfig(warmup_steps=4000)
     for step in (1, 100, 3999, 4000, 4001, 100000):

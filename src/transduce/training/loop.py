@@ -99,7 +99,7 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += out.loss.item()
         nll_sum += out.nll.item()
-        n_tokens += out.n_tokens
+        n_tokens += int(out.n_tokens)
     return loss_sum, nll_sum, n_tokens
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,7 @@ class LossOutput:
 
     loss: Tensor      # smoothed loss, the training objective (sum)
     nll: Tensor       # plain negative log-likelihood (sum), for perplexity
-    n_tokens: int
+    n_tokens: Tensor  # non-pad target positions (0-dim long, on the loss's device: read it when needed)
 
 
 def _nll_and_smooth(logp: Tensor, target: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -75,7 +76,95 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
     if rows.dtype in (torch.float16, torch.bfloat16):
         rows = rows.float()                                             # softmax in fp32 under autocast
     loss, nll = _SmoothedCrossEntropy.apply(rows, target.reshape(-1), keep.reshape(-1).to(rows.dtype), smoothing)
-    return LossOutput(loss, nll.detach(), int(keep.sum()))
+    return LossOutput(loss, nll.detach(), keep.sum())
+
+
+# Rows per block of the projected loss away from the CPU: as many as make a block of about this
+# many logits (8192 rows at a 32k vocabulary: 0.5 GB in bf16), so that a block's kernels are
+# large enough to keep a GPU busy while the (N, V) logits are never stored whole.
+BLOCK_ELEMENTS = 1 << 28
+
+
+def _low_precision_block(logits: Tensor, target: Tensor, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+    """One block of the low-precision projected loss: per row, -log p(target) and the mean -log p
+    over the vocabulary (float32), and d loss / d logits = softmax - smoothed one-hot, in the
+    logits' dtype. Written as pointwise ops over one float32 view so that ``torch.compile`` fuses
+    the whole block into a reduction and a pointwise kernel (on CUDA, see :func:`_block_fn`).
+
+    Shape: logits (c, V) bf16/fp16, target (c,) -> nll (c,), smooth (c,), grad (c, V).
+    """
+    v = logits.shape[-1]
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)                          # (c, 1)
+    nll = (lse - x.gather(-1, target.unsqueeze(-1))).squeeze(-1)
+    smooth = lse.squeeze(-1) - x.sum(dim=-1) / v
+    hot = torch.arange(v, device=x.device) == target.unsqueeze(-1)          # (c, V)
+    grad = torch.exp(x - lse) - smoothing / v - hot * (1.0 - smoothing)
+    return nll, smooth, grad.to(logits.dtype)
+
+
+# _low_precision_block compiled for CUDA on first use (the plain function once compiling failed).
+_COMPILED_BLOCK: dict[str, object] = {}
+
+
+def _run_block(logits: Tensor, target: Tensor, smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_low_precision_block`, compiled once on CUDA (dynamic shapes: the last block is
+    shorter), plain elsewhere; a compiler failure falls back to the plain function, with a warning."""
+    if logits.device.type != "cuda":
+        return _low_precision_block(logits, target, smoothing)
+    fn = _COMPILED_BLOCK.get("fn")
+    if fn is None:
+        fn = _COMPILED_BLOCK["fn"] = torch.compile(_low_precision_block, dynamic=True)
+    try:
+        return fn(logits, target, smoothing)
+    except Exception as e:  # noqa: BLE001 - a compiler failure must not stop training
+        if fn is _low_precision_block:
+            raise
+        logging.getLogger("transduce.training").warning(
+            "compiling the fused loss failed (%s); running it eagerly", (str(e).splitlines() or [type(e).__name__])[0])
+        _COMPILED_BLOCK["fn"] = _low_precision_block
+        return _low_precision_block(logits, target, smoothing)
+
+
+def _blocks_fp32(hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, chunk: int,
+                 grad_h: Tensor | None, grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The float32 blocks of :class:`_ProjectedSmoothedCrossEntropy`: the sums of the NLL and of
+    the smoothing term; writes the gradients (not yet scaled) into ``grad_h``/``grad_w``."""
+    v = weight.shape[0]
+    nll = hidden.new_zeros(())
+    smooth = hidden.new_zeros(())
+    for s in range(0, hidden.shape[0], chunk):
+        h, t, k = hidden[s:s + chunk], target[s:s + chunk], keep[s:s + chunk]
+        logp = torch.log_softmax(h @ weight.T, dim=-1)                     # (c, V)
+        block_nll, block_smooth = _nll_and_smooth(logp, t, k)
+        nll += block_nll
+        smooth += block_smooth
+        if grad_h is not None or grad_w is not None:
+            g = logp.exp_().mul_(k.unsqueeze(-1)).sub_((k * (smoothing / v)).unsqueeze(-1))  # (c, V)
+            g.scatter_add_(-1, t.unsqueeze(-1), -(k * (1.0 - smoothing)).unsqueeze(-1))
+            if grad_h is not None:
+                torch.mm(g, weight, out=grad_h[s:s + chunk])
+            if grad_w is not None:
+                grad_w.addmm_(g.T, h)
+    return nll, smooth
+
+
+def _blocks_mixed(hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, chunk: int,
+                  dtype: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
+    """:func:`_blocks_fp32` in mixed precision (see :class:`_ProjectedSmoothedCrossEntropy`)."""
+    w = weight.to(dtype)
+    nll = hidden.new_zeros((), dtype=torch.float32)
+    smooth = hidden.new_zeros((), dtype=torch.float32)
+    for s in range(0, hidden.shape[0], chunk):
+        h, t, k = hidden[s:s + chunk].to(dtype), target[s:s + chunk], keep[s:s + chunk]
+        block_nll, block_smooth, g = _run_block(h @ w.T, t, smoothing)  # g (c, V) in dtype
+        nll += (block_nll * k).sum()
+        smooth += (block_smooth * k).sum()
+        if grad_h is not None:
+            grad_h[s:s + chunk] = (g @ w) * k.unsqueeze(-1)
+        if grad_w is not None:
+            grad_w += (g.T @ (h * k.unsqueeze(-1).to(dtype))).float()
+    return nll, smooth
 
 
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
@@ -89,42 +178,49 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     a large vocabulary the (N, V) logits dwarf the hidden states, so this removes most of the
     step's memory traffic outside the matmuls (BENCHMARKS.md, "Training throughput").
 
+    ``dtype`` None computes in float32. A bf16/fp16 ``dtype`` is mixed precision as autocast
+    does it: the projection's operands in ``dtype``, the softmax in float32, d logits rounded
+    to ``dtype`` for the two gradient matmuls, d weight accumulated in float32; the pad rows are
+    masked on the (c, D) side (d hidden rows, hidden rows) instead of the (c, V) side.
+
     Shape: hidden (N, D), weight (V, D), target (N,), keep (N,) float (1 = counted, 0 = pad)
     -> the sums of the smoothed loss and of the NLL (scalars).
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float,
-                chunk: int) -> tuple[Tensor, Tensor]:
+                chunk: int, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
         want_h, want_w = ctx.needs_input_grad[:2]
-        n, v = hidden.shape[0], weight.shape[0]
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight) if want_w else None
-        nll = hidden.new_zeros(())
-        smooth = hidden.new_zeros(())
-        for s in range(0, n, chunk):
-            h, t, k = hidden[s:s + chunk], target[s:s + chunk], keep[s:s + chunk]
-            logp = torch.log_softmax(h @ weight.T, dim=-1)                 # (c, V)
-            block_nll, block_smooth = _nll_and_smooth(logp, t, k)
-            nll += block_nll
-            smooth += block_smooth
-            if want_h or want_w:
-                g = logp.exp_().mul_(k.unsqueeze(-1)).sub_((k * (smoothing / v)).unsqueeze(-1))  # (c, V)
-                g.scatter_add_(-1, t.unsqueeze(-1), -(k * (1.0 - smoothing)).unsqueeze(-1))
-                if want_h:
-                    torch.mm(g, weight, out=grad_h[s:s + chunk])
-                if want_w:
-                    grad_w.addmm_(g.T, h)
+        if dtype is None:
+            nll, smooth = _blocks_fp32(hidden, weight, target, keep, smoothing, chunk, grad_h, grad_w)
+        else:
+            with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are chosen by hand
+                nll, smooth = _blocks_mixed(hidden, weight, target, keep, smoothing, chunk, dtype, grad_h, grad_w)
         ctx.save_for_backward(grad_h, grad_w)
         return (1.0 - smoothing) * nll + smoothing * smooth, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple:
+        # The NLL is for reporting: the wrapper returns it detached, so its gradient is ignored
+        # (checking that it is zero would cost a host sync every step).
         grad_h, grad_w = ctx.saved_tensors
-        if grad_nll is not None and bool(grad_nll != 0):
-            raise RuntimeError("the projected loss returns the NLL for reporting only; it has no gradient")
         return (None if grad_h is None else grad_h * grad_loss, None if grad_w is None else grad_w * grad_loss,
-                None, None, None, None)
+                None, None, None, None, None)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on ``device_type`` now, or None when it is off."""
+    try:
+        on = torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4 takes no device type
+        on = torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
+    if not on:
+        return None
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(device_type)
+    return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
 
 
 def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float,
@@ -132,18 +228,22 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
     """:func:`label_smoothed_loss` of ``hidden @ weight.T`` without storing those logits.
 
     The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight), ...)``
-    (see :class:`_ProjectedSmoothedCrossEntropy`), for float32 training; the NLL is for
-    reporting (no gradient). ``chunk`` rows per block: on CPU a block that stays in cache (the
-    size measured fastest, BENCHMARKS.md); elsewhere a large one, since a block is a few kernel
-    launches and small blocks would leave a GPU idle.
+    (see :class:`_ProjectedSmoothedCrossEntropy`): in float32, or in mixed precision when
+    called under bf16/fp16 autocast (as the model's forward is), matching what autocast gives
+    the unfused pair within that precision. The NLL is for reporting (no gradient). ``chunk``
+    rows per block: on CPU a block that stays in cache (the size measured fastest,
+    BENCHMARKS.md); elsewhere :data:`BLOCK_ELEMENTS` logits' worth, since a block is a few
+    kernel launches and small blocks would leave a GPU idle. No host synchronisation.
 
     Shape: hidden (B, T, D) (the decoder output before the output projection), weight (V, D),
     target (B, T).
     """
     keep = target != pad_id                                             # (B, T)
     rows = hidden.reshape(-1, hidden.shape[-1])
+    dtype = _autocast_dtype(rows.device.type)
     if chunk is None:
-        chunk = 256 if rows.device.type == "cpu" else 4096
-    loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target.reshape(-1), keep.reshape(-1).to(rows.dtype),
-                                                     smoothing, chunk)
-    return LossOutput(loss, nll.detach(), int(keep.sum()))
+        chunk = 256 if rows.device.type == "cpu" else max(64, BLOCK_ELEMENTS // weight.shape[0])
+    keep_f = keep.reshape(-1).to(torch.float32 if dtype is not None else rows.dtype)
+    loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target.reshape(-1), keep_f, smoothing, chunk,
+                                                     dtype)
+    return LossOutput(loss, nll.detach(), keep.sum())

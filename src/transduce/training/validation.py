@@ -22,7 +22,7 @@ def validation_loss(model: Transformer, pairs: TokenPairs, cfg: RunConfig,
         batch = pairs.batch(plan[i]).to(device)
         out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing,
                                   model.config.pad_id)
-        loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + out.n_tokens
+        loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + int(out.n_tokens)
     return loss / max(n, 1), nll / max(n, 1)
 
 
