@@ -226,7 +226,9 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float | None = None
     precision: str = "fp32"
-    compile: bool = False
+    compile: bool = False        # torch.compile the model once, with dynamic batch shapes
+    pad_multiple: int | None = None  # pad S and T up to a multiple (None: 8 on CUDA, 1 = none elsewhere)
+    cuda_graphs: bool = False    # the whole step as one CUDA graph per shape bucket (training/graphs.py)
     log_every: int = 50
     eval_every: int = 1000
     save_every: int = 1000
@@ -262,6 +264,13 @@ class TrainConfig:
                f"must be between 1 and train.keep_last ({self.keep_last})")
         _check(self.schedule == "noam" or self.lr is not None, "train.lr",
                f"is required by train.schedule={self.schedule}")
+        _check(self.pad_multiple is None or self.pad_multiple > 0, "train.pad_multiple",
+               f"must be positive; got {self.pad_multiple}")
+        if self.cuda_graphs:
+            _check(self.grad_accum == 1, "train.cuda_graphs", f"needs train.grad_accum 1; got {self.grad_accum}")
+            _check(self.precision != "fp16", "train.cuda_graphs",
+                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
+            _check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,14 @@ def check_precision(precision: str, key: str = "precision") -> None:
         raise ConfigError(f"{key}: must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
-def autocast_context(device: torch.device, precision: str, key: str = "precision") -> contextlib.AbstractContextManager:
-    """bf16 autocast on CPU and CUDA, fp16 on CUDA; fp32 runs without autocast."""
+def autocast_context(device: torch.device, precision: str, key: str = "precision",
+                     cache: bool = True) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CPU and CUDA, fp16 on CUDA; fp32 runs without autocast. ``cache=False``
+    recasts the weights at every use (what a CUDA graph capture needs)."""
     check_precision(precision, key)
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(f"{key}: fp16 needs CUDA; use bf16 on CPU")
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache)

@@ -40,6 +40,33 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=True),
                      self.n_src_tokens, self.n_tgt_tokens)
 
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked host memory, so that ``to(cuda)`` copies asynchronously."""
+        return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
+                     self.n_src_tokens, self.n_tgt_tokens)
+
+    def padded(self, rows: int, src_len: int, tgt_len: int) -> "Batch":
+        """This batch grown to ``rows`` rows of (``src_len``, ``tgt_len``) positions.
+
+        New columns are PAD (ignored by attention masks and the loss). New rows are dummies that
+        add nothing to the loss or the gradients and keep every activation finite: the source a
+        lone EOS (one key to attend to), the target input a lone BOS, the labels all PAD. Used
+        to give batches a few fixed shapes (``train.pad_multiple``, ``train.cuda_graphs``).
+
+        Shape: (B, S), (B, T) -> (rows, src_len), (rows, tgt_len); rows >= B, src_len >= S, tgt_len >= T.
+        """
+        b, s, t = len(self), self.src.size(1), self.tgt_in.size(1)
+        if rows < b or src_len < s or tgt_len < t:
+            raise ValueError(f"padded: ({rows}, {src_len}, {tgt_len}) is smaller than the batch ({b}, {s}, {t})")
+        if (rows, src_len, tgt_len) == (b, s, t):
+            return self
+        src = self.src.new_full((rows, src_len), PAD_ID)
+        tgt_in = self.tgt_in.new_full((rows, tgt_len), PAD_ID)
+        tgt_out = self.tgt_out.new_full((rows, tgt_len), PAD_ID)
+        src[:b, :s], tgt_in[:b, :t], tgt_out[:b, :t] = self.src, self.tgt_in, self.tgt_out
+        src[b:, 0], tgt_in[b:, 0] = EOS_ID, BOS_ID
+        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens)
+
     def __len__(self) -> int:
         return self.src.size(0)
 

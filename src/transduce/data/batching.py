@@ -16,7 +16,7 @@ second and a few bytes per pair.
 
 Distributed training: every rank builds the same plan and consumes it in groups of
 ``grad_accum * world_size`` consecutive batches, rank ``r`` taking ``group[r::world_size]``
-(``training.loop.Trainer.next_group``).
+(``training.loop.Trainer.step_data``).
 """
 
 from __future__ import annotations
@@ -60,8 +60,13 @@ def padded_width(src_len, tgt_len):
     return np.maximum(src_len, tgt_len) + 1
 
 
+def round_up(n, multiple: int):
+    """The least multiple of ``multiple`` that is >= ``n`` (ints or integer arrays)."""
+    return (n + multiple - 1) // multiple * multiple
+
+
 def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: int,
-                         shuffle: bool = True) -> BatchPlan:
+                         shuffle: bool = True, multiple: int = 1) -> BatchPlan:
     """Group pair indices into length-sorted batches under a padded token budget.
 
     Args:
@@ -69,6 +74,9 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
         max_tokens: budget; every batch satisfies the rule in the module docstring.
         seed, epoch: determine the shuffle (pools and tie-breaks) and the batch order.
         shuffle: if False, one pool sorted with ties in index order, batches in length order.
+        multiple: widths are counted rounded up to a multiple of this, so that a batch padded to
+            its bucket ``L = round_up(width, multiple)`` on both sides and to ``max_tokens // L``
+            rows still fits the budget (the few fixed shapes of ``train.cuda_graphs``).
 
     Returns:
         A :class:`BatchPlan`; every pair that fits the budget appears in exactly one batch.
@@ -78,7 +86,9 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
         raise ValueError(f"{src.size} source lengths but {tgt.size} target lengths")
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
-    fits = np.maximum(src, tgt) < max_tokens  # padded width (longer side + 1) within the budget
+    if multiple < 1:
+        raise ValueError(f"multiple must be positive, got {multiple}")
+    fits = round_up(padded_width(src, tgt), multiple) <= max_tokens  # padded width within budget
     index = np.int32 if src.size < 2**31 else np.int64  # 4 bytes a pair: plans of millions stay small
     order = np.arange(src.size, dtype=index) if fits.all() else np.flatnonzero(fits).astype(index)
     del fits
@@ -92,7 +102,7 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
     for lo in range(0, order.size, POOL if shuffle else max(order.size, 1)):
         pool = order[lo:lo + (POOL if shuffle else order.size)]
         pool[:] = pool[np.lexsort((src[pool], tgt[pool]))]  # stable: ties keep the pool's order
-        cuts = _pack(padded_width(src[pool], tgt[pool]), max_tokens) + lo  # offsets into ``order``
+        cuts = _pack(round_up(padded_width(src[pool], tgt[pool]), multiple), max_tokens) + lo  # offsets into ``order``
         starts.append(cuts[:-1])
         ends.append(cuts[1:])
     start = np.concatenate(starts) if starts else np.zeros(0, np.int64)

@@ -11,7 +11,6 @@ One run directory holds everything::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -20,27 +19,28 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, save_yaml, with_vocab
 from ..data.batch import Batch
-from ..data.batching import BatchPlan, token_budget_batches
+from ..data.batching import BatchPlan, round_up, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.prepare import prepared_for_run
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
-from ..device import autocast_context, resolve_device
+from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
 from ..model.io import load_state_checked
 from ..model.transformer import Transformer
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
-from .loss import label_smoothed_loss, projected_label_smoothed_loss
+from .graphs import GraphedStep
 from .progress import Progress
 from .schedule import learning_rate
+from .step import build_optimizer, clip_and_step, compile_model, forward_backward, is_fused
 
 logger = logging.getLogger("transduce.training")
 
@@ -64,55 +64,19 @@ class TrainState:
     elapsed: float = 0.0       # seconds of training before this process started
 
 
-def output_weight(model: torch.nn.Module) -> torch.Tensor:
-    """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    model = getattr(model, "module", model)
-    return model.output_proj.weight
+@dataclass
+class StepData:
+    """One optimizer step's batches, made and copied to the device ahead of the step.
 
-
-def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
-                     normalizer: float, precision: str, device: torch.device,
-                     scaler: torch.amp.GradScaler | None = None) -> tuple[float, float, int]:
-    """Accumulate gradients of sum(loss) / normalizer over micro-batches.
-
-    ``normalizer`` is the target-token count of the whole step divided by the world size, so
-    that after DDP averages gradients across ranks they equal those of one process that saw
-    the whole step's batches (the loss is per target token, as in the paper's batches).
-
-    Returns the summed smoothed loss, summed NLL and token count of these batches.
+    ``start`` is the data position (epoch, offset) the step begins at and ``end`` the one after
+    it: the TrainState moves to ``end`` only when the step is taken, so a checkpoint written
+    while the next step's data waits here resumes exactly where the saved run stood.
     """
-    loss_sum = nll_sum = 0.0
-    n_tokens = 0
-    for i, batch in enumerate(batches):
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
-        with sync:
-            if precision == "fp32":  # projection and loss fused, the (B, T, V) logits never stored
-                hidden = model(batch.src, batch.tgt_in, project=False)   # (B, T, D)
-                out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
-            else:
-                with autocast_context(device, precision, "train.precision"):
-                    logits = model(batch.src, batch.tgt_in)              # (B, T, V)
-                out = label_smoothed_loss(logits, batch.tgt_out, smoothing, pad_id)
-            scaled = out.loss / normalizer
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        loss_sum += out.loss.item()
-        nll_sum += out.nll.item()
-        n_tokens += int(out.n_tokens)
-    return loss_sum, nll_sum, n_tokens
 
-
-def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    kwargs: dict[str, Any] = dict(lr=0.0, betas=tuple(cfg.betas), eps=cfg.eps)
-    if cfg.optimizer == "adamw":
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, foreach=True, **kwargs)
-    return torch.optim.Adam(params, weight_decay=cfg.weight_decay, foreach=True, **kwargs)
+    start: tuple[int, int]
+    end: tuple[int, int]
+    batches: list[Batch]   # this rank's micro-batches, on the device
+    tokens: int            # target tokens of the whole step, all ranks together
 
 
 @dataclass
@@ -139,10 +103,18 @@ class Trainer:
         self.model = Transformer(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        # S and T padded up to a multiple: few distinct shapes for a compiled model or CUDA graphs
+        self.pad_multiple = cfg.train.pad_multiple or (8 if device.type == "cuda" else 1)
         wrapped: torch.nn.Module = self.model
         if dist.enabled:
+            if cfg.train.cuda_graphs:
+                raise ConfigError(f"train.cuda_graphs: needs a single process; got world size {dist.world_size}")
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.step_model = torch.compile(wrapped) if cfg.train.compile else wrapped
+        self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
+        self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.pad_id, device) \
+            if cfg.train.cuda_graphs else None
+        self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
+        self._ahead: StepData | None = None
         self._epoch: EpochData | None = None
         self.state = TrainState()
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -159,6 +131,8 @@ class Trainer:
                                   "(resume with the data this run was trained on)")
         load_state_checked(self.model, weights, str(path))
         self.optimizer.load_state_dict(trainer_state["optimizer"])
+        if self.graphed is not None:
+            self.graphed.reset()  # new optimizer state tensors: graphs captured before would miss them
         torch.set_rng_state(trainer_state["rng_cpu"])
         if "rng_cuda" in trainer_state and torch.cuda.is_available():
             torch.cuda.set_rng_state(trainer_state["rng_cuda"])
@@ -197,7 +171,9 @@ class Trainer:
             dc, pairs = self.cfg.data, self.train_pairs
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
-            plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch)
+            multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
+            plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch,
+                                        multiple=multiple)
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
 
@@ -215,58 +191,109 @@ class Trainer:
         text.release()
         return TokenPairs.from_rows(rows[0], rows[1], self.data.dtype, length_dtype(self.data.max_len))
 
-    def next_group(self) -> list[np.ndarray]:
-        """The plan batches of the next optimizer step: grad_accum per rank, all ranks together.
+    def step_data(self) -> StepData:
+        """The next optimizer step's batches (prefetched by the previous step if it could), and
+        the data position moved past them."""
+        start = (self.state.epoch, self.state.offset)
+        data = self._ahead if self._ahead is not None and self._ahead.start == start else self._make_step_data(*start)
+        self._ahead = None
+        self.state.epoch, self.state.offset = data.end
+        return data
+
+    def _make_step_data(self, epoch: int, offset: int) -> StepData:
+        """The plan batches of the step at (epoch, offset): grad_accum per rank, all ranks together.
 
         The position is counted in plan batches, so a run can resume on another world size. The
-        tail of an epoch too short for a whole step is skipped.
+        tail of an epoch too short for a whole step is skipped. Nothing in the TrainState moves.
         """
         need = self.cfg.train.grad_accum * self.dist.world_size
-        plan = self.epoch_data(self.state.epoch).plan
+        plan = self.epoch_data(epoch).plan
         if len(plan) < need:
             raise ConfigError(f"data.max_tokens: an epoch has only {len(plan)} batches, fewer than one step "
                               f"needs ({need} = grad_accum x world size)")
-        if self.state.offset + need > len(plan):
-            self.state.epoch, self.state.offset = self.state.epoch + 1, 0
-            plan = self.epoch_data(self.state.epoch).plan
-        group = [plan[i] for i in range(self.state.offset, self.state.offset + need)]
-        self.state.offset += need
-        return group
+        start = (epoch, offset)
+        if offset + need > len(plan):
+            epoch, offset = epoch + 1, 0
+        data = self.epoch_data(epoch)
+        group = [data.plan[i] for i in range(offset, offset + need)]
+        tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
+        batches = [self._device_batch(data.pairs.batch(b)) for b in group[self.dist.rank::self.dist.world_size]]
+        data.pairs.release()  # the ids are copied: their pages need not stay in this process
+        return StepData(start, (epoch, offset + need), batches, tokens)
+
+    def _device_batch(self, batch: Batch) -> Batch:
+        """``batch`` padded to its shape bucket, on the device (through pinned memory on CUDA: the
+        copy is asynchronous, queued behind the work already on the GPU)."""
+        m, s, t = self.pad_multiple, batch.src.size(1), batch.tgt_in.size(1)
+        if self.cfg.train.cuda_graphs:  # (max_tokens // L, L) for both sides: one graph per bucket L
+            width = round_up(max(s, t), m)
+            batch = batch.padded(self.cfg.data.max_tokens // width, width, width)
+        elif m > 1:
+            batch = batch.padded(len(batch), round_up(s, m), round_up(t, m))
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)
 
     # ---- one step ------------------------------------------------------------------------------
 
     def train_step(self) -> dict[str, float] | None:
-        """One optimizer step; returns its metrics, or None if it was skipped as non-finite."""
+        """One optimizer step; returns its metrics, or None if it was skipped as non-finite.
+
+        The step's work is queued on the device, then the next step's batches are made and
+        queued behind it (the host works while the device computes), and only then is the one
+        value of the step read back: loss, NLL, gradient norm and whether the update applied.
+        """
         cfg = self.cfg.train
-        group = self.next_group()
-        mine = group[self.dist.rank::self.dist.world_size]
-        epoch = self.epoch_data(self.state.epoch)  # the epoch ``group`` came from
-        step_tokens = sum(int(epoch.pairs.tgt_lens[b].sum()) + len(b) for b in group)
+        data = self.step_data()
         lr = learning_rate(self.state.step + 1, cfg, self.model_cfg.d_model, self._total_steps())
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
         self.step_model.train()
-        batches = [epoch.pairs.batch(b).to(self.device) for b in mine]
-        epoch.pairs.release()  # the ids are copied: their pages need not stay in this process
-        loss, nll, n = forward_backward(self.step_model, batches, cfg.label_smoothing, self.model_cfg.pad_id,
-                                        step_tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm or math.inf).item()
-        finite = math.isfinite(loss) and (self.scaler is not None or math.isfinite(grad_norm))
-        if finite:
+        if self.graphed is not None:
+            metrics, pending = self.graphed(data.batches[0], lr, data.tokens), False
+        else:
+            metrics, pending = self._queue_step(data, lr)
+        if self.state.step + 1 < cfg.max_steps:
+            self._ahead = self._make_step_data(self.state.epoch, self.state.offset)
+        loss, nll, grad_norm, applied = metrics.tolist()  # the step's one host synchronisation
+        if pending and applied:
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
             else:
                 self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.graphed is None:
+            self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
-        self.state.tokens += step_tokens
-        if not finite:
+        self.state.tokens += data.tokens
+        if not applied:
             return self._bad_step(loss, grad_norm)
         self.state.bad_in_a_row = 0
+        n = sum(b.n_tgt_tokens for b in data.batches)
         return {"loss": loss / max(n, 1), "nll": nll / max(n, 1), "lr": lr, "grad_norm": grad_norm}
+
+    def _queue_step(self, data: StepData, lr: float) -> tuple[Tensor, bool]:
+        """Forward, backward and clipping of one step, queued without a host sync.
+
+        With a fused optimizer (CUDA) the update is queued too, skipped on the device if the step
+        is non-finite; otherwise (foreach on CPU, fp16's GradScaler) it waits for the caller's
+        host read of the metrics. Returns the (4,) metrics tensor (loss sum, NLL sum, gradient
+        norm, applied) and whether the update is still pending.
+        """
+        cfg = self.cfg.train
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
+                                data.tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
+        params = list(self.model.parameters())
+        if self.scaler is None and is_fused(self.optimizer):
+            norm, ok = clip_and_step(self.optimizer, params, sums[0], cfg.clip_norm, self._found_inf)
+            return torch.cat([sums, norm.reshape(1), ok.reshape(1).float()]), False
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm or math.inf, foreach=True)
+        ok = torch.isfinite(sums[0])
+        if self.scaler is None:  # with a scaler, non-finite gradients are its business (it skips and rescales)
+            ok &= torch.isfinite(norm)
+        return torch.cat([sums, norm.reshape(1), ok.reshape(1).float()]), True
 
     def _bad_step(self, loss: float, grad_norm: float) -> None:
         self.state.skipped_steps += 1

@@ -1,0 +1,105 @@
+"""The pieces of one optimizer step, shared by the Trainer's eager/compiled step and the graphed
+step (``training/graphs.py``): micro-batch forward/backward, the optimizer, clipping and the
+non-finite skip. Nothing here reads a value back to the host: a GPU runs ahead of Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+
+from ..data.batch import Batch
+from ..device import autocast_context
+from .loss import projected_label_smoothed_loss
+
+
+def output_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    model = getattr(model, "module", model)
+    return model.output_proj.weight
+
+
+def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
+                     normalizer: float | Tensor, precision: str, device: torch.device,
+                     scaler: torch.amp.GradScaler | None = None, autocast_cache: bool = True) -> Tensor:
+    """Accumulate gradients of sum(loss) / normalizer over micro-batches.
+
+    ``normalizer`` is the target-token count of the whole step divided by the world size, so
+    that after DDP averages gradients across ranks they equal those of one process that saw
+    the whole step's batches (the loss is per target token, as in the paper's batches). The
+    output projection and the loss are fused (the (B, T, V) logits are never stored), under
+    autocast for bf16/fp16.
+
+    Returns:
+        A (2,) float32 tensor on the device: the summed smoothed loss and summed NLL of these
+        batches (their token count is ``sum(b.n_tgt_tokens)``, known on the host).
+    """
+    sums = torch.zeros(2, device=device)
+    for i, batch in enumerate(batches):
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
+        with sync:
+            with autocast_context(device, precision, "train.precision", cache=autocast_cache):
+                hidden = model(batch.src, batch.tgt_in, project=False)   # (B, T, D)
+                out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
+            scaled = out.loss / normalizer
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        sums += torch.stack([out.loss.detach(), out.nll]).float()
+    return sums
+
+
+def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> torch.optim.Optimizer:
+    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices.
+
+    Fused (one kernel for all parameters, and able to skip a step on the device, see
+    :func:`clip_and_step`) when every parameter is on CUDA or ``cfg.cuda_graphs`` asks for the
+    graphed step (which runs eagerly on a CPU); ``foreach`` otherwise. ``lr`` may be a 0-dim
+    device tensor (the graphed step changes it in place).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = cfg.cuda_graphs or all(p.is_cuda for p in params)
+    kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused,
+                                  foreach=None if fused else True)
+    if cfg.optimizer == "adamw":
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, **kwargs)
+    return torch.optim.Adam(params, weight_decay=cfg.weight_decay, **kwargs)
+
+
+def is_fused(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a fused Adam/AdamW (which takes ``found_inf`` to skip a step)."""
+    return bool(optimizer.defaults.get("fused"))
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], loss_sum: Tensor,
+                  clip_norm: float | None, found_inf: Tensor) -> tuple[Tensor, Tensor]:
+    """Clip gradients to ``clip_norm`` and step, unless the loss or the gradient norm is non-finite.
+
+    The decision stays on the device: a fused optimizer skips its update (and its step count)
+    where ``found_inf`` is 1, as it does for a GradScaler. ``found_inf`` is a 0-dim float32
+    device tensor written here (a fixed buffer, so a CUDA graph can capture this).
+
+    Returns:
+        The gradient norm before clipping and whether the step was applied (0-dim device tensors).
+    """
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf, foreach=True)
+    ok = torch.isfinite(loss_sum) & torch.isfinite(norm)
+    found_inf.copy_(~ok)
+    optimizer.found_inf = found_inf
+    optimizer.step()
+    return norm, ok
+
+
+def compile_model(model: torch.nn.Module, backend: Any = "inductor") -> torch.nn.Module:
+    """``torch.compile`` with dynamic batch shapes: compiled once for every (B, S, T), not once per
+    shape (which would make a run of varying batches slower than eager). Sizes 0 and 1 are still
+    specialised by the compiler, so a batch of one row compiles once more."""
+    return torch.compile(model, backend=backend, dynamic=True)
