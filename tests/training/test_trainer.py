@@ -160,3 +160,36 @@ def test_model_directories_keep_the_runs_decoding_settings(tmp_path):
     assert decode_settings(parser.parse_args(["translate", str(tmp_path / "model")])) == want
     flagged = decode_settings(parser.parse_args(["translate", str(tmp_path / "model"), "--beam", "2"]))
     assert flagged == DecodeConfig(beam=2, lenpen=1.0)
+
+
+@pytest.mark.parametrize("train", [{}, {"pad_multiple": 8}, {"cuda_graphs": True, "pad_multiple": 8}])
+def test_checkpoint_with_the_next_step_prefetched_resumes_exactly(tmp_path, train):
+    """The next step's batches are made while the current one runs; a checkpoint taken then must
+    not count them as consumed (and one run here crosses an epoch boundary after the save)."""
+    recipe = {"max_steps": 14, "schedule": "constant", "lr": 1e-3, "warmup_steps": 0, **train}
+    data = {"max_tokens": 1024}  # a few steps an epoch
+    straight = _trainer(tmp_path / "a", data, **recipe)
+    straight.train()
+    first = _trainer(tmp_path / "b", data, **recipe)
+    for _ in range(5):
+        first.train_step()
+    assert first._ahead is not None and first._ahead.start == (first.state.epoch, first.state.offset)
+    ckpt = first.save()
+    again = _trainer(tmp_path / "c", data, **recipe)
+    again.restore(ckpt)
+    again.train()
+    assert again.state.epoch == straight.state.epoch >= 1, "the run should cross an epoch boundary"
+    for k, v in straight.model.state_dict().items():
+        assert torch.equal(v, again.model.state_dict()[k]), f"{k} differs after resume"
+
+
+def test_cuda_graphs_mode_trains_on_square_buckets(tmp_path):
+    trainer = _trainer(tmp_path, cuda_graphs=True, pad_multiple=8)
+    assert trainer.graphed is not None and not trainer.graphed.graphs  # a CPU runs the step eagerly
+    shapes = set()
+    for _ in range(6):
+        (batch,) = trainer.step_data().batches
+        width = batch.src.size(1)
+        assert batch.tgt_in.size(1) == width and width % 8 == 0 and len(batch) == 256 // width
+        shapes.add(width)
+    assert trainer.train_step()["loss"] > 0 and len(shapes) >= 2

@@ -1,0 +1,77 @@
+"""The graphed training step, run eagerly on a CPU: the same as the usual step, dummy rows
+inert, non-finite steps skipped on the device. (Capture and replay: ``graphs.gpu_checks``.)"""
+
+import math
+
+import pytest
+import torch
+
+from transduce.data.batching import round_up, token_budget_batches
+from transduce.training.graphs import GraphedStep, _tiny_setup, random_batch
+from transduce.training.step import forward_backward
+
+CPU = torch.device("cpu")
+
+
+def test_graphed_step_equals_the_usual_step():
+    model, opt, cfg, pad_id = _tiny_setup(CPU)
+    ref, ref_opt, _, _ = _tiny_setup(CPU)  # fused Adam, as the Trainer's usual step on CUDA
+    step = GraphedStep(model, opt, cfg, pad_id, CPU)
+    assert not step.graphs  # a CPU runs it eagerly
+    for i in range(5):
+        batch = random_batch(64, (16, 24)[i % 2], 50, 300, seed=i)
+        got = step(batch, 1e-3, batch.n_tgt_tokens).tolist()
+        for g in ref_opt.param_groups:
+            g["lr"] = 1e-3
+        want = forward_backward(ref, [batch], cfg.label_smoothing, pad_id, batch.n_tgt_tokens, cfg.precision, CPU)
+        norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), cfg.clip_norm)
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        assert got[3] == 1.0
+        assert got[:3] == pytest.approx(want.tolist() + [norm.item()], rel=1e-4)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        # A key bias has a zero gradient (softmax ignores a shift of all scores): Adam turns its
+        # rounding noise into steps of size lr, whose signs differ between any two step orders.
+        tol = 5 * 1e-3 if name.endswith("k_proj.bias") else 1e-6
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=tol, msg=name)
+
+
+def test_dummy_rows_leave_the_step_unchanged():
+    runs = []
+    for rows in (50, 64):
+        model, opt, cfg, pad_id = _tiny_setup(CPU)
+        batch = random_batch(rows, 16, 50, 300, seed=3)
+        metrics = GraphedStep(model, opt, cfg, pad_id, CPU)(batch, 1e-3, batch.n_tgt_tokens)
+        runs.append((metrics, [p.detach().clone() for p in model.parameters()]))
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-5, atol=1e-5)
+    for p, q in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_non_finite_step_is_skipped_on_the_device():
+    model, opt, cfg, pad_id = _tiny_setup(CPU)
+    step = GraphedStep(model, opt, cfg, pad_id, CPU)
+    batch = random_batch(64, 16, 60, 300, seed=0)
+    step(batch, 1e-3, batch.n_tgt_tokens)
+    before = [p.detach().clone() for p in model.parameters()]
+    moments = [s["exp_avg"].clone() for s in opt.state.values()]
+    metrics = step(batch, 1e-3, math.nan).tolist()
+    assert metrics[3] == 0.0 and not math.isfinite(metrics[2])
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(torch.equal(s["exp_avg"], m) for s, m in zip(opt.state.values(), moments))
+    assert all(s["step"].item() == 1 for s in opt.state.values())
+    assert step(batch, 1e-3, batch.n_tgt_tokens).tolist()[3] == 1.0  # and the next one goes on
+
+
+def test_square_buckets_fit_the_budget():
+    g = torch.Generator().manual_seed(0)
+    src, tgt = torch.randint(1, 60, (3000,), generator=g).numpy(), torch.randint(1, 60, (3000,), generator=g).numpy()
+    plan = token_budget_batches(src, tgt, 1024, seed=0, epoch=0, multiple=8)
+    shapes = set()
+    for b in plan.batches:
+        width = round_up(int(max(src[b].max(), tgt[b].max())) + 1, 8)
+        assert len(b) <= 1024 // width
+        shapes.add(width)
+    assert len(shapes) <= 8 and sum(map(len, plan.batches)) == 3000
+    default = token_budget_batches(src, tgt, 1024, 0, 0).batches
+    assert token_budget_batches(src, tgt, 1024, 0, 0, multiple=1).batches == default
