@@ -73,9 +73,10 @@ class GraphedStep:
 
     def reset(self) -> None:
         """Point every param group at :attr:`lr` and drop the graphs captured so far (call it after
-        ``optimizer.load_state_dict``, which replaces the state tensors the graphs update)."""
+        ``optimizer.load_state_dict``, which replaces the state tensors the graphs update and the
+        groups' settings with those of the saved run)."""
         for g in self.optimizer.param_groups:
-            g["lr"] = self.lr
+            g["lr"], g["capturable"] = self.lr, True
         self.captured.clear()
 
     def __call__(self, batch: Batch, lr: float, normalizer: float) -> Tensor:

@@ -60,12 +60,13 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     Fused (one kernel for all parameters, and able to skip a step on the device, see
     :func:`clip_and_step`) when every parameter is on CUDA or ``cfg.cuda_graphs`` asks for the
     graphed step (which runs eagerly on a CPU); ``foreach`` otherwise. ``lr`` may be a 0-dim
-    device tensor (the graphed step changes it in place).
+    device tensor (the graphed step changes it in place); ``capturable`` (which a CUDA graph
+    capture of ``step()`` requires) with ``cfg.cuda_graphs``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     fused = cfg.cuda_graphs or all(p.is_cuda for p in params)
     kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused,
-                                  foreach=None if fused else True)
+                                  foreach=None if fused else True, capturable=cfg.cuda_graphs)
     if cfg.optimizer == "adamw":
         decay = [p for p in params if p.dim() >= 2]
         no_decay = [p for p in params if p.dim() < 2]
