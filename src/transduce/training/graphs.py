@@ -68,6 +68,8 @@ class GraphedStep:
         self.found_inf = torch.zeros((), device=device)
         self.allow = torch.ones((), dtype=torch.bool, device=device)  # False while warming up: no update
         self.graphs = graphs and device.type == "cuda"
+        if graphs and not self.graphs:
+            logger.info("CUDA graphs need a CUDA device; the training step runs eagerly on %s", device)
         self.captured: dict[tuple[int, ...], _Captured] = {}
         self.reset()
 
