@@ -10,7 +10,8 @@ from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batch import collate
 from transduce.errors import ConfigError
 from transduce.model import Transformer
-from transduce.training.step import build_optimizer, clip_and_step, compile_model, forward_backward, is_fused
+from transduce.training.step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
+                                    load_optimizer_state)
 
 CPU = torch.device("cpu")
 
@@ -67,12 +68,14 @@ def test_compiled_once_for_many_shapes_and_equal_to_eager():
     counters.clear()
     eager, model = _model(), _model()
     compiled = compile_model(model, backend=counting_backend)
+    first = 0
     for i, (rows, s, t) in enumerate([(4, 9, 7), (6, 17, 12), (3, 25, 30), (8, 13, 40), (5, 8, 16)]):
         batch = _batch(rows, s, t, seed=i)
         want = forward_backward(eager, [batch], 0.1, 0, batch.n_tgt_tokens, "fp32", CPU)
         got = forward_backward(compiled, [batch], 0.1, 0, batch.n_tgt_tokens, "fp32", CPU)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
-    assert len(compiles) == 1, f"compiled {len(compiles)} times for 5 shapes"
+        first = first or len(compiles)
+    assert len(compiles) == first <= 2, f"{len(compiles)} graphs compiled for 5 shapes ({first} for the first)"
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
     torch._dynamo.reset()
@@ -97,6 +100,23 @@ def test_fused_optimizer_for_cuda_graphs_and_its_device_side_skip():
     sums = forward_backward(model, [batch], 0.1, 0, batch.n_tgt_tokens, "fp32", CPU)
     norm, ok = clip_and_step(opt, params, sums[0], 1.0, found_inf)
     assert bool(ok) and not any(torch.equal(p, q) for p, q in zip(params, before))
+
+
+def test_a_checkpoint_of_another_optimizer_implementation_resumes():
+    """A foreach (CPU) run's optimizer state loaded into a fused one (as on a GPU) keeps the fused
+    step, which alone can skip a step on the device."""
+    batch = _batch(4, 9, 9, seed=0)
+    saved_model = _model()
+    saved = build_optimizer(saved_model, TrainConfig())
+    forward_backward(saved_model, [batch], 0.1, 0, batch.n_tgt_tokens, "fp32", CPU)
+    saved.step()
+    model = _model()
+    opt = build_optimizer(model, TrainConfig(cuda_graphs=True))
+    load_optimizer_state(opt, saved.state_dict())
+    assert all(g["fused"] and not g["foreach"] and g["capturable"] for g in opt.param_groups)
+    forward_backward(model, [batch], 0.1, 0, batch.n_tgt_tokens, "fp32", CPU)
+    norm, ok = clip_and_step(opt, list(model.parameters()), torch.tensor(1.0), None, torch.zeros(()))
+    assert bool(ok) and all(s["step"].item() == 2 for s in opt.state.values())
 
 
 @pytest.mark.parametrize("train, match", [

@@ -40,7 +40,8 @@ from .distributed import DistInfo, barrier, init_distributed, shutdown_distribut
 from .graphs import GraphedStep
 from .progress import Progress
 from .schedule import learning_rate
-from .step import build_optimizer, clip_and_step, compile_model, forward_backward, is_fused
+from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
+                   load_optimizer_state)
 
 logger = logging.getLogger("transduce.training")
 
@@ -130,7 +131,7 @@ class Trainer:
             raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
                                   "(resume with the data this run was trained on)")
         load_state_checked(self.model, weights, str(path))
-        self.optimizer.load_state_dict(trainer_state["optimizer"])
+        load_optimizer_state(self.optimizer, trainer_state["optimizer"])
         if self.graphed is not None:
             self.graphed.reset()  # new optimizer state tensors: graphs captured before would miss them
         torch.set_rng_state(trainer_state["rng_cpu"])

@@ -75,6 +75,23 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     return torch.optim.Adam(params, weight_decay=cfg.weight_decay, **kwargs)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(state)``, keeping how this optimizer steps.
+
+    A state dict carries the saved run's implementation flags (fused, foreach, capturable), a
+    choice of its device; a run resumed elsewhere (a CPU checkpoint on a GPU) must keep its own,
+    with the step counters on the parameters' device where a fused or capturable step wants them.
+    """
+    flags = [{k: g.get(k) for k in ("fused", "foreach", "capturable")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, own in zip(optimizer.param_groups, flags):
+        group.update(own)
+        for p in group["params"]:
+            saved = optimizer.state.get(p, {})
+            if "step" in saved and (own["fused"] or own["capturable"]):
+                saved["step"] = torch.as_tensor(saved["step"], dtype=torch.float32).to(p.device)
+
+
 def is_fused(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer`` is a fused Adam/AdamW (which takes ``found_inf`` to skip a step)."""
     return bool(optimizer.defaults.get("fused"))
