@@ -41,6 +41,11 @@ class _Captured:
     metrics: Tensor        # (4,) the static output: loss sum, NLL sum, gradient norm, applied
 
 
+def _shape(batch: Batch) -> tuple[int, int, int]:
+    """(B, S, T): what a graph is captured for."""
+    return len(batch), batch.src.size(1), batch.tgt_in.size(1)
+
+
 class GraphedStep:
     """One training step of ``model`` on one batch: graphed per shape on CUDA, else eager.
 
@@ -70,7 +75,7 @@ class GraphedStep:
         self.graphs = graphs and device.type == "cuda"
         if graphs and not self.graphs:
             logger.info("CUDA graphs need a CUDA device; the training step runs eagerly on %s", device)
-        self.captured: dict[tuple[int, ...], _Captured] = {}
+        self.captured: dict[tuple[int, int, int], _Captured] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -89,8 +94,7 @@ class GraphedStep:
         self.normalizer.fill_(normalizer)
         if not self.graphs:
             return self._step(batch)
-        key = (*batch.src.shape, batch.tgt_in.shape[1])
-        captured = self.captured.get(key) or self._capture(batch)
+        captured = self.captured.get(_shape(batch)) or self._capture(batch)
         if captured is None:
             return self._step(batch)
         for static, new in zip((captured.inputs.src, captured.inputs.tgt_in, captured.inputs.tgt_out),
@@ -133,7 +137,7 @@ class GraphedStep:
             self.allow.fill_(True)
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        self.captured[tuple((*batch.src.shape, batch.tgt_in.shape[1]))] = captured = _Captured(graph, inputs, metrics)
+        self.captured[_shape(batch)] = captured = _Captured(graph, inputs, metrics)
         logger.info("captured the training step for batches of shape %s (%d graphs)",
                     tuple(batch.src.shape), len(self.captured))
         return captured
