@@ -75,3 +75,39 @@ def test_square_buckets_fit_the_budget():
     assert len(shapes) <= 8 and sum(map(len, plan.batches)) == 3000
     default = token_budget_batches(src, tgt, 1024, 0, 0).batches
     assert token_budget_batches(src, tgt, 1024, 0, 0, multiple=1).batches == default
+
+
+def test_a_failed_capture_falls_back_to_the_eager_step_after_a_warm_up_that_changed_nothing(monkeypatch, caplog):
+    """The capture path with CUDA's stream and graph calls stubbed out, the capture failing as
+    one does on a host sync: the warm-up steps (updates skipped) must leave no trace, and the
+    step runs eagerly, with a warning."""
+    import contextlib
+    import logging
+
+    class Stream:
+        def __init__(self, *args):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    def failing_capture(graph):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", failing_capture)
+    model, opt, cfg, pad_id = _tiny_setup(CPU)
+    ref, ref_opt, _, _ = _tiny_setup(CPU)
+    step = GraphedStep(model, opt, cfg, pad_id, CPU)
+    step.graphs = True  # as on a GPU
+    batch = random_batch(64, 16, 50, 300, seed=0)
+    with caplog.at_level(logging.WARNING, logger="transduce.training"):
+        got = step(batch, 1e-3, batch.n_tgt_tokens)
+    assert "running it eagerly" in caplog.text and not step.graphs and not step.captured
+    want = GraphedStep(ref, ref_opt, cfg, pad_id, CPU)(batch, 1e-3, batch.n_tgt_tokens)
+    assert torch.equal(got, want) and got[3] == 1.0
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref.parameters()))
+    assert all(s["step"].item() == 1 for s in opt.state.values())
