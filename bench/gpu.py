@@ -111,7 +111,8 @@ def check_fused_loss(device: torch.device, dry: bool) -> dict:
     ref.loss.backward()
 
     def rel(a, b):
-        return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+        a, b = a.detach().float(), b.detach().float()
+        return float((a - b).norm() / b.norm().clamp_min(1e-30))
     out = {"loss_rel": rel(mine.loss, ref.loss), "grad_hidden_rel": rel(h1.grad, h2.grad),
            "grad_weight_rel": rel(w1.grad, w2.grad)}
     out["ok"] = out["loss_rel"] < 1e-3 and out["grad_hidden_rel"] < 2e-2 and out["grad_weight_rel"] < 2e-2
