@@ -345,7 +345,8 @@ def multi30k_section(device: torch.device, dry: bool, run_dir: Path) -> dict:
                 "--set", "decode.beam=2", "--set", "decode.max_len_b=5", "--set", "train.max_minutes=5",
                 "--set", "train.precision=bf16", "--set", "model.n_encoder_layers=1",
                 "--set", "model.n_decoder_layers=1"]
-    env = dict(os.environ, TRANSDUCE_MULTI30K=root, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, TRANSDUCE_MULTI30K=root,
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p))
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode:
