@@ -127,11 +127,11 @@ def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: flo
     store(fin, beams.ids, cand, length_penalty(step + 1, lenpen), torch.full_like(parent, step + 1), tokens, a)
 
 
-def store(fin: Finished, ids: Tensor, cand: Candidates, lp: Tensor | float, lengths: Tensor, tokens: Tensor,
+def store(fin: Finished, ids: Tensor | slice, cand: Candidates, lp: Tensor | float, lengths: Tensor, tokens: Tensor,
           attention: Tensor | None = None) -> None:
     """Merge the ending ones of the first m candidates (their ``lengths`` (B, m), PAD-padded
-    ``tokens`` (B, m, T), ``attention`` (B, m, T, S)) into rows ``ids`` (B,) of ``fin``, scored
-    by log-prob / ``lp``, keeping each sentence's best K (in place)."""
+    ``tokens`` (B, m, T), ``attention`` (B, m, T, S)) into rows ``ids`` (B,) of ``fin`` (or all
+    rows: ``slice(None)``), scored by log-prob / ``lp``, keeping each sentence's best K (in place)."""
     m = lengths.shape[1]
     ends = cand.ends[:, :m]                                               # (B, m)
     new_logp = torch.where(ends, cand.scores[:, :m], -math.inf)

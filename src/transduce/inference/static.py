@@ -238,7 +238,7 @@ class StaticSearch:
         length = self.pos + 1
         ending = self._extended(cand.parent[:, :m], cand.token[:, :m])   # (B, m, T)
         lp = length_penalty(length.double(), decode.lenpen).float()
-        store(self.fin, self.ids, cand, lp, length.expand(*ending.shape[:2]), ending)
+        store(self.fin, slice(None), cand, lp, length.expand(*ending.shape[:2]), ending)
         scores, parent, token = survivors(cand, k)                       # (B, K) each
         self.tokens.copy_(self._extended(parent, token))
         self.scores.copy_(scores)
