@@ -128,6 +128,23 @@ def test_auto_dispatch_stays_eager_on_cpu(monkeypatch):
         beam_search(model, src, DecodeConfig(max_len_b=3))
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
+@pytest.mark.parametrize("beam,stop", [(0, "k_finished"), (4, "k_finished"), (3, "best_finished")])
+def test_a_step_never_reads_a_device_value_on_the_host(positions, beam, stop):
+    """What a CUDA graph needs: meta tensors have no values, so ``bool()``, ``.item()``,
+    ``nonzero`` or a boolean index anywhere in the step would raise here."""
+    model = tiny_transformer(positions=positions, norm="pre").to("meta")
+    decode = DecodeConfig(beam=max(beam, 1), nbest=1, stop=stop, min_len=2)
+    search = StaticSearch(model, 8, beam, 16, 16, torch.float32, decode, torch.device("meta"))
+    search.load([], torch.ones(8, 1, 1, 16, dtype=torch.bool, device="meta"), torch.ones(8, dtype=torch.long,
+                                                                                           device="meta"))
+    with torch.inference_mode():
+        search._step()
+        search._step()
+    with pytest.raises(RuntimeError):
+        search.all_done()  # the host's one read, between steps
+
+
 def test_graph_capture_code_is_there():
     """The CUDA-graph path imports and is wired in (it runs only on a GPU: ``gpu_checks``)."""
     assert callable(StaticSearch.capture)

@@ -38,7 +38,6 @@ import contextlib
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -84,7 +83,8 @@ class _LayerBuffers:
 
 class StaticSearch:
     """The buffers of one search shape and the step over them (decoder, scoring, search update),
-    all in place. ``beam`` 0 is greedy search (one row per sentence, summed log-probs)."""
+    all in place. ``beam`` 0 is greedy search (one row per sentence, summed log-probs). A kept
+    search serves one search at a time (as a Translator's model: one thread searches with it)."""
 
     def __init__(self, model: Transformer, sentences: int, beam: int, s_cap: int, t_cap: int, dtype: torch.dtype,
                  decode: DecodeConfig, device: torch.device):
@@ -295,9 +295,8 @@ def _searches(model: nn.Module) -> collections.OrderedDict:
 def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: torch.dtype, decode: DecodeConfig,
                 device: torch.device) -> StaticSearch:
     """A search of ``shape`` (sentences, beam, S, T): captured and kept on CUDA, else new."""
-    make: Callable[[], StaticSearch] = lambda: StaticSearch(model, *shape, dtype, decode, device)  # noqa: E731
     if device.type != "cuda":
-        return make()
+        return StaticSearch(model, *shape, dtype, decode, device)
     autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
     key = (shape, dtype, device, autocast, decode.min_len, decode.lenpen, decode.stop, decode.nbest, weights)
@@ -306,7 +305,7 @@ def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: tor
     if search is None:
         while len(kept) >= GRAPHS_KEPT:
             kept.popitem(last=False)
-        search = make()
+        search = StaticSearch(model, *shape, dtype, decode, device)
         with torch.cuda.device(device):
             search.capture()
     kept[key] = search
