@@ -9,8 +9,9 @@ import torch
 
 from inference_helpers import EOS, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
-from transduce.inference import AttentionChoice, beam_search, greedy_search
+from transduce.inference import AttentionChoice, beam_search, greedy_search, prepare_for_decoding, restore
 from transduce.inference import static as static_module
+from transduce.inference.fast import STATIC_SEARCHES
 from transduce.inference.static import StaticSearch, static_search, use_static
 
 LENGTHS = [3, 9, 1, 14, 6, 2, 11]  # sentences that finish at different steps
@@ -150,3 +151,10 @@ def test_graph_capture_code_is_there():
     assert callable(StaticSearch.capture)
     assert callable(static_module._search_for)
     assert static_module.CHECK_EVERY > 1 and static_module.GRAPHS_KEPT >= 1
+
+
+def test_restore_drops_the_kept_searches():
+    model = prepare_for_decoding(_model(0))
+    static_module._searches(model)["shape"] = "a captured search"
+    restore(model)
+    assert STATIC_SEARCHES not in model.__dict__
