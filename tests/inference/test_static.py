@@ -113,6 +113,25 @@ def test_static_buffers_give_the_kv_cache_logits(positions, norm):
             torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_cast_once_per_search_give_what_autocast_gives():
+    """Under autocast the step reads bf16 copies of the linear weights, refreshed by ``load``:
+    bit for bit what autocast's own cast at each call gives, also after a weight changes."""
+    model, src = _model(6, "rope", "pre"), random_sources([4, 8, 2], seed=6)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        enc = model.encode(src)
+        cross = [layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers]
+        search = StaticSearch(model, 3, 0, 16, 16, cross[0][0].dtype, DecodeConfig(), src.device)
+        assert search.casts and all(cast.dtype == torch.bfloat16 for *_, cast in search.casts)
+        for scale in (1.0, 1.5):
+            model.decoder_layers[0].ffn.fc1.weight.mul_(scale)
+            search.load(cross, enc.mask, torch.full((3,), 16))
+            plain = search._decode()
+            with search._cast_weights():
+                cast = search._decode()
+            assert torch.equal(cast, plain)
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())  # given back
+
+
 def test_auto_dispatch_stays_eager_on_cpu(monkeypatch):
     model, src = _model(0), random_sources([3, 5])
     assert not use_static(model, src, None, None)

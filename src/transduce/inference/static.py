@@ -38,6 +38,7 @@ import contextlib
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -111,12 +112,15 @@ class StaticSearch:
             self.fin = Finished(zeros(sentences, k, t_cap), zeros(sentences, k),
                                 zeros(sentences, k, dtype=torch.float32), zeros(sentences, k, dtype=torch.float32),
                                 zeros(sentences), zeros(sentences, dtype=torch.bool), None)
+            self.casts = _linear_casts(model, device)
 
     def load(self, cross: list[tuple[Tensor, Tensor]], mask: Tensor, limit: Tensor) -> None:
         """Reset for a batch: each layer's cross keys/values (b, H, s, Dh), the source mask
         (b, 1, 1, s), output limits (b,); the padding sentences start done."""
         cfg = self.model.config
         b, s = mask.shape[0], mask.shape[-1]
+        for _, _, param, cast in self.casts:
+            cast.copy_(param)  # the weights as they are now (a model trained further)
         for buf in self.layers:
             for t in (buf.self_k, buf.self_v, buf.cross_k, buf.cross_v):
                 t.zero_()  # masked entries must still be finite (a masked NaN poisons the softmax)
@@ -159,9 +163,8 @@ class StaticSearch:
         CUDA graphs notes ask; the warm-up changes the buffers, which :meth:`load` resets).
         Under autocast the cast weights must not be cached across the capture."""
         self.load([], torch.ones_like(self.src_mask), torch.ones_like(self.limit))
-        autocast = contextlib.nullcontext()
-        if torch.is_autocast_enabled("cuda"):
-            autocast = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+        dtype = autocast_dtype(torch.device("cuda"))
+        autocast = contextlib.nullcontext() if dtype is None else torch.autocast("cuda", dtype, cache_enabled=False)
         with autocast:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -175,12 +178,26 @@ class StaticSearch:
         self.graph = graph
 
     def _step(self) -> None:
-        states = self._decode()                                           # (N, D)
-        if self.beam:
-            self._beam_update(states)
-        else:
-            self._greedy_update(states)
+        with self._cast_weights():
+            states = self._decode()                                       # (N, D)
+            if self.beam:
+                self._beam_update(states)
+            else:
+                self._greedy_update(states)
         self.pos += 1
+
+    @contextlib.contextmanager
+    def _cast_weights(self) -> Iterator[None]:
+        """The linear layers read :attr:`casts` for the block. Autocast would cast each weight
+        at every step (its cache is off in a graph); these copies, refreshed by :meth:`load`,
+        hold the same values, cast once per search."""
+        for module, name, _, cast in self.casts:
+            module._parameters[name] = cast
+        try:
+            yield
+        finally:
+            for module, name, param, _ in self.casts:
+                module._parameters[name] = param
 
     def _decode(self) -> Tensor:
         """The decoder on the tokens ``last`` at position ``pos`` -> output states (N, D):
@@ -267,6 +284,26 @@ class StaticSearch:
                             log_probs)
 
 
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast computes in on ``device`` here, or None when it is off."""
+    if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+def _linear_casts(model: Transformer, device: torch.device) -> list[tuple[nn.Module, str, Tensor, Tensor]]:
+    """(module, name, parameter, copy) for each weight and bias of the decoder's linear layers
+    and the output projection that autocast would cast, with an empty copy in its dtype; none
+    without autocast."""
+    dtype = autocast_dtype(device)
+    if dtype is None:
+        return []
+    linears = [m for m in itertools.chain(model.decoder_layers.modules(), [model.output_proj])
+               if isinstance(m, nn.Linear)]
+    return [(m, name, p, torch.empty_like(p, dtype=dtype)) for m in linears
+            for name, p in m.named_parameters(recurse=False) if p.dtype == torch.float32]
+
+
 def _attend(attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """Attention of one query per row (N, H, 1, Dh) over k, v (N or N/K rows), then the output
     projection -> (N, 1, D)."""
@@ -297,7 +334,7 @@ def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: tor
     """A search of ``shape`` (sentences, beam, S, T): captured and kept on CUDA, else new."""
     if device.type != "cuda":
         return StaticSearch(model, *shape, dtype, decode, device)
-    autocast = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    autocast = autocast_dtype(device)
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
     key = (shape, dtype, device, autocast, decode.min_len, decode.lenpen, decode.stop, decode.nbest, weights)
     kept = _searches(model)
