@@ -17,6 +17,8 @@ never change and which never reads a device value on the host. Hence:
 * no row leaves: finished sentences are frozen by masks (they finish nothing more), sentences
   are padded up with dummy ones that start done, and the host reads "all done" only every
   ``check_every`` steps;
+* under autocast the linear layers read low-precision copies of their weights, cast once per
+  search (autocast's own cache cannot serve a graph, which would cast every weight every step);
 * the search rules are beam.py's (:func:`~transduce.inference.beam.candidates`,
   :func:`~transduce.inference.beam.store`, :func:`~transduce.inference.beam.survivors`), so
   outputs equal the eager searches' (tests/inference/test_static.py).
@@ -161,7 +163,8 @@ class StaticSearch:
     def capture(self) -> None:
         """Record the step as a CUDA graph after warm-up steps on a side stream (as PyTorch's
         CUDA graphs notes ask; the warm-up changes the buffers, which :meth:`load` resets).
-        Under autocast the cast weights must not be cached across the capture."""
+        Autocast's cache is off meanwhile, as those notes say: a cast it kept would be freed
+        when the caller's autocast block ends, and the graph would read freed memory."""
         self.load([], torch.ones_like(self.src_mask), torch.ones_like(self.limit))
         dtype = autocast_dtype(torch.device("cuda"))
         autocast = contextlib.nullcontext() if dtype is None else torch.autocast("cuda", dtype, cache_enabled=False)
