@@ -120,29 +120,29 @@ def check_fused_loss(device: torch.device, dry: bool) -> dict:
 
 
 def checks(device: torch.device, dry: bool) -> dict:
-    out: dict[str, Any] = {"fused_loss_bf16": guarded(check_fused_loss, device, dry)}
-    for name, module in (("decode_graphs", "transduce.inference.static"), ("train_graphs", "transduce.training.graphs")):
-        try:
-            mod = __import__(module, fromlist=["gpu_checks"])
-        except ImportError as e:
-            out[name] = {"error": f"not importable: {e}"}
-            continue
-        out[name] = guarded(mod.gpu_checks, device) if hasattr(mod, "gpu_checks") else {"error": "no gpu_checks"}
-    return out
+    def decode_checks() -> dict:
+        from static_decode import gpu_checks
+        return gpu_checks(str(device))
+
+    def train_checks() -> dict:
+        from transduce.training.graphs import gpu_checks
+        return gpu_checks(device)
+    return {"fused_loss_bf16": guarded(check_fused_loss, device, dry), "decode_graphs": guarded(decode_checks),
+            "train_graphs": guarded(train_checks)}
 
 
 # ---- decoding ------------------------------------------------------------------------------------
 
 
 def decode_section(device: torch.device, dry: bool, runs: int) -> dict:
-    from transduce.inference import beam_search, greedy_search
+    from transduce.inference import beam_search, greedy_search, prepare_for_decoding
 
     s = DRY_DECODE if dry else DECODE
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=s["vocab"], tgt_vocab_size=s["vocab"], d_model=s["d"], n_heads=s["h"],
                       n_encoder_layers=s["layers"], n_decoder_layers=s["layers"], d_ff=s["ff"], dropout=0.0,
                       share_embeddings=True, max_positions=512)
-    ours = Transformer(cfg).to(device).eval()
+    ours = prepare_for_decoding(Transformer(cfg).to(device).eval())  # as a Translator keeps it (graphs too)
     src = torch.randint(3, s["vocab"], (s["sentences"], s["src_len"] + 1), device=device)
     src[:, -1] = EOS
     hf = guarded(hf_decoder, s, device)

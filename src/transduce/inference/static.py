@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import DecodeConfig
+from ..device import autocast_dtype
 from ..model.embeddings import LearnedPositions, SinusoidalPositions
 from ..model.transformer import Transformer
 from .beam import Beams, Finished, _output, _pick, candidates, store, survivors
@@ -285,13 +286,6 @@ class StaticSearch:
         log_probs = self.scores[:b, :1].clone()
         return SearchOutput(self.tokens[:b, :1, :t_out].clone(), self.lengths[:b, None].clone(), log_probs.clone(),
                             log_probs)
-
-
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast computes in on ``device`` here, or None when it is off."""
-    if not torch.amp.is_autocast_available(device.type) or not torch.is_autocast_enabled(device.type):
-        return None
-    return torch.get_autocast_dtype(device.type)
 
 
 def _linear_casts(model: Transformer, device: torch.device) -> list[tuple[nn.Module, str, Tensor, Tensor]]:
