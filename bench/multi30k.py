@@ -68,7 +68,8 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def evaluate_run(run_dir: Path, model_dir: Path, threads: int, device: str = "cpu", max_test: int | None = None) -> dict:
+def evaluate_run(run_dir: Path, model_dir: Path, threads: int, device: str = "cpu",
+                 max_test: int | None = None) -> dict:
     """Test-set scores of ``model_dir`` with the run's own data and decode settings (on
     ``device``; the first ``max_test`` sentences only, when given)."""
     import torch
