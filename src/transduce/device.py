@@ -44,6 +44,9 @@ def autocast_context(device: torch.device, precision: str, key: str = "precision
 def autocast_dtype(device: torch.device | str) -> torch.dtype | None:
     """The dtype autocast computes matmuls in on ``device``'s type right now, or None when off."""
     kind = torch.device(device).type
+    available = getattr(torch.amp, "is_autocast_available", lambda k: k in ("cpu", "cuda"))
+    if not available(kind):  # e.g. the meta device
+        return None
     try:
         on = torch.is_autocast_enabled(kind)
     except TypeError:  # torch < 2.4 takes no device type
