@@ -68,8 +68,10 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def evaluate_run(run_dir: Path, model_dir: Path, threads: int) -> dict:
-    """Test-set scores of ``model_dir`` with the run's own data and decode settings."""
+def evaluate_run(run_dir: Path, model_dir: Path, threads: int, device: str = "cpu",
+                 max_test: int | None = None) -> dict:
+    """Test-set scores of ``model_dir`` with the run's own data and decode settings (on
+    ``device``; the first ``max_test`` sentences only, when given)."""
     import torch
 
     from transduce.config import load_run_config
@@ -80,22 +82,23 @@ def evaluate_run(run_dir: Path, model_dir: Path, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     cfg = load_run_config(run_dir / "config.yaml")
-    test = split_texts(cfg.data, "test")
+    test = split_texts(cfg.data, "test")[:max_test]
     tgt_lang = cfg.data.src_lang if cfg.data.reverse else cfg.data.tgt_lang
     root = Path(cfg.data.root or multi30k.default_root())
     tok_ref = root / "tok" / f"test_2016_flickr.lc.norm.tok.{tgt_lang}"
-    tok_refs = tok_ref.read_text(encoding="utf-8").splitlines() if tok_ref.is_file() else None
-    d = cfg.decode
-    translator = Translator.load(model_dir, "cpu")
-    out = evaluate(translator, [s for s, _ in test], [t for _, t in test], d.beam, d.lenpen, d.max_len_a,
-                   d.max_len_b, d.batch_tokens, tok_refs, tgt_lang if tok_refs else None,
-                   hyps_tokenized=cfg.data.corpus == "multi30k_tok")
+    tok_refs = tok_ref.read_text(encoding="utf-8").splitlines()[:max_test] if tok_ref.is_file() else None
+    translator = Translator.load(model_dir, device, precision=cfg.train.precision if device != "cpu" else "fp32")
+    out = evaluate(translator, [s for s, _ in test], [t for _, t in test], cfg.decode, tok_refs,
+                   tgt_lang if tok_refs else None, hyps_tokenized=cfg.data.corpus == "multi30k_tok")
     return {k: v for k, v in out.items() if k not in ("tokens_per_s",)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", default="en-de", help="en-de or en-fr (configs/multi30k_<src>_<tgt>.yaml)")
+    ap.add_argument("--config", help="another recipe (e.g. configs/multi30k_en_de_gpu.yaml) instead of --pair's")
+    ap.add_argument("--device", default="cpu", help="where the test set is translated (cpu, cuda)")
+    ap.add_argument("--max-test", type=int, help="score only the first N test sentences (dry runs)")
     ap.add_argument("--reverse", action="store_true", help="train and score the other direction")
     ap.add_argument("--out", required=True, help="run directory")
     ap.add_argument("--eval-only", action="store_true", help="score an existing run; do not train")
@@ -105,7 +108,7 @@ def main() -> int:
     args = ap.parse_args()
 
     run_dir = Path(args.out)
-    config = ROOT / "configs" / f"multi30k_{args.pair.replace('-', '_')}.yaml"
+    config = Path(args.config) if args.config else ROOT / "configs" / f"multi30k_{args.pair.replace('-', '_')}.yaml"
     if not config.is_file():
         print(f"error: no config {config}", file=sys.stderr)
         return 2
@@ -130,7 +133,7 @@ def main() -> int:
         "pair": args.pair, "reverse": args.reverse, "run": str(run_dir),
         "train_minutes": round(wall / 60, 1) if wall is not None else None,
         "trained_minutes": round(last["elapsed"] / 60, 1), "steps": last["step"],
-        "test_2016_flickr": evaluate_run(run_dir, run_dir / "model", args.threads),
+        "test_2016_flickr": evaluate_run(run_dir, run_dir / "model", args.threads, args.device, args.max_test),
         "curve": points,
     }
     print(json.dumps(result, indent=1, ensure_ascii=False))

@@ -86,9 +86,9 @@ def ours(layers, d, h, ff, batch):
 class TorchTransformer(nn.Module):
     """``nn.Transformer`` with shared scaled embeddings, sinusoidal positions, tied output."""
 
-    def __init__(self, layers, d, h, ff):
+    def __init__(self, layers, d, h, ff, vocab=VOCAB):
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, d, padding_idx=PAD)
+        self.embed = nn.Embedding(vocab, d, padding_idx=PAD)
         self.register_buffer("pe", sinusoidal_table(512, d), persistent=False)
         self.core = nn.Transformer(d, h, layers, layers, ff, dropout=0.1, batch_first=True)
         self.scale, self.drop = d ** 0.5, nn.Dropout(0.1)
@@ -96,7 +96,7 @@ class TorchTransformer(nn.Module):
     def forward(self, src, tgt):
         emb = lambda x: self.drop(self.embed(x) * self.scale + self.pe[: x.shape[1]])  # noqa: E731
         t = tgt.shape[1]
-        out = self.core(emb(src), emb(tgt), tgt_mask=nn.Transformer.generate_square_subsequent_mask(t),
+        out = self.core(emb(src), emb(tgt), tgt_mask=nn.Transformer.generate_square_subsequent_mask(t, tgt.device),
                         src_key_padding_mask=src == PAD, memory_key_padding_mask=src == PAD, tgt_is_causal=True)
         return out @ self.embed.weight.T
 
@@ -107,28 +107,33 @@ def plain_torch(layers, d, h, ff, batch):
     return train_step(model, lambda b: model(b.src, b.tgt_in), batch)
 
 
-def marian(layers, d, h, ff, batch):
+def marian_model(layers, d, h, ff, vocab=VOCAB):
+    """A random-weight MarianMTModel of the shape, for training."""
     from transformers import MarianConfig, MarianMTModel
-    cfg = MarianConfig(vocab_size=VOCAB, d_model=d, encoder_layers=layers, decoder_layers=layers,
+    cfg = MarianConfig(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
                        encoder_attention_heads=h, decoder_attention_heads=h, encoder_ffn_dim=ff,
                        decoder_ffn_dim=ff, max_position_embeddings=512, activation_function="relu",
                        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, scale_embedding=True,
                        pad_token_id=PAD, eos_token_id=2, decoder_start_token_id=1)
     torch.manual_seed(0)
-    model = MarianMTModel(cfg).train()
+    return MarianMTModel(cfg).train()
+
+
+def marian(layers, d, h, ff, batch):
+    model = marian_model(layers, d, h, ff)
     mask = batch.src != PAD
     return train_step(model, lambda b: model(input_ids=b.src, attention_mask=mask,
                                              decoder_input_ids=b.tgt_in).logits, batch)
 
 
-def flops_per_step(layers, d, ff, batch) -> float:
+def flops_per_step(layers, d, ff, batch, vocab=VOCAB) -> float:
     """Matmul FLOPs of forward + backward (3x forward) for this batch, padding included."""
     b, s = batch.src.shape
     t = batch.tgt_in.shape[1]
     enc = b * s * layers * (2 * (4 * d * d + 2 * d * ff) + 4 * s * d)
     dec = b * t * layers * (2 * (6 * d * d + 2 * d * ff) + 4 * t * d + 4 * s * d)
     cross_kv = b * s * layers * 2 * 2 * d * d
-    out = b * t * 2 * d * VOCAB
+    out = b * t * 2 * d * vocab
     return 3.0 * (enc + dec + cross_kv + out)
 
 

@@ -91,3 +91,26 @@ def test_demo_config_is_the_shipped_file_as_the_readme_describes_it():
     demo = demo_config(steps=5)
     assert (demo.model.d_model, demo.model.n_encoder_layers, demo.model.n_decoder_layers) == (128, 2, 2)
     assert demo.data.corpus == "toy" and demo.train.max_steps == 5 and demo_config().train.max_steps == 800
+
+
+def test_wmt14_configs_are_the_papers_recipes_and_fail_clearly_without_their_prepared_corpus(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """configs/wmt14_en_de_{base,big}.yaml: the paper's models, ~25k-token steps (padded budget x
+    accumulation), 100k / 300k steps, bf16, checkpoint averaging, reading a prepared corpus;
+    training without that corpus stops with one line naming the directory and how to make it."""
+    from pathlib import Path
+
+    from transduce.cli import main
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for name, d_model, steps, avg in (("base", 512, 100_000, 5), ("big", 1024, 300_000, 20)):
+        cfg = load_run_config(root / f"wmt14_en_de_{name}.yaml")
+        assert (cfg.model.d_model, cfg.train.max_steps, cfg.train.average_last) == (d_model, steps, avg)
+        assert cfg.train.precision == "bf16" and cfg.train.label_smoothing == 0.1
+        assert 20_000 <= cfg.data.max_tokens * cfg.train.grad_accum <= 26_000
+        assert cfg.data.prepared and cfg.data.corpus == "files"
+    monkeypatch.chdir(tmp_path)  # data/wmt14_en_de is relative: absent here
+    assert main(["train", str(root / "wmt14_en_de_base.yaml"), "--out", str(tmp_path / "run"),
+                 "--set", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data/wmt14_en_de" in err[0] and "transduce prepare" in err[0]
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -41,3 +41,20 @@ def autocast_context(device: torch.device, precision: str, key: str = "precision
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(f"{key}: fp16 needs CUDA; use bf16 on CPU")
     return torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=cache)
+
+
+def autocast_dtype(device: torch.device | str) -> torch.dtype | None:
+    """The dtype autocast computes matmuls in on ``device``'s type right now, or None when off."""
+    kind = torch.device(device).type
+    available = getattr(torch.amp, "is_autocast_available", lambda k: k in ("cpu", "cuda"))
+    if not available(kind):  # e.g. the meta device
+        return None
+    try:
+        on = torch.is_autocast_enabled(kind)
+    except TypeError:  # torch < 2.4 takes no device type
+        on = torch.is_autocast_cpu_enabled() if kind == "cpu" else torch.is_autocast_enabled()
+    if not on:
+        return None
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype(kind)
+    return torch.get_autocast_cpu_dtype() if kind == "cpu" else torch.get_autocast_gpu_dtype()

@@ -116,37 +116,54 @@ def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: flo
     Finished hypotheses are ranked by log P(Y|X) / lp(Y) (:func:`length_penalty`); ``attn``
     (B, k, S) is this step's cross-attention of each alive beam.
     """
-    k_fin, t_cap = fin.scores.shape[1], fin.tokens.shape[2]
-    m = min(k_fin, cand.scores.shape[1])
-    parent, ends = cand.parent[:, :m], cand.ends[:, :m]                   # (B, m)
-    new_logp = torch.where(ends, cand.scores[:, :m], -math.inf)
-    new_scores = new_logp / length_penalty(step + 1, lenpen)
+    t_cap = fin.tokens.shape[2]
+    m = min(fin.scores.shape[1], cand.scores.shape[1])
+    parent = cand.parent[:, :m]                                           # (B, m)
     tokens = extend(beams.tokens, parent, cand.token[:, :m])[:, :, 1:]    # (B, m, t + 1)
     tokens = F.pad(tokens, (0, t_cap - tokens.shape[2]), value=pad_id)    # (B, m, T)
-    new_len = torch.full_like(parent, step + 1)
-    ids = beams.ids
-    best = torch.cat([fin.scores[ids], new_scores], dim=1).topk(k_fin, dim=1).indices  # (B, K)
+    a = None
+    if fin.attention is not None:
+        a = F.pad(extend(beams.attention, parent, _pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
+    store(fin, beams.ids, cand, length_penalty(step + 1, lenpen), torch.full_like(parent, step + 1), tokens, a)
+
+
+def store(fin: Finished, ids: Tensor | slice, cand: Candidates, lp: Tensor | float, lengths: Tensor, tokens: Tensor,
+          attention: Tensor | None = None) -> None:
+    """Merge the ending ones of the first m candidates (their ``lengths`` (B, m), PAD-padded
+    ``tokens`` (B, m, T), ``attention`` (B, m, T, S)) into rows ``ids`` (B,) of ``fin`` (or all
+    rows: ``slice(None)``), scored by log-prob / ``lp``, keeping each sentence's best K (in place)."""
+    m = lengths.shape[1]
+    ends = cand.ends[:, :m]                                               # (B, m)
+    new_logp = torch.where(ends, cand.scores[:, :m], -math.inf)
+    new_scores = new_logp / lp
+    best = torch.cat([fin.scores[ids], new_scores], dim=1).topk(fin.scores.shape[1], dim=1).indices  # (B, K)
     fin.scores[ids] = _merge(fin.scores[ids], new_scores, best)
     fin.log_probs[ids] = _merge(fin.log_probs[ids], new_logp, best)
-    fin.lengths[ids] = _merge(fin.lengths[ids], new_len, best)
+    fin.lengths[ids] = _merge(fin.lengths[ids], lengths, best)
     fin.tokens[ids] = _merge(fin.tokens[ids], tokens, best)
     fin.count[ids] += ends.sum(dim=1)
     fin.best_ended[ids] |= ends[:, 0]
-    if fin.attention is not None:
-        a = F.pad(extend(beams.attention, parent, _pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
-        fin.attention[ids] = _merge(fin.attention[ids], a, best)
+    if attention is not None:
+        fin.attention[ids] = _merge(fin.attention[ids], attention, best)
+
+
+def survivors(cand: Candidates, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best K candidates that do not end, in order: their scores (-inf where fewer than K
+    do not end), parent beams and tokens. -> three (B, K)."""
+    width = cand.scores.shape[1]
+    order = torch.arange(width, device=cand.scores.device)
+    key = cand.ends.long() * width + order                                # ending ones sort last
+    pick = key.topk(beam, dim=1, largest=False).indices                   # (B, K), ascending
+    scores = cand.scores.gather(1, pick).masked_fill(cand.ends.gather(1, pick), -math.inf)
+    return scores, cand.parent.gather(1, pick), cand.token.gather(1, pick)
 
 
 def advance(beams: Beams, cand: Candidates, beam: int, attn: Tensor | None) -> tuple[Beams, Tensor]:
     """Keep the best K candidates that do not end; returns the new beams and, for the cache,
     the decoder row (B*k numbering) each new beam continues. -> Beams, rows (B*K,)."""
-    b, width = cand.scores.shape
-    order = torch.arange(width, device=cand.scores.device)
-    key = cand.ends.long() * width + order                                # ending ones sort last
-    pick = key.topk(beam, dim=1, largest=False).indices                   # (B, K), ascending
-    scores = cand.scores.gather(1, pick).masked_fill(cand.ends.gather(1, pick), -math.inf)
-    parent, token = cand.parent.gather(1, pick), cand.token.gather(1, pick)
-    rows = (parent + torch.arange(b, device=parent.device).unsqueeze(1) * beams.scores.shape[1]).view(-1)
+    scores, parent, token = survivors(cand, beam)                         # (B, K) each
+    b, k = beams.scores.shape
+    rows = (parent + torch.arange(b, device=parent.device).unsqueeze(1) * k).view(-1)
     attention = None
     if attn is not None:
         attention = extend(beams.attention, parent, _pick(attn, parent))  # (B, K, t + 1, S)
@@ -185,7 +202,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                attention: AttentionChoice | None = None) -> SearchOutput:
+                attention: AttentionChoice | None = None, static: bool | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -197,10 +214,16 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             sentence; no EOS before ``min_len`` tokens; ``stop``, when a sentence is done
             (see the module doc).
         attention: also return each output token's cross-attention of this layer and head.
+        static: search with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
+            GPU), or not; None picks it on CUDA when no attention is recorded.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
+    from .static import static_search, use_static  # (it builds on this module)
+
+    if use_static(model, src, attention, static):
+        return static_search(model, src, decode)
     with prepared(model):
         return _beam_search(model, src, decode, attention)
 

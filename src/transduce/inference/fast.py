@@ -200,15 +200,19 @@ def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = Fa
     return model
 
 
+# Where :mod:`~transduce.inference.static` keeps a model's captured searches (and their memory).
+STATIC_SEARCHES = "_static_searches"
+
+
 def restore(model: nn.Module) -> nn.Module:
     """Undo :func:`prepare_for_decoding` and forget every kept copy of the weights (packed
-    oneDNN weights, fused projections), in place; returns ``model``."""
+    oneDNN weights, fused projections) and the captured static searches, in place; returns ``model``."""
     plain_linears(model)
     for module in model.modules():
         if type(module) in _PLAIN:
             module.__class__ = _PLAIN[type(module)]
-        module.__dict__.pop("_packed", None)
-        module.__dict__.pop("_fused_layers", None)
+        for name in ("_packed", "_fused_layers", STATIC_SEARCHES):
+            module.__dict__.pop(name, None)
     return model
 
 

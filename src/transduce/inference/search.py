@@ -99,17 +99,20 @@ def max_lengths(src: Tensor, config: object, max_len_a: float, max_len_b: int) -
     return limit
 
 
-def step_log_probs(logits: Tensor, config: object, step: int, min_len: int) -> Tensor:
+def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int) -> Tensor:
     """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS.
 
     Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
+    ``step`` may be a 0-dim device tensor (static decoding), which the host never reads.
 
     Shape: logits (N, V) -> (N, V) float32.
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
     logp[:, config.pad_id] = -math.inf
     logp[:, config.bos_id] = -math.inf
-    if step < min_len:
+    if isinstance(step, Tensor):
+        logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
+    elif step < min_len:
         logp[:, config.eos_id] = -math.inf
     return logp
 
@@ -120,7 +123,7 @@ def step_log_probs(logits: Tensor, config: object, step: int, min_len: int) -> T
 SCORE_ROWS = 128
 
 
-def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int, min_len: int,
+def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
                 k: int) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
     projected ``states``, then :func:`topk_rows`, in blocks of ``SCORE_ROWS`` rows on CPU.
@@ -247,7 +250,8 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
 
 
 def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                  attention: AttentionChoice | None = None, use_cache: bool = True) -> SearchOutput:
+                  attention: AttentionChoice | None = None, use_cache: bool = True,
+                  static: bool | None = None) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
@@ -257,10 +261,16 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
             a * source_len + b tokens, EOS counted) and ``min_len`` (no EOS before it).
         attention: also return each output token's cross-attention of this layer and head.
         use_cache: decode incrementally with the KV cache (False re-runs the prefix).
+        static: decode with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
+            GPU), or not; None picks it on CUDA when no attention is recorded.
 
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
     """
+    from .static import static_search, use_static  # (it builds on this module)
+
+    if use_cache and use_static(model, src, attention, static):
+        return static_search(model, src, decode, greedy=True)
     cfg = model.config
 
     def most_probable(states: Tensor, step: int) -> tuple[Tensor, Tensor]:

@@ -66,10 +66,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """Rotate x by its positions start..start+T-1. x: (B, H, T, Dh) -> same shape."""
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        """Rotate x by its positions start..start+T-1 (``start`` an int or a 0-dim tensor).
+        x: (B, H, T, Dh) -> same shape."""
         t = x.shape[-2]
-        pos = torch.arange(start, start + t, device=x.device, dtype=torch.float32)
+        pos = torch.arange(t, device=x.device, dtype=torch.float32) + start
         freqs = torch.outer(pos, self.inv_freq)                          # (T, Dh/2)
         cos = torch.cat([freqs.cos(), freqs.cos()], dim=-1).to(x.dtype)  # (T, Dh)
         sin = torch.cat([freqs.sin(), freqs.sin()], dim=-1).to(x.dtype)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..device import autocast_dtype
+
 
 @dataclass
 class LossOutput:
@@ -210,19 +212,6 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype autocast computes matmuls in on ``device_type`` now, or None when it is off."""
-    try:
-        on = torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4 takes no device type
-        on = torch.is_autocast_cpu_enabled() if device_type == "cpu" else torch.is_autocast_enabled()
-    if not on:
-        return None
-    if hasattr(torch, "get_autocast_dtype"):
-        return torch.get_autocast_dtype(device_type)
-    return torch.get_autocast_cpu_dtype() if device_type == "cpu" else torch.get_autocast_gpu_dtype()
-
-
 def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float,
                                   pad_id: int, chunk: int | None = None) -> LossOutput:
     """:func:`label_smoothed_loss` of ``hidden @ weight.T`` without storing those logits.
@@ -240,7 +229,7 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
     """
     keep = target != pad_id                                             # (B, T)
     rows = hidden.reshape(-1, hidden.shape[-1])
-    dtype = _autocast_dtype(rows.device.type)
+    dtype = autocast_dtype(rows.device)
     if chunk is None:
         chunk = 256 if rows.device.type == "cpu" else max(64, BLOCK_ELEMENTS // weight.shape[0])
     keep_f = keep.reshape(-1).to(torch.float32 if dtype is not None else rows.dtype)

@@ -1,0 +1,179 @@
+"""Static-shape decoding (inference/static.py) against the eager searches and the model's own
+KV cache. On CPU the static step runs eagerly; capture and replay are checked on a GPU by
+bench/static_decode.py's ``gpu_checks``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference_helpers import EOS, random_sources, tiny_transformer
+from transduce.config import DecodeConfig
+from transduce.inference import AttentionChoice, beam_search, greedy_search, prepare_for_decoding, restore
+from transduce.inference import static as static_module
+from transduce.inference.fast import STATIC_SEARCHES
+from transduce.inference.static import StaticSearch, static_search, use_static
+
+LENGTHS = [3, 9, 1, 14, 6, 2, 11]  # sentences that finish at different steps
+
+
+def _model(seed: int, positions: str = "sinusoidal", norm: str = "post"):
+    """A tiny random model that ends some hypotheses early: a larger EOS logit row."""
+    model = tiny_transformer(seed=seed, positions=positions, norm=norm, max_positions=64, tie_output=False)
+    with torch.no_grad():
+        model.output_proj.weight[EOS] *= 4.0
+    return model
+
+
+def _assert_same(eager, static) -> None:
+    assert torch.equal(eager.lengths, static.lengths)
+    assert torch.equal(eager.tokens, static.tokens)
+    torch.testing.assert_close(static.scores, eager.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static.log_probs, eager.log_probs, rtol=1e-5, atol=1e-5)
+
+
+MODELS = [(0, "sinusoidal", "post"), (1, "learned", "pre"), (2, "rope", "post"), (3, "rope", "pre"),
+          (4, "sinusoidal", "pre")]
+
+
+@pytest.mark.parametrize("seed,positions,norm", MODELS)
+@pytest.mark.parametrize("min_len,max_len_a,max_len_b", [(0, 1.0, 4), (3, 0.5, 2), (0, 0.0, 30)])
+def test_static_greedy_equals_eager(seed, positions, norm, min_len, max_len_a, max_len_b):
+    model = _model(seed, positions, norm)
+    src = random_sources(LENGTHS, seed=seed)
+    decode = DecodeConfig(beam=1, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
+    with torch.inference_mode():
+        _assert_same(greedy_search(model, src, decode, static=False), greedy_search(model, src, decode, static=True))
+
+
+BEAMS = [  # beam, nbest, lenpen, stop, min_len, max_len_a, max_len_b
+    (4, 1, 0.6, "k_finished", 0, 1.0, 4),
+    (4, 3, 0.0, "best_finished", 0, 1.0, 4),
+    (2, 2, 0.6, "best_finished", 2, 0.5, 3),
+    (3, 2, 0.0, "k_finished", 0, 0.0, 25),
+    (1, 1, 0.6, "k_finished", 1, 1.0, 2),
+]
+
+
+@pytest.mark.parametrize("seed,positions,norm", MODELS)
+@pytest.mark.parametrize("beam,nbest,lenpen,stop,min_len,max_len_a,max_len_b", BEAMS)
+def test_static_beam_search_equals_eager(seed, positions, norm, beam, nbest, lenpen, stop, min_len, max_len_a,
+                                         max_len_b):
+    model = _model(seed, positions, norm)
+    src = random_sources(LENGTHS, seed=seed + 10)
+    decode = DecodeConfig(beam=beam, nbest=nbest, lenpen=lenpen, stop=stop, min_len=min_len,
+                          max_len_a=max_len_a, max_len_b=max_len_b)
+    with torch.inference_mode():
+        _assert_same(beam_search(model, src, decode, static=False), beam_search(model, src, decode, static=True))
+
+
+def test_the_equivalence_cases_end_both_at_eos_and_at_the_length_limit():
+    """Guards the tests above: some hypotheses end with EOS before their limit, others hit it."""
+    model, src = _model(0), random_sources(LENGTHS, seed=10)
+    decode = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=4)
+    with torch.inference_mode():
+        out = beam_search(model, src, decode, static=True)
+    limit = torch.tensor(LENGTHS) + 1 + 4
+    ended = out.tokens[torch.arange(len(LENGTHS)), 0, out.lengths[:, 0] - 1] == EOS
+    assert ended.any() and (out.lengths[:, 0] == limit).any()
+    assert len(set(out.lengths[:, 0].tolist())) > 2  # sentences finish at different steps
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 100])
+def test_checking_for_the_end_less_often_changes_nothing(check_every):
+    model, src = _model(1), random_sources(LENGTHS, seed=3)
+    decode = DecodeConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=5)
+    with torch.inference_mode():
+        _assert_same(beam_search(model, src, decode, static=False),
+                     static_search(model, src, decode, check_every=check_every))
+        _assert_same(greedy_search(model, src, decode, static=False),
+                     static_search(model, src, decode, greedy=True, check_every=check_every))
+
+
+@pytest.mark.parametrize("positions,norm", [("sinusoidal", "post"), ("learned", "pre"), ("rope", "pre")])
+def test_static_buffers_give_the_kv_cache_logits(positions, norm):
+    """Step by step with teacher forcing, over buffers longer than the target and sources
+    padded past their length: the logits of the model's own KV-cache decoding."""
+    model = _model(5, positions, norm)
+    src = random_sources([4, 8, 2], seed=5)
+    tgt = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(5))
+    tgt[:, 0] = model.config.bos_id
+    b, s = src.shape
+    with torch.inference_mode():
+        enc = model.encode(src)
+        cache = model.new_cache()
+        search = StaticSearch(model, b, 0, s + 5, 16, torch.float32, DecodeConfig(), src.device)
+        search.load([layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers], enc.mask,
+                    torch.full((b,), 16))
+        for t in range(tgt.shape[1]):
+            expected = model.decode(tgt[:, t:t + 1], enc, cache).logits[:, 0]   # (B, V)
+            search.last.copy_(tgt[:, t])
+            got = model.output_proj(search._decode())
+            search.pos += 1
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_cast_once_per_search_give_what_autocast_gives():
+    """Under autocast the step reads bf16 copies of the linear weights, refreshed by ``load``:
+    bit for bit what autocast's own cast at each call gives, also after a weight changes."""
+    model, src = _model(6, "rope", "pre"), random_sources([4, 8, 2], seed=6)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        enc = model.encode(src)
+        cross = [layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers]
+        search = StaticSearch(model, 3, 0, 16, 16, cross[0][0].dtype, DecodeConfig(), src.device)
+        assert search.casts and all(cast.dtype == torch.bfloat16 for *_, cast in search.casts)
+        for scale in (1.0, 1.5):
+            model.decoder_layers[0].ffn.fc1.weight.mul_(scale)
+            search.load(cross, enc.mask, torch.full((3,), 16))
+            plain = search._decode()
+            with search._cast_weights():
+                cast = search._decode()
+            assert torch.equal(cast, plain)
+    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())  # given back
+
+
+def test_auto_dispatch_stays_eager_on_cpu(monkeypatch):
+    model, src = _model(0), random_sources([3, 5])
+    assert not use_static(model, src, None, None)
+    assert use_static(model, src, None, True) and not use_static(model, src, None, False)
+    with pytest.raises(ValueError, match="attention"):
+        use_static(model, src, AttentionChoice(), True)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the static path ran")
+
+    monkeypatch.setattr(static_module, "static_search", fail)
+    with torch.inference_mode():
+        greedy_search(model, src, DecodeConfig(max_len_b=3))
+        beam_search(model, src, DecodeConfig(max_len_b=3))
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
+@pytest.mark.parametrize("beam,stop", [(0, "k_finished"), (4, "k_finished"), (3, "best_finished")])
+def test_a_step_never_reads_a_device_value_on_the_host(positions, beam, stop):
+    """What a CUDA graph needs: meta tensors have no values, so ``bool()``, ``.item()``,
+    ``nonzero`` or a boolean index anywhere in the step would raise here."""
+    model = tiny_transformer(positions=positions, norm="pre").to("meta")
+    decode = DecodeConfig(beam=max(beam, 1), nbest=1, stop=stop, min_len=2)
+    search = StaticSearch(model, 8, beam, 16, 16, torch.float32, decode, torch.device("meta"))
+    search.load([], torch.ones(8, 1, 1, 16, dtype=torch.bool, device="meta"), torch.ones(8, dtype=torch.long,
+                                                                                           device="meta"))
+    with torch.inference_mode():
+        search._step()
+        search._step()
+    with pytest.raises(RuntimeError):
+        search.all_done()  # the host's one read, between steps
+
+
+def test_graph_capture_code_is_there():
+    """The CUDA-graph path imports and is wired in (it runs only on a GPU: ``gpu_checks``)."""
+    assert callable(StaticSearch.capture)
+    assert callable(static_module._search_for)
+    assert static_module.CHECK_EVERY > 1 and static_module.GRAPHS_KEPT >= 1
+
+
+def test_restore_drops_the_kept_searches():
+    model = prepare_for_decoding(_model(0))
+    static_module._searches(model)["shape"] = "a captured search"
+    restore(model)
+    assert STATIC_SEARCHES not in model.__dict__
