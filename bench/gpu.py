@@ -18,7 +18,8 @@ its time limit keeps what it measured):
   trainer steps (fused projection + loss, fused Adam), the same with ``torch.compile``, HF
   ``MarianMTModel`` and ``nn.Transformer`` (``F.cross_entropy`` with label smoothing, torch's
   default Adam: what their users get). Target tokens/s and MFU (matmul FLOPs / s over the peak),
-  systems interleaved run by run.
+  systems interleaved run by run. Then the Multi30k recipe's small model, where per-step
+  overhead rules: steps/s eager, compiled and in CUDA graphs, on one and on four length buckets.
 - ``multi30k``: ``configs/multi30k_en_de_gpu.yaml`` trained by ``bench/multi30k.py`` on this
   device: seconds of training to 38 and 39 greedy validation BLEU, and the test_2016_flickr
   scores of the final model (Moses-lc BLEU needs sacremoses).
@@ -120,15 +121,9 @@ def check_fused_loss(device: torch.device, dry: bool) -> dict:
 
 
 def checks(device: torch.device, dry: bool) -> dict:
-    def decode_checks() -> dict:
-        from static_decode import gpu_checks
-        return gpu_checks(str(device))
-
-    def train_checks() -> dict:
-        from transduce.training.graphs import gpu_checks
-        return gpu_checks(device)
-    return {"fused_loss_bf16": guarded(check_fused_loss, device, dry), "decode_graphs": guarded(decode_checks),
-            "train_graphs": guarded(train_checks)}
+    from gpu_checks import decode_checks, train_checks
+    return {"fused_loss_bf16": guarded(check_fused_loss, device, dry),
+            "decode_graphs": guarded(decode_checks, str(device)), "train_graphs": guarded(train_checks, device)}
 
 
 # ---- decoding ------------------------------------------------------------------------------------
@@ -248,7 +243,7 @@ def ours_step(shape: tuple, batch, device: torch.device, compiled: bool) -> Call
     opt = build_optimizer(model, TrainConfig(precision="bf16"))
     for g in opt.param_groups:
         g["lr"] = 1e-4
-    fwd = torch.compile(model) if compiled else model
+    fwd = torch.compile(model, backend=BACKEND["name"]) if compiled else model
     n_tokens = float((batch.tgt_out != PAD).sum())
 
     def step() -> None:
@@ -325,6 +320,58 @@ def train_section(device: torch.device, dry: bool, runs: int, steps: int, peak: 
         out[name] = guarded(train_shape, name, shape, device, runs, steps, peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    out["recipe_step_modes"] = guarded(recipe_step_modes, device, 4 if dry else 300, dry)
+    return out
+
+
+# The Multi30k recipe's model (configs/multi30k_*.yaml) and its batch budget on a GPU.
+RECIPE = dict(d_model=128, n_heads=4, n_encoder_layers=4, n_decoder_layers=4, d_ff=256, dropout=0.3, norm="pre",
+              max_positions=256, src_vocab_size=8000, tgt_vocab_size=8000)
+RECIPE_TOKENS = 8192
+RECIPE_BUCKETS = {"one bucket": [16], "four buckets": [16, 24, 32, 40]}
+DRY_RECIPE = dict(RECIPE, d_model=32, d_ff=64, n_encoder_layers=1, n_decoder_layers=1, src_vocab_size=300,
+                  tgt_vocab_size=300)
+# torch.compile's backend: a dry run on a CPU traces with dynamo but skips inductor's C++ builds
+BACKEND = {"name": "inductor"}
+
+
+def recipe_step_modes(device: torch.device, steps: int, dry: bool) -> dict:
+    """Steps/s of the recipe's small model, where per-step overhead rules: the same step function
+    (``GraphedStep``: forward, backward, clipping, fused Adam, the non-finite check on the device,
+    its metrics read back every step as the Trainer does) run eagerly, with the model compiled,
+    and captured in CUDA graphs; on square batches of one bucket and of four buckets in turn (which
+    must not recompile or recapture per batch). bf16."""
+    from transduce.training.graphs import GraphedStep, random_batch
+    from transduce.training.step import build_optimizer, compile_model
+
+    shape, tokens_per_batch = (DRY_RECIPE, 256) if dry else (RECIPE, RECIPE_TOKENS)
+    out: dict[str, Any] = {"tokens_per_batch": tokens_per_batch}
+    for mode in ("eager", "compiled", "graphed"):
+        for name, lengths in RECIPE_BUCKETS.items():
+            torch.manual_seed(0)
+            model = Transformer(ModelConfig(**shape)).to(device)
+            cfg = TrainConfig(precision="bf16", clip_norm=1.0, cuda_graphs=True)  # the fused, device-skipping Adam
+            net = compile_model(model, BACKEND["name"]) if mode == "compiled" else model
+            step = GraphedStep(net, build_optimizer(model, cfg), cfg, PAD, device, graphs=mode == "graphed")
+            batches = []
+            for i, length in enumerate(lengths * 2):
+                rows = tokens_per_batch // length
+                batch = random_batch(rows, length, rows - 2, shape["src_vocab_size"], seed=i)
+                batches.append((batch.pin_memory() if device.type == "cuda" else batch).to(device))
+
+            def run(n: int) -> int:
+                tokens = 0
+                for i in range(n):
+                    batch = batches[i % len(batches)]
+                    step(batch, 1e-4, batch.n_tgt_tokens).tolist()
+                    tokens += batch.n_tgt_tokens
+                return tokens
+            warmup = timed(lambda: run(2 * len(batches)), device)  # compiles and captures happen here
+            t0 = time.perf_counter()
+            tokens = run(steps)
+            sec = time.perf_counter() - t0
+            out[f"{mode}, {name}"] = {"steps_per_s": round(steps / sec, 1), "tgt_tokens_per_s": round(tokens / sec),
+                                      "warmup_s": round(warmup, 1), "graphs": len(step.captured) if step.graphs else 0}
     return out
 
 
@@ -388,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-dir", default=None, help="the Multi30k run directory (default: a temporary one)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.dry else "cuda")
+    BACKEND["name"] = "eager" if args.dry else "inductor"
     if not args.dry and not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA device (use --dry on a CPU)", file=sys.stderr)
         return 2

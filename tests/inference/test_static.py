@@ -1,6 +1,6 @@
 """Static-shape decoding (inference/static.py) against the eager searches and the model's own
 KV cache. On CPU the static step runs eagerly; capture and replay are checked on a GPU by
-bench/static_decode.py's ``gpu_checks``."""
+bench/gpu_checks.py's ``decode_checks``."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_a_step_never_reads_a_device_value_on_the_host(positions, beam, stop):
 
 
 def test_graph_capture_code_is_there():
-    """The CUDA-graph path imports and is wired in (it runs only on a GPU: ``gpu_checks``)."""
+    """The CUDA-graph path imports and is wired in (it runs only on a GPU: bench/gpu_checks.py)."""
     assert callable(StaticSearch.capture)
     assert callable(static_module._search_for)
     assert static_module.CHECK_EVERY > 1 and static_module.GRAPHS_KEPT >= 1

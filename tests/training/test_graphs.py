@@ -1,5 +1,6 @@
 """The graphed training step, run eagerly on a CPU: the same as the usual step, dummy rows
-inert, non-finite steps skipped on the device. (Capture and replay: ``graphs.gpu_checks``.)"""
+inert, non-finite steps skipped on the device.
+(Capture and replay: bench/gpu_checks.py, ``train_checks``.)"""
 
 import math
 

@@ -144,7 +144,7 @@ class GraphedStep:
 
 
 def _tiny_setup(device: torch.device, precision: str = "fp32", seed: int = 0):
-    """A small model, its fused optimizer and a recipe, for :func:`gpu_checks` and the tests."""
+    """A small model, its fused optimizer and a recipe, for the tests and bench/gpu_checks.py."""
     from ..config import ModelConfig
     from ..model.transformer import Transformer
     torch.manual_seed(seed)
@@ -167,85 +167,3 @@ def random_batch(rows: int, length: int, real_rows: int, vocab: int, seed: int) 
         pairs.append((torch.randint(4, vocab, (s,), generator=g).tolist(),
                       torch.randint(4, vocab, (t,), generator=g).tolist()))
     return collate(pairs).padded(rows, length, length)
-
-
-def gpu_checks(device: str | torch.device = "cuda", n_steps: int = 6) -> dict[str, object]:
-    """The checks that need a GPU: graphed steps against eager ones, the device-side skip, and
-    one compile for many shapes. Returns pass/fail and the max differences, for ``bench/gpu.py``
-    (``device="cpu"`` dry-runs the code: nothing is captured there, so the graph checks fail).
-
-    Two copies of a small model (dropout 0) take ``n_steps`` steps on the same batches of two
-    bucket shapes (fp32 and bf16), one through CUDA graphs, one eagerly; then a step whose loss is
-    NaN must leave the graphed model's parameters as they were.
-    """
-    dev = torch.device(device)
-    out: dict[str, object] = {}
-    for precision in ("fp32", "bf16"):
-        runs = {}
-        for graphs in (True, False):
-            model, opt, cfg, pad_id = _tiny_setup(dev, precision)
-            step = GraphedStep(model, opt, cfg, pad_id, dev, graphs=graphs)
-            losses = []
-            for i in range(n_steps):
-                length = (16, 24)[i % 2]
-                batch = _on(random_batch(2048 // length, length, 2048 // length - 3, 300, seed=i), dev)
-                losses.append(step(batch, 1e-3, batch.n_tgt_tokens).tolist())
-            runs[graphs] = (model, step, losses)
-        (gm, gstep, gl), (em, _, el) = runs[True], runs[False]
-        tol = 1e-4 if precision == "fp32" else 2e-2
-        out.update({f"{precision}_{k}": v for k, v in _compare(gm, em, gl, el, tol).items()})
-        out[f"{precision}_graphs_captured"] = len(gstep.captured)
-        out[f"{precision}_graphed_matches_eager"] = gstep.graphs and len(gstep.captured) == 2 \
-            and out[f"{precision}_losses_match"] and out[f"{precision}_params_match"]
-        before = [p.detach().clone() for p in gm.parameters()]
-        batch = _on(random_batch(128, 16, 100, 300, seed=99), dev)
-        metrics = gstep(batch, 1e-3, float("nan")).tolist()  # a NaN normaliser: NaN loss and gradients
-        unchanged = all(torch.equal(p, q) for p, q in zip(gm.parameters(), before))
-        out[f"{precision}_nan_step_skipped"] = metrics[3] == 0.0 and unchanged
-    out.update(_compile_check(dev))
-    out["all_passed"] = all(v for k, v in out.items() if k.endswith(("_matches_eager", "_skipped", "_once")))
-    return out
-
-
-def _on(batch: Batch, device: torch.device) -> Batch:
-    """``batch`` on ``device``, through pinned memory on CUDA (as the Trainer copies it)."""
-    return (batch.pin_memory() if device.type == "cuda" else batch).to(device)
-
-
-def _compare(graphed: torch.nn.Module, eager: torch.nn.Module, graphed_losses: list, eager_losses: list,
-             tol: float) -> dict[str, object]:
-    """Loss and parameter differences of two runs. Key biases are reported apart: their gradient
-    is zero in exact arithmetic (softmax ignores a shift of all scores), so Adam turns rounding
-    noise into steps of size lr whose signs any change of kernel order can flip."""
-    loss_diff = max(abs(a[0] - b[0]) / max(abs(b[0]), 1e-9) for a, b in zip(graphed_losses, eager_losses))
-    diffs = {name: (p - q).abs().max().item() for (name, p), q in zip(graphed.named_parameters(), eager.parameters())}
-    param_diff = max(d for n, d in diffs.items() if not n.endswith("k_proj.bias"))
-    return {"loss_rel_diff": loss_diff, "param_max_diff": param_diff, "losses_match": loss_diff < tol,
-            "params_match": param_diff < tol * 10,
-            "k_bias_max_diff": max(d for n, d in diffs.items() if n.endswith("k_proj.bias"))}
-
-
-def _compile_check(device: torch.device) -> dict[str, object]:
-    """The compiled model on four batch shapes: how many graphs dynamo compiled (inductor on
-    CUDA; on a CPU dry run the graphs are only counted, not compiled)."""
-    from torch._inductor.compile_fx import compile_fx
-
-    from .step import compile_model
-    graphs = []
-
-    def counting_inductor(gm, example_inputs):
-        graphs.append(len(example_inputs))
-        return compile_fx(gm, example_inputs) if device.type == "cuda" else gm.forward
-
-    model, _, _, pad_id = _tiny_setup(device)
-    torch._dynamo.reset()
-    compiled = compile_model(model, backend=counting_inductor)
-    precision = "bf16" if device.type == "cuda" else "fp32"
-    after_first = 0
-    for i, length in enumerate((16, 24, 32, 40)):
-        batch = _on(random_batch(64, length, 60, 300, seed=i), device)
-        forward_backward(compiled, [batch], 0.1, pad_id, batch.n_tgt_tokens, precision, device)
-        after_first = after_first or len(graphs)
-    # (a graph break compiles a model as more than one graph; what matters is that none is added per shape)
-    return {"compile_graphs_first_shape": after_first, "compile_graphs_4_shapes": len(graphs),
-            "compile_once": len(graphs) == after_first}

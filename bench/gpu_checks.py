@@ -1,31 +1,33 @@
-"""Static-shape, CUDA-graphed decoding (``transduce.inference.static``) on a GPU: checks and an A/B.
+"""What must hold on a GPU before its timings count, called by ``bench/gpu.py`` (section ``checks``).
 
-``gpu_checks()`` compares the graphed searches with the eager ones on random models (tokens and
-lengths equal, scores within 1e-4 in fp32; agreement under bf16 autocast), checks that a graph
-was captured, is reused by a second batch of the same padded shape, and sees weights changed in
-place. ``ab_timings()`` times eager vs graphed greedy and beam 4 in fp32 and bf16 on a
-base-sized random model forced to ``out_len`` tokens. Models are prepared for decoding, as a
-Translator's. Both return dicts; the CLI prints them as JSON.
+``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.static``) against
+the eager ones on small random models: tokens and lengths equal, scores within 1e-4 in fp32
+(agreement under bf16 autocast reported); a graph captured, reused by a second batch of the same
+padded shape, and seeing weights changed in place. Models are prepared for decoding, as a
+Translator's.
 
-Usage:
-    python bench/static_decode.py [--checks] [--timings] [--sentences 64] [--out-len 32]
+``train_checks``: the graphed training step (``transduce.training.graphs``) against the same
+step run eagerly over two bucket shapes in fp32 and bf16, the device-side skip of a NaN step,
+and one compile for many batch shapes.
+
+Each returns a dict of results with an overall pass flag; on a CPU they dry-run the code
+(nothing is captured there, so the capture checks report it).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
 from typing import Callable
 
 import torch
 
 from transduce.config import DecodeConfig, ModelConfig
+from transduce.data.batch import Batch
 from transduce.inference import beam_search, greedy_search, prepare_for_decoding
 from transduce.inference.fast import STATIC_SEARCHES
 from transduce.inference.static import use_static
 from transduce.model import Transformer
+from transduce.training.graphs import GraphedStep, _tiny_setup, random_batch
+from transduce.training.step import compile_model, forward_backward
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -132,7 +134,7 @@ def _check_weights_changed_in_place(model: Transformer, src: torch.Tensor) -> di
 
 
 @torch.no_grad()
-def gpu_checks(device: str = "cuda") -> dict:
+def decode_checks(device: str = "cuda") -> dict:
     """Graphed vs eager decoding on small random models; a dict of results, ``passed`` overall
     (runs on CPU too, without capture: a dry run)."""
     out: dict = {}
@@ -151,60 +153,82 @@ def gpu_checks(device: str = "cuda") -> dict:
     return out
 
 
-def _time(run, runs: int) -> float:
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        run()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def train_checks(device: str | torch.device = "cuda", n_steps: int = 6) -> dict[str, object]:
+    """The checks that need a GPU: graphed steps against eager ones, the device-side skip, and
+    one compile for many shapes. Returns pass/fail and the max differences, for ``bench/gpu.py``
+    (``device="cpu"`` dry-runs the code: nothing is captured there, so the graph checks fail).
 
-
-@torch.inference_mode()
-def ab_timings(device: str = "cuda", sentences: int = 64, src_len: int = 24, out_len: int = 32,
-               runs: int = 5) -> dict:
-    """Sentences/s of eager vs graphed greedy and beam 4, fp32 and bf16 autocast, on a base-sized
-    random model (6+6 layers, d_model 512, 8k vocabulary) forced to ``out_len`` tokens."""
-    model = _model(8000, 0, device, d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048)
-    src = _sources([src_len] * sentences, 8000, 2, device)
-    out: dict = {"sentences": sentences, "src_len": src_len, "out_len": out_len, "device": torch.cuda.get_device_name()}
-    for beam in (1, 4):
-        decode = DecodeConfig(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len)
-        for bf16 in (False, True):
-            name = f"{'greedy' if beam == 1 else f'beam{beam}'}/{'bf16' if bf16 else 'fp32'}"
-            out[name] = _guarded(lambda: _ab(model, src, decode, bf16, runs))
+    Two copies of a small model (dropout 0) take ``n_steps`` steps on the same batches of two
+    bucket shapes (fp32 and bf16), one through CUDA graphs, one eagerly; then a step whose loss is
+    NaN must leave the graphed model's parameters as they were.
+    """
+    dev = torch.device(device)
+    out: dict[str, object] = {}
+    for precision in ("fp32", "bf16"):
+        runs = {}
+        for graphs in (True, False):
+            model, opt, cfg, pad_id = _tiny_setup(dev, precision)
+            step = GraphedStep(model, opt, cfg, pad_id, dev, graphs=graphs)
+            losses = []
+            for i in range(n_steps):
+                length = (16, 24)[i % 2]
+                batch = _on(random_batch(2048 // length, length, 2048 // length - 3, 300, seed=i), dev)
+                losses.append(step(batch, 1e-3, batch.n_tgt_tokens).tolist())
+            runs[graphs] = (model, step, losses)
+        (gm, gstep, gl), (em, _, el) = runs[True], runs[False]
+        tol = 1e-4 if precision == "fp32" else 2e-2
+        out.update({f"{precision}_{k}": v for k, v in _compare_training(gm, em, gl, el, tol).items()})
+        out[f"{precision}_graphs_captured"] = len(gstep.captured)
+        out[f"{precision}_graphed_matches_eager"] = gstep.graphs and len(gstep.captured) == 2 \
+            and out[f"{precision}_losses_match"] and out[f"{precision}_params_match"]
+        before = [p.detach().clone() for p in gm.parameters()]
+        batch = _on(random_batch(128, 16, 100, 300, seed=99), dev)
+        metrics = gstep(batch, 1e-3, float("nan")).tolist()  # a NaN normaliser: NaN loss and gradients
+        unchanged = all(torch.equal(p, q) for p, q in zip(gm.parameters(), before))
+        out[f"{precision}_nan_step_skipped"] = metrics[3] == 0.0 and unchanged
+    out.update(_compile_check(dev))
+    out["all_passed"] = all(v for k, v in out.items() if k.endswith(("_matches_eager", "_skipped", "_once")))
     return out
 
 
-def _ab(model: Transformer, src: torch.Tensor, decode: DecodeConfig, bf16: bool, runs: int) -> dict:
-    """Sentences/s, eager and graphed, and the ratio."""
-    row: dict = {}
-    for static in (False, True):
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            seconds = _time(lambda: _search(model, src, decode, static), runs)
-        row["graphed" if static else "eager"] = round(src.shape[0] / seconds, 1)
-    row["speedup"] = round(row["graphed"] / row["eager"], 2)
-    row["passed"] = True
-    return row
+def _on(batch: Batch, device: torch.device) -> Batch:
+    """``batch`` on ``device``, through pinned memory on CUDA (as the Trainer copies it)."""
+    return (batch.pin_memory() if device.type == "cuda" else batch).to(device)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checks", action="store_true")
-    parser.add_argument("--timings", action="store_true")
-    parser.add_argument("--sentences", type=int, default=64)
-    parser.add_argument("--out-len", type=int, default=32)
-    args = parser.parse_args()
-    result = {}
-    if args.checks or not args.timings:
-        result["checks"] = gpu_checks()
-    if args.timings or not args.checks:
-        result["timings"] = ab_timings(sentences=args.sentences, out_len=args.out_len)
-    print(json.dumps(result, indent=1))
+def _compare_training(graphed: torch.nn.Module, eager: torch.nn.Module, graphed_losses: list, eager_losses: list,
+             tol: float) -> dict[str, object]:
+    """Loss and parameter differences of two runs. Key biases are reported apart: their gradient
+    is zero in exact arithmetic (softmax ignores a shift of all scores), so Adam turns rounding
+    noise into steps of size lr whose signs any change of kernel order can flip."""
+    loss_diff = max(abs(a[0] - b[0]) / max(abs(b[0]), 1e-9) for a, b in zip(graphed_losses, eager_losses))
+    diffs = {name: (p - q).abs().max().item() for (name, p), q in zip(graphed.named_parameters(), eager.parameters())}
+    param_diff = max(d for n, d in diffs.items() if not n.endswith("k_proj.bias"))
+    return {"loss_rel_diff": loss_diff, "param_max_diff": param_diff, "losses_match": loss_diff < tol,
+            "params_match": param_diff < tol * 10,
+            "k_bias_max_diff": max(d for n, d in diffs.items() if n.endswith("k_proj.bias"))}
 
 
-if __name__ == "__main__":
-    main()
+def _compile_check(device: torch.device) -> dict[str, object]:
+    """The compiled model on four batch shapes: how many graphs dynamo compiled (inductor on
+    CUDA; on a CPU dry run the graphs are only counted, not compiled)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graphs = []
+
+    def counting_inductor(gm, example_inputs):
+        graphs.append(len(example_inputs))
+        return compile_fx(gm, example_inputs) if device.type == "cuda" else gm.forward
+
+    model, _, _, pad_id = _tiny_setup(device)
+    torch._dynamo.reset()
+    compiled = compile_model(model, backend=counting_inductor)
+    precision = "bf16" if device.type == "cuda" else "fp32"
+    after_first = 0
+    for i, length in enumerate((16, 24, 32, 40)):
+        batch = _on(random_batch(64, length, 60, 300, seed=i), device)
+        forward_backward(compiled, [batch], 0.1, pad_id, batch.n_tgt_tokens, precision, device)
+        after_first = after_first or len(graphs)
+    # (a graph break compiles a model as more than one graph; what matters is that none is added per shape)
+    return {"compile_graphs_first_shape": after_first, "compile_graphs_4_shapes": len(graphs),
+            "compile_once": len(graphs) == after_first}
