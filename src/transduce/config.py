@@ -227,7 +227,7 @@ class TrainConfig:
     clip_norm: float | None = None
     precision: str = "fp32"
     compile: bool = False        # torch.compile the model once, with dynamic batch shapes
-    pad_multiple: int | None = None  # pad S and T up to a multiple (None: 8 on CUDA, 1 = none elsewhere)
+    pad_multiple: int | None = None  # pad S and T up to a multiple (None: 8 with cuda_graphs, else 1 = none)
     cuda_graphs: bool = False    # the whole step as one CUDA graph per shape bucket (training/graphs.py)
     log_every: int = 50
     eval_every: int = 1000
