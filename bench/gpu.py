@@ -13,6 +13,9 @@ its time limit keeps what it measured):
   transduce with its static cache in CUDA graphs, and HF ``MarianMTModel.generate`` on the same
   shape; greedy and beam 4, fp32 and bf16 (ours: autocast, as ``Translator`` runs it; HF: the
   model in bf16, as its users load it). Sentences/s, median of the runs, and the ratios.
+- ``multi30k``: ``configs/multi30k_en_de_gpu.yaml`` trained by ``bench/multi30k.py`` on this
+  device: seconds of training to 38 and 39 greedy validation BLEU, and the test_2016_flickr
+  scores of the final model (Moses-lc BLEU needs sacremoses).
 - ``train``: one optimizer step (forward + backward + Adam, label smoothing 0.1, bf16 autocast)
   at the base shape (400 x 64 tokens) and big (200 x 64), 32k vocabulary: transduce as its
   trainer steps (fused projection + loss, fused Adam), the same with ``torch.compile``, HF
@@ -20,15 +23,12 @@ its time limit keeps what it measured):
   default Adam: what their users get). Target tokens/s and MFU (matmul FLOPs / s over the peak),
   systems interleaved run by run. Then the Multi30k recipe's small model, where per-step
   overhead rules: steps/s eager, compiled and in CUDA graphs, on one and on four length buckets.
-- ``multi30k``: ``configs/multi30k_en_de_gpu.yaml`` trained by ``bench/multi30k.py`` on this
-  device: seconds of training to 38 and 39 greedy validation BLEU, and the test_2016_flickr
-  scores of the final model (Moses-lc BLEU needs sacremoses).
 
 ``--dry`` runs every section on the CPU with tiny shapes and a few steps (CI runs it), so the
 script never reaches a GPU broken; its numbers mean nothing.
 
 Usage:
-    python bench/gpu.py [--out gpu.json] [--sections env,checks,decode,train,multi30k]
+    python bench/gpu.py [--out gpu.json] [--sections env,checks,decode,multi30k,train]
     python bench/gpu.py --dry
 """
 
@@ -320,7 +320,7 @@ def train_section(device: torch.device, dry: bool, runs: int, steps: int, peak: 
         out[name] = guarded(train_shape, name, shape, device, runs, steps, peak)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    out["recipe_step_modes"] = guarded(recipe_step_modes, device, 4 if dry else 300, dry)
+    out["recipe_step_modes"] = guarded(recipe_step_modes, device, 4 if dry else 200, dry)
     return out
 
 
@@ -429,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (CI): checks the script, not speed")
     ap.add_argument("--out", help="also write the JSON here (rewritten after each section)")
-    ap.add_argument("--sections", default="env,checks,decode,train,multi30k")
-    ap.add_argument("--runs", type=int, default=5, help="timed runs per system (interleaved)")
+    ap.add_argument("--sections", default="env,checks,decode,multi30k,train")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per system (interleaved)")
     ap.add_argument("--steps", type=int, default=5, help="training steps per timed run")
     ap.add_argument("--run-dir", default=None, help="the Multi30k run directory (default: a temporary one)")
     args = ap.parse_args(argv)
