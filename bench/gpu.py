@@ -7,7 +7,7 @@ its time limit keeps what it measured):
 - ``env``: the device, torch, and the matmul peak: a bf16 8192^3 ``torch.mm`` (the MFU basis).
 - ``checks``: correctness on this device before any timing: the fused bf16 loss against
   autocast's projection then loss; the CUDA-graph decoding and training steps against eager
-  (their modules' ``gpu_checks``).
+  (``bench/gpu_checks.py``).
 - ``decode``: a random base-shape model (6+6, d 512, 32k vocabulary), 256 sentences of 24
   tokens, every output forced to 32 tokens (``min_len`` = max length): transduce eager,
   transduce with its static cache in CUDA graphs, and HF ``MarianMTModel.generate`` on the same
@@ -231,27 +231,27 @@ def make_batch(n: int, t: int, vocab: int, device: torch.device):
 
 
 def ours_step(shape: tuple, batch, device: torch.device, compiled: bool) -> Callable[[], None]:
-    """One step as the trainer takes it: bf16 autocast, fused projection + loss, its optimizer."""
-    from transduce.training.step import build_optimizer, output_weight
-    from transduce.training.loss import projected_label_smoothed_loss
+    """One step as the Trainer takes it (``training/step.py``): forward and the fused projection +
+    loss under bf16 autocast, backward, the gradient norm and the update (fused Adam on CUDA,
+    skipped on the device if non-finite); no host read."""
+    from transduce.training.step import build_optimizer, clip_and_step, compile_model, forward_backward
 
     layers, d, h, ff, _, _, vocab = shape
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d, n_heads=h,
                                     n_encoder_layers=layers, n_decoder_layers=layers, d_ff=ff,
                                     share_embeddings=True, max_positions=512)).to(device).train()
-    opt = build_optimizer(model, TrainConfig(precision="bf16"))
-    for g in opt.param_groups:
-        g["lr"] = 1e-4
-    fwd = torch.compile(model, backend=BACKEND["name"]) if compiled else model
+    opt = build_optimizer(model, TrainConfig(precision="bf16"), lr=1e-4)
+    fwd = compile_model(model, BACKEND["name"]) if compiled else model
+    params, found_inf = list(model.parameters()), torch.zeros((), device=device)
     n_tokens = float((batch.tgt_out != PAD).sum())
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            hidden = fwd(batch.src, batch.tgt_in, project=False)
-            out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, 0.1, PAD)
-        (out.loss / n_tokens).backward()
-        opt.step()
+        sums = forward_backward(fwd, [batch], 0.1, PAD, n_tokens, "bf16", device)
+        if opt.defaults.get("fused"):
+            clip_and_step(opt, params, sums[0], None, found_inf)
+        else:  # foreach Adam (a CPU dry run): the Trainer steps after its host read
+            opt.step()
         opt.zero_grad(set_to_none=True)
     return step
 
