@@ -133,6 +133,7 @@ class ModelConfig:
             _check(getattr(self, k) >= 0, f"model.{k}", f"must be >= 0; got {getattr(self, k)}")
         if self.arch == "encoder_only":
             _check(self.n_encoder_layers > 0, "model.n_encoder_layers", "must be positive for model.arch=encoder_only")
+            _check(self.n_classes != 1, "model.n_classes", "must be 0 (masked-LM head) or at least 2 classes; got 1")
             return
         for k in ("embed_norm", "type_vocab_size", "n_classes"):
             _check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")

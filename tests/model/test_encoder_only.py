@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from transduce.config import ModelConfig
+from transduce.errors import ConfigError
 from transduce.model import EncoderOnly, Transformer, build_model, load_model, save_model
 
 V = 40
@@ -109,3 +110,5 @@ def test_build_model_chooses_the_class_by_arch():
     assert isinstance(build_model(_cfg()), EncoderOnly)
     plain = ModelConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4, d_ff=64)
     assert type(build_model(plain)) is Transformer
+    with pytest.raises(ConfigError, match="^model.arch: encoder_only models are built by build_model"):
+        Transformer(_cfg())

@@ -48,7 +48,7 @@ def bert_config(cfg: ModelConfig):
         hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
         max_position_embeddings=cfg.max_positions, type_vocab_size=max(cfg.type_vocab_size, 1),
         layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_id, tie_word_embeddings=cfg.tie_output,
-        num_labels=max(cfg.n_classes, 2),  # BertConfig's default; unused by the masked-LM model
+        num_labels=cfg.n_classes or 2,  # 2 is BertConfig's default, unused by the masked-LM model
     )
 
 
@@ -120,7 +120,8 @@ def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
 def probe_inputs(cfg: ModelConfig, seed: int = 0) -> tuple[Tensor, Tensor | None]:
     """BOS + random tokens + EOS of several lengths, right-padded, some tokens [MASK]; random
     token types (None without them). -> (B, T) ids, (B, T) types."""
-    ids = probe_batch(cfg.src_vocab_size - 1, cfg.pad_id, cfg.eos_id, (7, 3, 11, 1, 5, 9), seed)
+    lengths = tuple(min(n, cfg.max_positions - 2) for n in (7, 3, 11, 1, 5, 9))  # BOS and EOS fit too
+    ids = probe_batch(cfg.src_vocab_size - 1, cfg.pad_id, cfg.eos_id, lengths, seed)
     ids = torch.cat([torch.full((ids.shape[0], 1), cfg.bos_id), ids], dim=1)  # (B, T)
     g = torch.Generator().manual_seed(seed + 1)
     masked = (torch.rand(ids.shape, generator=g) < 0.2) & (ids > cfg.eos_id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 from .attention import KVCache
 from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding, TokenTypeEmbedding
 from .layers import DecoderLayer, EncoderLayer
@@ -96,6 +97,8 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.arch == "encoder_only":  # a config for EncoderOnly must not quietly build a translation model
+            raise ConfigError("model.arch: encoder_only models are built by build_model (EncoderOnly), not Transformer")
         self.config = cfg
         src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
         tgt_tokens = src_tokens if cfg.share_embeddings else TokenEmbedding(

@@ -47,7 +47,9 @@ def mask_tokens(ids: Tensor, mask_id: int, generator: torch.Generator, select: f
     selectable = ~torch.isin(ids, torch.tensor(list(special_ids), device=ids.device))
     selected = (torch.rand(ids.shape, **gen).to(ids.device) < select) & selectable
     action = torch.rand(ids.shape, **gen).to(ids.device)
-    ordinary = torch.tensor([i for i in range(mask_id) if i not in set(special_ids)], device=ids.device)
+    allowed = torch.ones(mask_id, dtype=torch.bool, device=ids.device)
+    allowed[list(special_ids)] = False
+    ordinary = allowed.nonzero().squeeze(1)                              # the ids a random token may take
     random_ids = ordinary[torch.randint(len(ordinary), ids.shape, **gen).to(ids.device)]
     inputs = torch.where(selected & (action < MASK_SHARE), mask_id, ids)
     inputs = torch.where(selected & (action >= MASK_SHARE) & (action < MASK_SHARE + RANDOM_SHARE), random_ids, inputs)
