@@ -90,9 +90,11 @@ def test_classification_head_pools_the_first_position():
         model.mlm_logits(states)
 
 
-def test_untied_decoder_is_its_own_matrix():
+def test_untied_decoder_is_its_own_matrix_and_bias_free_has_no_biases():
     model = _model(tie_output=False, share_embeddings=False)
     assert model.mlm_head.decoder.weight is not model.embed.tokens.weight
+    for kw in (dict(bias=False), dict(bias=False, n_classes=2)):
+        assert not [name for name, _ in _model(**kw).named_parameters() if name.endswith("bias")]
 
 
 @pytest.mark.parametrize("kw", [{}, dict(n_classes=3), dict(tie_output=False, share_embeddings=False)])

@@ -35,7 +35,8 @@ class MaskedLMHead(nn.Module):
     """BERT's masked-LM head: LayerNorm(GELU(dense(h))) then the decoder to the vocabulary.
 
     The decoder's weight is the token embedding when ``tie`` is given (Sec. 3.4's sharing);
-    its bias is its own either way, as BERT's.
+    its bias is its own either way, as BERT's (none with ``model.bias=false``). The GELU is
+    BERT's erf one whatever ``model.activation`` the layers use.
     """
 
     def __init__(self, cfg: ModelConfig, tie: TokenEmbedding | None):
@@ -43,13 +44,14 @@ class MaskedLMHead(nn.Module):
         self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.decoder = nn.Linear(cfg.d_model, cfg.src_vocab_size, bias=False)
-        self.bias = nn.Parameter(torch.zeros(cfg.src_vocab_size))
+        self.bias = nn.Parameter(torch.zeros(cfg.src_vocab_size)) if cfg.bias else None
         if tie is not None:
             self.decoder.weight = tie.weight
 
     def forward(self, states: Tensor) -> Tensor:
         """(..., D) -> (..., V)."""
-        return self.decoder(self.norm(F.gelu(self.dense(states)))) + self.bias
+        logits = self.decoder(self.norm(F.gelu(self.dense(states))))     # (..., V)
+        return logits if self.bias is None else logits + self.bias
 
 
 class ClassificationHead(nn.Module):
