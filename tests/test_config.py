@@ -17,6 +17,14 @@ from transduce.errors import ConfigError
     (dict(n_heads=0), "model.n_heads"),
     (dict(src_vocab_size=10, tgt_vocab_size=12), "model.share_embeddings"),
     (dict(bias="yes"), "model.bias"),
+    (dict(arch="bert"), "model.arch"),
+    (dict(type_vocab_size=2), "model.type_vocab_size"),
+    (dict(embed_norm=True), "model.embed_norm"),
+    (dict(n_classes=3), "model.n_classes"),
+    (dict(arch="encoder_only", n_classes=-1), "model.n_classes"),
+    (dict(arch="encoder_only", type_vocab_size=-1), "model.type_vocab_size"),
+    (dict(arch="encoder_only", n_encoder_layers=0), "model.n_encoder_layers"),
+    (dict(arch="encoder_only", n_classes=1), "model.n_classes"),
 ])
 def test_invalid_model_values_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=rf"^{key}:") as e:

@@ -63,6 +63,12 @@ class ModelConfig:
       activation="gelu"   (Hendrycks & Gimpel, 2016); "swiglu" gated FFN (Shazeer, 2020)
       bias=False          bias-free linear layers (PaLM)
       share_embeddings=False / tie_output=False   untied embedding matrices (Sec. 3.4 ties them)
+      arch="encoder_only" a BERT-style encoder (Devlin et al., 2019, https://arxiv.org/abs/1810.04805):
+                          src_vocab_size and n_encoder_layers, no decoder (model/encoder_only.py)
+      embed_norm=True     LayerNorm after the embedding sum, as BERT (encoder_only)
+      type_vocab_size=2   BERT's token-type (segment) embeddings; 0 = none (encoder_only)
+      n_classes=K         a pooled classification head over K classes instead of the masked-LM
+                          head; 0 = the masked-LM head (encoder_only)
     """
 
     src_vocab_size: int = 37000
@@ -88,6 +94,10 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    arch: str = "encoder_decoder"
+    embed_norm: bool = False
+    type_vocab_size: int = 0
+    n_classes: int = 0
 
     def __post_init__(self) -> None:
         _typecheck(self, "model")
@@ -103,6 +113,8 @@ class ModelConfig:
         _one_of(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
         _one_of(self.norm, "model.norm", ("post", "pre"))
         _one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
+        _one_of(self.arch, "model.arch", ("encoder_decoder", "decoder_only", "encoder_only"))
+        self._check_encoder_only()
         if self.positions == "rope":
             _check(self.head_dim % 2 == 0, "model.positions",
                    f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
@@ -115,6 +127,16 @@ class ModelConfig:
             v = getattr(self, k)
             _check(0 <= v < min(self.src_vocab_size, self.tgt_vocab_size), f"model.{k}",
                    f"must be a valid token id; got {v}")
+
+    def _check_encoder_only(self) -> None:
+        for k in ("type_vocab_size", "n_classes"):
+            _check(getattr(self, k) >= 0, f"model.{k}", f"must be >= 0; got {getattr(self, k)}")
+        if self.arch == "encoder_only":
+            _check(self.n_encoder_layers > 0, "model.n_encoder_layers", "must be positive for model.arch=encoder_only")
+            _check(self.n_classes != 1, "model.n_classes", "must be 0 (masked-LM head) or at least 2 classes; got 1")
+            return
+        for k in ("embed_norm", "type_vocab_size", "n_classes"):
+            _check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     @property
     def head_dim(self) -> int:

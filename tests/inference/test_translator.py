@@ -122,3 +122,14 @@ def test_attention_plot_without_matplotlib_is_a_clear_error(translator, tmp_path
         plot_attention(maps, tmp_path / "x.png")
     with pytest.raises(TransduceError, match="empty"):
         attention_maps(translator, "")
+
+
+def test_an_encoder_only_model_is_refused_in_one_line():
+    from transduce.config import ModelConfig
+    from transduce.model import EncoderOnly
+
+    model = EncoderOnly(ModelConfig(arch="encoder_only", src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2,
+                                    n_encoder_layers=1, d_ff=32))
+    with pytest.raises(ConfigError, match="^translation needs an encoder_decoder model; this one is "
+                                          "model.arch=encoder_only$"):
+        Translator(model, None)

@@ -90,3 +90,16 @@ def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
         raise ExportError(f"{model_dir}: no tokenizer here (tokenizer.yaml + spm model); "
                           "this format ships the tokenizer, so the model directory must hold one")
     return model, None
+
+
+@contextlib.contextmanager
+def no_progress_bars(transformers) -> Iterator[None]:
+    """transformers draws progress bars when saving and loading; an export has its own report."""
+    hf_logging = transformers.utils.logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..model.io import load_model_config
 from .base import ExportError, ExportReport, staging_dir, torch_threads
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,8 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
     Args:
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
-        fmt: "hf" (MarianMTModel directory), "ctranslate2" or "onnx".
+        fmt: "hf" (MarianMTModel directory; BertForMaskedLM or BertForSequenceClassification for
+            an encoder_only model), "ctranslate2" or "onnx".
         out: destination directory (must not exist unless ``force``).
         quantization: None or "int8" (CTranslate2 only).
         force: replace an existing ``out``.
@@ -35,8 +37,14 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
+    arch = load_model_config(model_dir).arch
+    if arch != "encoder_decoder" and fmt != "hf":
+        raise ExportError(f"--format {fmt}: exports encoder_decoder models only; this one is model.arch={arch}")
     with staging_dir(out, force) as tmp, torch_threads(1):
-        if fmt == "hf":
+        if fmt == "hf" and arch == "encoder_only":
+            from .hf_bert import export_hf_bert
+            checks = export_hf_bert(model_dir, tmp)
+        elif fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)
         elif fmt == "ctranslate2":

@@ -18,12 +18,10 @@ Legend: D d_model, V vocabulary, P the channel permutation.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +29,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model import Transformer
 from ..errors import require
-from .base import ExportError, load_for_export
+from .base import ExportError, load_for_export, no_progress_bars
 from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
                      probe_targets)
 
@@ -206,23 +204,10 @@ def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     if missing or unexpected:
         raise ExportError(f"Marian weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
     hf.generation_config = generation_config(cfg)
-    with _no_progress_bars(transformers):
+    with no_progress_bars(transformers):
         hf.save_pretrained(out)
         write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
         return verify_hf(model, out)
-
-
-@contextlib.contextmanager
-def _no_progress_bars(transformers) -> Iterator[None]:
-    """transformers draws progress bars when saving and loading; an export has its own report."""
-    hf_logging = transformers.utils.logging
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 @torch.no_grad()

@@ -246,6 +246,8 @@ class Translator(BaseTranslator):
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
                  precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
+        if model.config.arch != "encoder_decoder":
+            raise ConfigError(f"translation needs an encoder_decoder model; this one is model.arch={model.config.arch}")
         self.device = resolve_device(device)
         autocast_context(self.device, precision)  # a bad precision fails here, not at the first search
         if int8 and self.device.type != "cpu":

@@ -96,3 +96,20 @@ class TokenEmbedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, D)."""
         return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
+
+
+class TokenTypeEmbedding(nn.Module):
+    """BERT's token-type (segment) embeddings, added to the token and position embeddings
+    (Devlin et al., 2019, Sec. 3, "Input/Output Representations")."""
+
+    def __init__(self, n_types: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_types, dim))
+        nn.init.normal_(self.weight, std=dim ** -0.5)
+
+    def forward(self, token_types: Tensor | None) -> Tensor:
+        """Embeddings of ``token_types`` (B, T) -> (B, T, D); None means type 0 everywhere
+        -> (1, 1, D), broadcast over the batch."""
+        if token_types is None:
+            return self.weight[:1][None]                                  # (1, 1, D)
+        return nn.functional.embedding(token_types, self.weight)

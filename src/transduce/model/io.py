@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ..atomic import atomic_path
 from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError, one_line
+from .encoder_only import EncoderOnly
 from .transformer import Transformer
 
 FORMAT = "transduce"
@@ -65,7 +66,8 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_model(model: Transformer, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
+def save_model(model: Transformer | EncoderOnly, directory: str | os.PathLike,
+               decode: DecodeConfig | None = None) -> Path:
     """Write ``config.yaml`` (the model's config, and the decoding settings to use it with, if
     given) and ``model.safetensors`` into ``directory`` (created if needed)."""
     directory = Path(directory)
@@ -106,7 +108,7 @@ def load_model_config(directory: str | os.PathLike) -> ModelConfig:
         raise CheckpointError(f"{directory / CONFIG}: {e}") from None
 
 
-def load_state_checked(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
+def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load ``state`` into ``model`` after checking names and shapes; one-line errors."""
     expected = unique_state_dict(model)
     missing = sorted(set(expected) - set(state))
@@ -125,10 +127,20 @@ def load_state_checked(model: Transformer, state: dict[str, torch.Tensor], sourc
     model.load_state_dict(state, strict=False)
 
 
-def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer:
-    """Load a model saved by :func:`save_model`, in eval mode, on ``device``."""
+def build_model(cfg: ModelConfig) -> Transformer | EncoderOnly:
+    """A freshly initialised model of ``cfg.arch``."""
+    if cfg.arch == "encoder_only":
+        return EncoderOnly(cfg)
+    if cfg.arch == "decoder_only":
+        raise ConfigError("model.arch: decoder_only is not built by this version")
+    return Transformer(cfg)
+
+
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer | EncoderOnly:
+    """Load a model saved by :func:`save_model` (the class its ``model.arch`` names), in eval
+    mode, on ``device``."""
     directory = Path(directory)
     cfg = load_model_config(directory)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     load_state_checked(model, read_weights(directory / WEIGHTS), str(directory / WEIGHTS))
     return model.to(device).eval()

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..errors import ConfigError
 from .attention import KVCache
-from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding
+from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding, TokenTypeEmbedding
 from .layers import DecoderLayer, EncoderLayer
 from .masks import padding_mask
 
@@ -47,7 +48,11 @@ class DecoderOutput:
 
 
 class Embedder(nn.Module):
-    """Token embedding * sqrt(D) + positions, then dropout (Sec. 3.4, 3.5, 5.4)."""
+    """Token embedding * sqrt(D) + positions, then dropout (Sec. 3.4, 3.5, 5.4).
+
+    BERT's options (encoder_only configs): + token-type embeddings (``type_vocab_size`` > 0),
+    and a LayerNorm of the sum before the dropout (``embed_norm``).
+    """
 
     def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
         super().__init__()
@@ -58,12 +63,21 @@ class Embedder(nn.Module):
             self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
         else:  # rope: positions enter inside attention
             self.positions = None
+        self.token_types = TokenTypeEmbedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, start: int = 0, token_types: Tensor | None = None) -> Tensor:
+        """ids (B, T) -> (B, T, D); ``token_types`` (B, T) ids, type 0 everywhere if None."""
         x = self.tokens(ids)                                              # (B, T, D)
         if self.positions is not None:
             x = x + self.positions(start, ids.shape[1]).to(x.dtype)
+        if self.token_types is not None:
+            x = x + self.token_types(token_types).to(x.dtype)
+        elif token_types is not None:
+            raise ValueError("token_types given to a model without them (model.type_vocab_size=0)")
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x)
 
 
@@ -83,6 +97,8 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if cfg.arch == "encoder_only":  # a config for EncoderOnly must not quietly build a translation model
+            raise ConfigError("model.arch: encoder_only models are built by build_model (EncoderOnly), not Transformer")
         self.config = cfg
         src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
         tgt_tokens = src_tokens if cfg.share_embeddings else TokenEmbedding(

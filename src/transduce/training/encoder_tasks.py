@@ -1,0 +1,75 @@
+"""The encoder-only tasks' inputs and losses: BERT's masking and masked-LM loss, classification.
+
+Masked language modelling (Devlin et al., 2019, Sec. 3.1, "Task #1: Masked LM"): 15% of the
+non-special tokens are selected; of those 80% become [MASK], 10% a random token and 10% stay as
+they are; the loss is the cross-entropy of the original tokens at the selected positions only.
+[MASK] is the model's last id (:attr:`~transduce.model.EncoderOnly.mask_id`).
+
+Legend: B batch, T length, D d_model, V vocabulary, K classes, N selected positions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from ..model.encoder_only import EncoderOnly
+from .loss import LossOutput, label_smoothed_loss
+
+# Never selected for masking: they mark the sequence, not its text ([CLS], [SEP], [PAD] in BERT).
+SPECIAL_IDS = (PAD_ID, BOS_ID, EOS_ID)
+MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the selected tokens; the remaining 10% are kept
+
+
+def mask_tokens(ids: Tensor, mask_id: int, generator: torch.Generator, select: float = 0.15,
+                special_ids: Sequence[int] = SPECIAL_IDS) -> tuple[Tensor, Tensor]:
+    """BERT's masking of a batch of ids, a pure function of ``ids`` and the generator's state.
+
+    Each token not in ``special_ids`` is selected with probability ``select``; a selected token
+    becomes ``mask_id`` (80%), a random ordinary token (10%: an id below ``mask_id``, not
+    special) or stays (10%).
+
+    Args:
+        ids: (B, T) token ids, all below ``mask_id``.
+        mask_id: the [MASK] id, the last of the vocabulary.
+        generator: the random source (a CPU generator; the results move to ``ids.device``).
+        select: the share of tokens selected.
+        special_ids: ids never selected (PAD, BOS, EOS).
+
+    Returns:
+        inputs (B, T): ``ids`` with the selected tokens replaced; labels (B, T): the original
+        ids at the selected positions and PAD elsewhere (what the loss ignores).
+    """
+    gen = dict(generator=generator, device=generator.device)
+    selectable = ~torch.isin(ids, torch.tensor(list(special_ids), device=ids.device))
+    selected = (torch.rand(ids.shape, **gen).to(ids.device) < select) & selectable
+    action = torch.rand(ids.shape, **gen).to(ids.device)
+    allowed = torch.ones(mask_id, dtype=torch.bool, device=ids.device)
+    allowed[list(special_ids)] = False
+    ordinary = allowed.nonzero().squeeze(1)                              # the ids a random token may take
+    random_ids = ordinary[torch.randint(len(ordinary), ids.shape, **gen).to(ids.device)]
+    inputs = torch.where(selected & (action < MASK_SHARE), mask_id, ids)
+    inputs = torch.where(selected & (action >= MASK_SHARE) & (action < MASK_SHARE + RANDOM_SHARE), random_ids, inputs)
+    labels = torch.where(selected, ids, PAD_ID)
+    return inputs, labels
+
+
+def masked_lm_loss(model: EncoderOnly, states: Tensor, labels: Tensor, smoothing: float = 0.0) -> LossOutput:
+    """The (label-smoothed) cross-entropy of the original tokens at the selected positions.
+
+    Only the N selected positions go through the masked-LM head, so the (B, T, V) logits are
+    never made. Shape: states (B, T, D) from ``model(inputs)``, labels (B, T) from
+    :func:`mask_tokens` (PAD where not selected).
+    """
+    keep = labels != PAD_ID                                              # (B, T)
+    logits = model.mlm_logits(states[keep])                              # (N, V)
+    return label_smoothed_loss(logits[None], labels[keep][None], smoothing, PAD_ID)
+
+
+def classification_loss(logits: Tensor, labels: Tensor, smoothing: float = 0.0) -> LossOutput:
+    """The (label-smoothed) cross-entropy of class ``labels`` (B,) under ``logits`` (B, K);
+    ``n_tokens`` counts the sentences."""
+    return label_smoothed_loss(logits[:, None], labels[:, None], smoothing, pad_id=-1)  # no label is ignored

@@ -1,0 +1,100 @@
+"""Hugging Face BERT export: an encoder_only model with BERT's options gives BertForMaskedLM's
+(or BertForSequenceClassification's) logits."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.config import ModelConfig
+from transduce.export import ExportError, export_model
+from transduce.model import EncoderOnly, save_model
+
+transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+
+V = 60
+BERT = dict(arch="encoder_only", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4, n_encoder_layers=2,
+            d_ff=64, positions="learned", max_positions=40, activation="gelu", embed_norm=True, type_vocab_size=2,
+            scale_embeddings=False, layer_norm_eps=1e-12)
+
+
+def _model_dir(tmp_path, **options):
+    """A random BERT-shaped model; LayerNorms and biases perturbed so that none is the identity."""
+    torch.manual_seed(0)
+    model = EncoderOnly(ModelConfig(**{**BERT, **options}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return save_model(model.eval(), tmp_path / "m"), model.eval()
+
+
+def _inputs(types: bool, width: int = 12):
+    """Right-padded rows starting with BOS, some tokens [MASK], random token types."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, V, (4, width), generator=g)
+    ids[:, 0] = 1
+    for row, n in enumerate((width, 7, 3, width - 2)):
+        ids[row, n - 1] = 2
+        ids[row, n:] = 0
+    return ids, (torch.randint(2, ids.shape, generator=g) if types else None)
+
+
+@pytest.mark.parametrize("options", [{}, dict(type_vocab_size=0), dict(tie_output=False, share_embeddings=False),
+                                     dict(layer_norm_eps=1e-5, max_positions=8)])
+@torch.no_grad()
+def test_masked_lm_logits_equal_berts(tmp_path, options):
+    model_dir, model = _model_dir(tmp_path, **options)
+    report = export_model(model_dir, "hf", tmp_path / "hf")
+    assert report.checks["max_logit_diff"] < 1e-4
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "BertForMaskedLM"
+    ids, types = _inputs(bool(model.config.type_vocab_size), min(12, model.config.max_positions))
+    got = hf(input_ids=ids, attention_mask=(ids != 0).long(), token_type_ids=types).logits
+    torch.testing.assert_close(got, model.mlm_logits(model(ids, types)), rtol=0, atol=1e-4)
+
+
+@torch.no_grad()
+def test_classification_logits_equal_berts(tmp_path):
+    model_dir, model = _model_dir(tmp_path, n_classes=3)
+    report = export_model(model_dir, "hf", tmp_path / "hf")
+    assert report.checks["max_class_logit_diff"] < 1e-4
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "BertForSequenceClassification"
+    ids, types = _inputs(True)
+    got = hf(input_ids=ids, attention_mask=(ids != 0).long(), token_type_ids=types).logits
+    torch.testing.assert_close(got, model.classify(model(ids, types)), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("options,named", [
+    (dict(norm="pre"), "model.norm=pre"),
+    (dict(scale_embeddings=True), "model.scale_embeddings=True"),
+    (dict(embed_norm=False, positions="sinusoidal"), "model.positions=sinusoidal (BERT has positions=learned); "
+                                                     "model.embed_norm=False"),
+])
+def test_options_bert_lacks_are_refused(tmp_path, options, named):
+    model_dir, _ = _model_dir(tmp_path, **options)
+    with pytest.raises(ExportError, match=rf"^cannot export to Hugging Face BERT: .*{re.escape(named)}"):
+        export_model(model_dir, "hf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "ctranslate2"])
+def test_other_formats_refuse_an_encoder(tmp_path, fmt):
+    model_dir, _ = _model_dir(tmp_path)
+    with pytest.raises(ExportError, match="exports encoder_decoder models only; this one is model.arch=encoder_only"):
+        export_model(model_dir, fmt, tmp_path / "out")
+
+
+def test_cli(tmp_path, capsys):
+    model_dir, _ = _model_dir(tmp_path)
+    assert main(["export", str(model_dir), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert "max_logit_diff" in capsys.readouterr().out
+    model_dir, _ = _model_dir(tmp_path / "pre", norm="pre")
+    assert main(["export", str(model_dir), "--format", "hf", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transduce export: error: cannot export to Hugging Face BERT: model.norm=pre")
+    assert len(err.splitlines()) == 1
