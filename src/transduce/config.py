@@ -53,6 +53,11 @@ def _typecheck(obj: Any, section: str) -> None:
         _check(ok, key, f"must be {names}; got {value!r}")
 
 
+ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
+TASKS = ("translation", "lm")
+TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm"}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The Transformer's shape and options. Defaults are the paper's base model (Table 3).
@@ -60,11 +65,16 @@ class ModelConfig:
     Options beyond the paper (each a field):
       norm="pre"          pre-LN residual blocks with a final LayerNorm (Xiong et al., 2020)
       positions="learned" learned absolute positions (BERT/GPT); "rope" rotary (Su et al., 2021)
-      activation="gelu"   (Hendrycks & Gimpel, 2016); "swiglu" gated FFN (Shazeer, 2020)
+      activation="gelu"   (Hendrycks & Gimpel, 2016); "gelu_tanh" its tanh approximation (GPT-2);
+                          "swiglu" gated FFN (Shazeer, 2020)
       bias=False          bias-free linear layers (PaLM)
       share_embeddings=False / tie_output=False   untied embedding matrices (Sec. 3.4 ties them)
+      arch="decoder_only" a GPT-style language model (Radford et al., 2019): one causal stack of
+                          n_decoder_layers self-attention blocks over tgt_vocab_size tokens
+                          (model/lm.py); "encoder_only" a BERT-style encoder
     """
 
+    arch: str = "encoder_decoder"
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
     d_model: int = 512
@@ -100,7 +110,8 @@ class ModelConfig:
         for k in ("dropout", "attention_dropout", "activation_dropout"):
             v = getattr(self, k)
             _check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
-        _one_of(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
+        _one_of(self.arch, "model.arch", ARCHS)
+        _one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "swiglu"))
         _one_of(self.norm, "model.norm", ("post", "pre"))
         _one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
         if self.positions == "rope":
@@ -238,6 +249,7 @@ class TrainConfig:
     eval_bleu: bool = True
     max_bad_steps: int = 10
     num_threads: int | None = None
+    task: str | None = None      # "translation" or "lm"; None: the one model.arch is for (RunConfig.task)
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -248,6 +260,8 @@ class TrainConfig:
         _one_of(self.optimizer, "train.optimizer", ("adam", "adamw"))
         _one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
         _one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
+        if self.task is not None:
+            _one_of(self.task, "train.task", TASKS)
         for k in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every", "keep_last",
                   "max_bad_steps"):
             _check(getattr(self, k) > 0, f"train.{k}", f"must be positive; got {getattr(self, k)}")
@@ -312,6 +326,18 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        arch = self.model.arch
+        _check(arch in TASK_OF_ARCH, "model.arch", f"{arch} cannot be trained by this build; "
+               f"trainable: {', '.join(TASK_OF_ARCH)}")
+        _check(self.train.task in (None, TASK_OF_ARCH[arch]), "train.task",
+               f"{self.train.task} does not fit model.arch={arch} (it trains {TASK_OF_ARCH[arch]})")
+
+    @property
+    def task(self) -> str:
+        """What training optimises: ``train.task``, or the task of ``model.arch`` when absent."""
+        return self.train.task or TASK_OF_ARCH[self.model.arch]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":

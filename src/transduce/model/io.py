@@ -18,12 +18,27 @@ from safetensors.torch import load_file, save_file
 from ..atomic import atomic_path
 from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError, one_line
+from .lm import DecoderOnlyLM
 from .transformer import Transformer
 
 FORMAT = "transduce"
 FORMAT_VERSION = "1"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
+
+
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    """A freshly initialised model of ``cfg.arch``: the paper's :class:`Transformer`
+    (encoder_decoder), a :class:`DecoderOnlyLM` (decoder_only) or an encoder (encoder_only)."""
+    if cfg.arch == "decoder_only":
+        return DecoderOnlyLM(cfg)
+    if cfg.arch == "encoder_only":
+        try:
+            from .encoder_only import EncoderOnly  # type: ignore[import-not-found]
+        except ImportError:
+            raise ConfigError("model.arch: encoder_only is not available in this build") from None
+        return EncoderOnly(cfg)
+    return Transformer(cfg)
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -65,7 +80,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_model(model: Transformer, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
+def save_model(model: torch.nn.Module, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
     """Write ``config.yaml`` (the model's config, and the decoding settings to use it with, if
     given) and ``model.safetensors`` into ``directory`` (created if needed)."""
     directory = Path(directory)
@@ -106,7 +121,7 @@ def load_model_config(directory: str | os.PathLike) -> ModelConfig:
         raise CheckpointError(f"{directory / CONFIG}: {e}") from None
 
 
-def load_state_checked(model: Transformer, state: dict[str, torch.Tensor], source: str) -> None:
+def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load ``state`` into ``model`` after checking names and shapes; one-line errors."""
     expected = unique_state_dict(model)
     missing = sorted(set(expected) - set(state))
@@ -125,10 +140,11 @@ def load_state_checked(model: Transformer, state: dict[str, torch.Tensor], sourc
     model.load_state_dict(state, strict=False)
 
 
-def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer:
-    """Load a model saved by :func:`save_model`, in eval mode, on ``device``."""
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """Load a model saved by :func:`save_model` (the class its ``model.arch`` names), in eval
+    mode, on ``device``."""
     directory = Path(directory)
     cfg = load_model_config(directory)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     load_state_checked(model, read_weights(directory / WEIGHTS), str(directory / WEIGHTS))
     return model.to(device).eval()
