@@ -1,4 +1,5 @@
-"""The Transformer model: masks, attention with a KV cache, embeddings, layers, the model (and\nthe decoder-only language model built from the same parts)."""
+"""The Transformer model: masks, attention with a KV cache, embeddings, layers, the model (and
+the decoder-only language model built from the same parts)."""
 
 from .attention import KVCache, LayerCache, MultiHeadAttention, scaled_dot_product_attention
 from .io import build_model, load_model, save_model
