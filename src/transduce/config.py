@@ -163,6 +163,10 @@ class DataConfig:
     or "both") at random every epoch, each BPE merge skipped with that probability (BPE-dropout,
     Provilkov et al., 2020); validation, test and inference use the usual segmentation.
 
+    A language model (``train.task: lm``) trains on the target side: of a parallel corpus (set
+    ``reverse`` for the source side), or of monolingual text given as ``train_tgt``/``valid_tgt``/
+    ``test_tgt`` with no ``*_src`` (each line is then stored as both sides of a pair).
+
     ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
     and filter settings are then the ones it was prepared with (its ``manifest.json``).
     ``tokenizer``: an existing tokenizer directory to reuse instead of training one; otherwise
@@ -211,8 +215,7 @@ class DataConfig:
         _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
                "needs data.tokenizer_type=bpe")
         if self.corpus == "files" and self.prepared is None:
-            for k in ("train_src", "train_tgt"):
-                _check(getattr(self, k) is not None, f"data.{k}", "is required when data.corpus=files")
+            _check(self.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files")
 
 
 @dataclass(frozen=True)
@@ -333,6 +336,15 @@ class RunConfig:
                f"trainable: {', '.join(TASK_OF_ARCH)}")
         _check(self.train.task in (None, TASK_OF_ARCH[arch]), "train.task",
                f"{self.train.task} does not fit model.arch={arch} (it trains {TASK_OF_ARCH[arch]})")
+        if self.task == "translation" and self.data.corpus == "files" and self.data.prepared is None:
+            _check(self.data.train_src is not None, "data.train_src", "is required when data.corpus=files "
+                   "(only a language model trains on data.train_tgt alone)")
+        if self.task == "lm" and self.model.positions == "learned":  # a sequence is BOS + up to max_len tokens
+            _check(self.data.max_len < self.model.max_positions, "data.max_len",
+                   f"must be below model.max_positions ({self.model.max_positions}) with learned positions; "
+                   f"got {self.data.max_len}")
+        _check(self.task != "lm" or not self.train.cuda_graphs, "train.cuda_graphs",
+               "is for translation training; use train.compile for a language model")
 
     @property
     def task(self) -> str:
