@@ -186,6 +186,36 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue prompts with a decoder-only language model")
+    p.add_argument("model_dir", help="model directory of a decoder_only model")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt (repeatable; may be empty); without it, one prompt per line of --input")
+    p.add_argument("--input", default=None, help="prompts file, one per line (default: stdin)")
+    p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default: 50)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per batch (default: 32)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .inference.files import atomic_output, iter_lines, one_line
+    from .inference.generate import GenerationConfig, Generator
+    gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size)
+    generator = Generator.load(args.model_dir, args.device)
+    prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
+    texts = generator.generate(prompts, gen)
+    with atomic_output(args.output) as out:
+        for text in texts:
+            out.write(one_line(text) + "\n")
+    return 0
+
+
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
     p.add_argument("model_dir", help="model directory")
@@ -309,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_data(sub)
     _add_translate(sub)
+    _add_generate(sub)
     _add_evaluate(sub)
     _add_attention(sub)
     _add_export(sub)

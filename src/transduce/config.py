@@ -215,7 +215,8 @@ class DataConfig:
         _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
                "needs data.tokenizer_type=bpe")
         if self.corpus == "files" and self.prepared is None:
-            _check(self.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files")
+            _check(self.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files "
+                   "(with data.train_src, except for a language model's monolingual text)")
 
 
 @dataclass(frozen=True)
