@@ -266,7 +266,8 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a model to Hugging Face Marian, CTranslate2 or ONNX (verified)")
+    p = sub.add_parser("export", help="export a model to Hugging Face (Marian; GPT-2 for a language model), "
+                       "CTranslate2 or ONNX (verified)")
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx"], help="target format")
     p.add_argument("--out", required=True, help="directory to write (written atomically)")

@@ -20,7 +20,8 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
     Args:
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
-        fmt: "hf" (MarianMTModel directory), "ctranslate2" or "onnx".
+        fmt: "hf" (MarianMTModel directory; GPT2LMHeadModel for a decoder_only model), "ctranslate2"
+            or "onnx".
         out: destination directory (must not exist unless ``force``).
         quantization: None or "int8" (CTranslate2 only).
         force: replace an existing ``out``.
@@ -35,8 +36,15 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
+    from ..model.io import load_model_config
+    arch = load_model_config(model_dir).arch
+    if arch != "encoder_decoder" and fmt != "hf":
+        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
     with staging_dir(out, force) as tmp, torch_threads(1):
-        if fmt == "hf":
+        if fmt == "hf" and arch == "decoder_only":
+            from .hf_gpt2 import export_hf_gpt2
+            checks = export_hf_gpt2(model_dir, tmp)
+        elif fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)
         elif fmt == "ctranslate2":
