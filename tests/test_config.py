@@ -101,6 +101,14 @@ def test_demo_config_is_the_shipped_file_as_the_readme_describes_it():
     assert demo.data.corpus == "toy" and demo.train.max_steps == 5 and demo_config().train.max_steps == 800
 
 
+def test_lm_demo_config_is_a_gpt2_shaped_language_model():
+    from transduce.demo import demo_config
+    from transduce.export.hf_gpt2 import gpt2_incompatibilities
+    demo = demo_config(steps=5, task="lm")
+    assert demo.task == "lm" and demo.model.arch == "decoder_only" and demo.train.max_steps == 5
+    assert gpt2_incompatibilities(demo.model) == []  # what the demo trains exports to GPT-2
+
+
 def test_wmt14_configs_are_the_papers_recipes_and_fail_clearly_without_their_prepared_corpus(tmp_path, monkeypatch,
                                                                                             capsys):
     """configs/wmt14_en_de_{base,big}.yaml: the paper's models, ~25k-token steps (padded budget x

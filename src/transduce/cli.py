@@ -78,14 +78,19 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument("--task", default="translation", choices=["translation", "lm"],
+                   help="translation (en->de), or lm: a small GPT on the German side (default: translation)")
+    p.add_argument("--out", default=None, help="run directory (default: runs/demo, runs/demo_lm for --task lm)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's own)")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-    result = run_demo(args.out, steps=args.steps)
+    from .demo import run_demo, run_lm_demo
+    if args.task == "lm":
+        result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
+    else:
+        result = run_demo(args.out or "runs/demo", steps=args.steps)
     print(result.report())
     return 0
 
@@ -186,6 +191,36 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue prompts with a decoder-only language model")
+    p.add_argument("model_dir", help="model directory of a decoder_only model")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt (repeatable; may be empty); without it, one prompt per line of --input")
+    p.add_argument("--input", default=None, help="prompts file, one per line (default: stdin)")
+    p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default: 50)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per batch (default: 32)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .inference.files import atomic_output, iter_lines, one_line
+    from .inference.generate import GenerationConfig, Generator
+    gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size)
+    generator = Generator.load(args.model_dir, args.device)
+    prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
+    texts = generator.generate(prompts, gen)
+    with atomic_output(args.output) as out:
+        for text in texts:
+            out.write(one_line(text) + "\n")
+    return 0
+
+
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
     p.add_argument("model_dir", help="model directory")
@@ -236,7 +271,8 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a model to Hugging Face Marian, CTranslate2 or ONNX (verified)")
+    p = sub.add_parser("export", help="export a model to Hugging Face (Marian; GPT-2 for a language model), "
+                       "CTranslate2 or ONNX (verified)")
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx"], help="target format")
     p.add_argument("--out", required=True, help="directory to write (written atomically)")
@@ -309,6 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_data(sub)
     _add_translate(sub)
+    _add_generate(sub)
     _add_evaluate(sub)
     _add_attention(sub)
     _add_export(sub)

@@ -53,6 +53,11 @@ def _typecheck(obj: Any, section: str) -> None:
         _check(ok, key, f"must be {names}; got {value!r}")
 
 
+ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
+TASKS = ("translation", "lm")
+TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm"}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The Transformer's shape and options. Defaults are the paper's base model (Table 3).
@@ -60,9 +65,13 @@ class ModelConfig:
     Options beyond the paper (each a field):
       norm="pre"          pre-LN residual blocks with a final LayerNorm (Xiong et al., 2020)
       positions="learned" learned absolute positions (BERT/GPT); "rope" rotary (Su et al., 2021)
-      activation="gelu"   (Hendrycks & Gimpel, 2016); "swiglu" gated FFN (Shazeer, 2020)
+      activation="gelu"   (Hendrycks & Gimpel, 2016); "gelu_tanh" its tanh approximation (GPT-2);
+                          "swiglu" gated FFN (Shazeer, 2020)
       bias=False          bias-free linear layers (PaLM)
       share_embeddings=False / tie_output=False   untied embedding matrices (Sec. 3.4 ties them)
+      arch="decoder_only" a GPT-style language model (Radford et al., 2019): one causal stack of
+                          n_decoder_layers self-attention blocks over tgt_vocab_size tokens
+                          (model/lm.py)
       arch="encoder_only" a BERT-style encoder (Devlin et al., 2019, https://arxiv.org/abs/1810.04805):
                           src_vocab_size and n_encoder_layers, no decoder (model/encoder_only.py)
       embed_norm=True     LayerNorm after the embedding sum, as BERT (encoder_only)
@@ -71,6 +80,7 @@ class ModelConfig:
                           head; 0 = the masked-LM head (encoder_only)
     """
 
+    arch: str = "encoder_decoder"
     src_vocab_size: int = 37000
     tgt_vocab_size: int = 37000
     d_model: int = 512
@@ -94,7 +104,6 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
-    arch: str = "encoder_decoder"
     embed_norm: bool = False
     type_vocab_size: int = 0
     n_classes: int = 0
@@ -110,10 +119,10 @@ class ModelConfig:
         for k in ("dropout", "attention_dropout", "activation_dropout"):
             v = getattr(self, k)
             _check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
-        _one_of(self.activation, "model.activation", ("relu", "gelu", "swiglu"))
+        _one_of(self.arch, "model.arch", ARCHS)
+        _one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "swiglu"))
         _one_of(self.norm, "model.norm", ("post", "pre"))
         _one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
-        _one_of(self.arch, "model.arch", ("encoder_decoder", "decoder_only", "encoder_only"))
         self._check_encoder_only()
         if self.positions == "rope":
             _check(self.head_dim % 2 == 0, "model.positions",
@@ -174,6 +183,10 @@ class DataConfig:
     or "both") at random every epoch, each BPE merge skipped with that probability (BPE-dropout,
     Provilkov et al., 2020); validation, test and inference use the usual segmentation.
 
+    A language model (``train.task: lm``) trains on the target side: of a parallel corpus (set
+    ``reverse`` for the source side), or of monolingual text given as ``train_tgt``/``valid_tgt``/
+    ``test_tgt`` with no ``*_src`` (each line is then stored as both sides of a pair).
+
     ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
     and filter settings are then the ones it was prepared with (its ``manifest.json``).
     ``tokenizer``: an existing tokenizer directory to reuse instead of training one; otherwise
@@ -222,8 +235,8 @@ class DataConfig:
         _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
                "needs data.tokenizer_type=bpe")
         if self.corpus == "files" and self.prepared is None:
-            for k in ("train_src", "train_tgt"):
-                _check(getattr(self, k) is not None, f"data.{k}", "is required when data.corpus=files")
+            _check(self.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files "
+                   "(with data.train_src, except for a language model's monolingual text)")
 
 
 @dataclass(frozen=True)
@@ -260,6 +273,7 @@ class TrainConfig:
     eval_bleu: bool = True
     max_bad_steps: int = 10
     num_threads: int | None = None
+    task: str | None = None      # "translation" or "lm"; None: the one model.arch is for (RunConfig.task)
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -270,6 +284,8 @@ class TrainConfig:
         _one_of(self.optimizer, "train.optimizer", ("adam", "adamw"))
         _one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
         _one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
+        if self.task is not None:
+            _one_of(self.task, "train.task", TASKS)
         for k in ("max_steps", "grad_accum", "log_every", "eval_every", "save_every", "keep_last",
                   "max_bad_steps"):
             _check(getattr(self, k) > 0, f"train.{k}", f"must be positive; got {getattr(self, k)}")
@@ -334,6 +350,28 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def __post_init__(self) -> None:
+        arch = self.model.arch
+        _check(arch in TASK_OF_ARCH, "model.arch", f"{arch} models are not trained by `transduce train` yet "
+               f"(trainable: {', '.join(TASK_OF_ARCH)}); build one from Python with transduce.model.build_model, "
+               "its losses in transduce.training.encoder_tasks")
+        _check(self.train.task in (None, TASK_OF_ARCH[arch]), "train.task",
+               f"{self.train.task} does not fit model.arch={arch} (it trains {TASK_OF_ARCH[arch]})")
+        if self.task == "translation" and self.data.corpus == "files" and self.data.prepared is None:
+            _check(self.data.train_src is not None, "data.train_src", "is required when data.corpus=files "
+                   "(only a language model trains on data.train_tgt alone)")
+        if self.task == "lm" and self.model.positions == "learned":  # a sequence is BOS + up to max_len tokens
+            _check(self.data.max_len < self.model.max_positions, "data.max_len",
+                   f"must be below model.max_positions ({self.model.max_positions}) with learned positions; "
+                   f"got {self.data.max_len}")
+        _check(self.task != "lm" or not self.train.cuda_graphs, "train.cuda_graphs",
+               "is for translation training; use train.compile for a language model")
+
+    @property
+    def task(self) -> str:
+        """What training optimises: ``train.task``, or the task of ``model.arch`` when absent."""
+        return self.train.task or TASK_OF_ARCH[self.model.arch]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":

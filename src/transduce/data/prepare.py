@@ -128,8 +128,10 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
             out[name] = SplitSource(tuple(map(str, files)), files, expect=multi30k.MULTI30K_SPLITS[split])
         return out
     out = {}
+    monolingual = cfg.train_src is None  # one text (a language model's): both sides read the tgt files
     for name in SPLITS:
-        src, tgt = getattr(cfg, f"{name}_src"), getattr(cfg, f"{name}_tgt")
+        tgt = getattr(cfg, f"{name}_tgt")
+        src = tgt if monolingual else getattr(cfg, f"{name}_src")
         files = (Path(src), Path(tgt)) if src is not None and tgt is not None else None
         out[name] = SplitSource((str(src), str(tgt)), files, generated=None if files else [])
     return out

@@ -21,8 +21,8 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
     Args:
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
-        fmt: "hf" (MarianMTModel directory; BertForMaskedLM or BertForSequenceClassification for
-            an encoder_only model), "ctranslate2" or "onnx".
+        fmt: "hf" (MarianMTModel directory; GPT2LMHeadModel for a decoder_only model, BertForMaskedLM
+            or BertForSequenceClassification for an encoder_only one), "ctranslate2" or "onnx".
         out: destination directory (must not exist unless ``force``).
         quantization: None or "int8" (CTranslate2 only).
         force: replace an existing ``out``.
@@ -39,9 +39,12 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
     arch = load_model_config(model_dir).arch
     if arch != "encoder_decoder" and fmt != "hf":
-        raise ExportError(f"--format {fmt}: exports encoder_decoder models only; this one is model.arch={arch}")
+        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
     with staging_dir(out, force) as tmp, torch_threads(1):
-        if fmt == "hf" and arch == "encoder_only":
+        if fmt == "hf" and arch == "decoder_only":
+            from .hf_gpt2 import export_hf_gpt2
+            checks = export_hf_gpt2(model_dir, tmp)
+        elif fmt == "hf" and arch == "encoder_only":
             from .hf_bert import export_hf_bert
             checks = export_hf_bert(model_dir, tmp)
         elif fmt == "hf":

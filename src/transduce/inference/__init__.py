@@ -1,10 +1,11 @@
 """Decoding: greedy search, beam search, sampling, and the text-in text-out Translator (in this
-process, or TranslatorPool: in worker processes)."""
+process, or TranslatorPool: in worker processes); Generator for decoder-only language models."""
 
 from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
 from .beam import beam_search
 from .files import translate_file
+from .generate import GenerationConfig, Generator
 from .pool import SearchPool, TranslatorPool
 from .sampling import sample
 from .fast import prepare_for_decoding, restore
@@ -15,5 +16,6 @@ __all__ = [
     "greedy_search", "beam_search", "sample", "SearchOutput", "length_penalty", "max_lengths",
     "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",
     "SearchSpec", "Translation", "Hypothesis", "translate_file",
+    "Generator", "GenerationConfig",
     "AttentionMaps", "attention_maps", "AttentionChoice", "prepare_for_decoding", "restore",
 ]

@@ -247,7 +247,9 @@ class Translator(BaseTranslator):
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
                  precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
         if model.config.arch != "encoder_decoder":
-            raise ConfigError(f"translation needs an encoder_decoder model; this one is model.arch={model.config.arch}")
+            raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
+                              + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
+                                 else ""))
         self.device = resolve_device(device)
         autocast_context(self.device, precision)  # a bad precision fails here, not at the first search
         if int8 and self.device.type != "cpu":

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .embeddings import RotaryEmbedding, TokenEmbedding
-from .layers import EncoderLayer
+from .layers import EncoderLayer, init_linear_weights
 from .masks import padding_mask
 from .transformer import Embedder
 
@@ -102,11 +102,7 @@ class EncoderOnly(nn.Module):
         """Xavier-uniform linear weights, zero biases, as :class:`~transduce.model.Transformer`
         (the tied decoder keeps the embedding's initialisation)."""
         tied = self.mlm_head.decoder if self.mlm_head is not None and self.config.tie_output else None
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and module is not tied:
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        init_linear_weights(self, skip=(tied,) if tied is not None else ())
 
     @property
     def mask_id(self) -> int:

@@ -19,12 +19,23 @@ from ..atomic import atomic_path
 from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError, one_line
 from .encoder_only import EncoderOnly
+from .lm import DecoderOnlyLM
 from .transformer import Transformer
 
 FORMAT = "transduce"
 FORMAT_VERSION = "1"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
+
+
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    """A freshly initialised model of ``cfg.arch``: the paper's :class:`Transformer`
+    (encoder_decoder), a :class:`DecoderOnlyLM` (decoder_only) or an :class:`EncoderOnly` (encoder_only)."""
+    if cfg.arch == "decoder_only":
+        return DecoderOnlyLM(cfg)
+    if cfg.arch == "encoder_only":
+        return EncoderOnly(cfg)
+    return Transformer(cfg)
 
 
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -66,8 +77,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_model(model: Transformer | EncoderOnly, directory: str | os.PathLike,
-               decode: DecodeConfig | None = None) -> Path:
+def save_model(model: torch.nn.Module, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
     """Write ``config.yaml`` (the model's config, and the decoding settings to use it with, if
     given) and ``model.safetensors`` into ``directory`` (created if needed)."""
     directory = Path(directory)
@@ -127,16 +137,7 @@ def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], s
     model.load_state_dict(state, strict=False)
 
 
-def build_model(cfg: ModelConfig) -> Transformer | EncoderOnly:
-    """A freshly initialised model of ``cfg.arch``."""
-    if cfg.arch == "encoder_only":
-        return EncoderOnly(cfg)
-    if cfg.arch == "decoder_only":
-        raise ConfigError("model.arch: decoder_only is not built by this version")
-    return Transformer(cfg)
-
-
-def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer | EncoderOnly:
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:
     """Load a model saved by :func:`save_model` (the class its ``model.arch`` names), in eval
     mode, on ``device``."""
     directory = Path(directory)

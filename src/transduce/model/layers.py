@@ -15,7 +15,8 @@ from .embeddings import RotaryEmbedding
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU or SwiGLU by config.
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU (exact, or GPT-2's tanh approximation)
+    or SwiGLU by config.
 
     SwiGLU (Shazeer, 2020, https://arxiv.org/abs/2002.05202): (Swish(x W1) * x Wg) W2.
     """
@@ -34,9 +35,21 @@ class FeedForward(nn.Module):
             h = F.relu(h)
         elif self.activation == "gelu":
             h = F.gelu(h)
+        elif self.activation == "gelu_tanh":
+            h = F.gelu(h, approximate="tanh")
         else:
             h = F.silu(h) * self.fc_gate(x)
         return self.fc2(self.dropout(h))
+
+
+def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> None:
+    """Xavier-uniform linear weights, zero biases (as the reference tensor2tensor code); the
+    layers in ``skip`` keep theirs (e.g. an output layer tied to an embedding)."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and not any(module is m for m in skip):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 class EncoderLayer(nn.Module):
@@ -65,36 +78,49 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Masked self-attention, encoder-decoder attention, feed-forward (Sec. 3.1, "Decoder")."""
+    """Masked self-attention, encoder-decoder attention, feed-forward (Sec. 3.1, "Decoder").
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
+    ``cross_attention=False`` leaves the middle block out (no ``cross_attn``, no ``norm2``): the
+    layer of a decoder-only language model, whose only context is the prefix (GPT).
+    """
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias) \
+            if cross_attention else None
         self.ffn = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cross_attention else None
         self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     _residual = EncoderLayer._residual
 
     def forward(
-        self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None = None,
+        self, x: Tensor, memory: Tensor | None, memory_mask: Tensor | None, cache: LayerCache | None = None,
         start: int = 0, need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Decode x (B, T, D) against memory (B, S, D).
+        """Decode x (B, T, D) against memory (B, S, D) (None for a layer without cross-attention).
 
         Without a cache the layer sees the whole target prefix under a causal mask. With a cache,
         x holds only the new positions start..start+T-1 and the cache is updated in place.
 
         Returns: (B, T, D), self-attention weights (B, H, T, start+T) and cross-attention
-        weights (B, H, T, S), the weights only if ``need_weights``.
+        weights (B, H, T, S), the weights only if ``need_weights`` (and cross-attention exists).
         """
         h = self.norm1(x) if self.pre_norm else x
         h, self_w = self._self_attention(h, cache, start, need_weights)
         x = self._residual(x, h, self.norm1)
+        cross_w = None
+        if self.cross_attn is not None:
+            x, cross_w = self._cross_attention(x, memory, memory_mask, cache, need_weights)
+        h = self.ffn(self.norm3(x) if self.pre_norm else x)
+        return self._residual(x, h, self.norm3), self_w, cross_w
+
+    def _cross_attention(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None,
+                         need_weights: bool) -> tuple[Tensor, Tensor | None]:
         h = self.norm2(x) if self.pre_norm else x
         kv = None
         if cache is not None:
@@ -102,9 +128,7 @@ class DecoderLayer(nn.Module):
                 cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
             kv = (cache.cross_k, cache.cross_v)
         h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, need_weights=need_weights)
-        x = self._residual(x, h, self.norm2)
-        h = self.ffn(self.norm3(x) if self.pre_norm else x)
-        return self._residual(x, h, self.norm3), self_w, cross_w
+        return self._residual(x, h, self.norm2), cross_w
 
     def _self_attention(self, h: Tensor, cache: LayerCache | None, start: int, need_weights: bool):
         if cache is None:

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..errors import ConfigError
 from .attention import KVCache
 from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding, TokenTypeEmbedding
-from .layers import DecoderLayer, EncoderLayer
+from .layers import DecoderLayer, EncoderLayer, init_linear_weights
 from .masks import padding_mask
 
 
@@ -113,17 +113,9 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
         self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
-        self._init_weights()
+        init_linear_weights(self)
         if cfg.tie_output:  # Sec. 3.4: the pre-softmax projection shares the embedding matrix
             self.output_proj.weight = tgt_tokens.weight
-
-    def _init_weights(self) -> None:
-        """Xavier-uniform linear weights, zero biases (as the reference tensor2tensor code)."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """Source ids (B, S) -> memory (B, S, D). Pad positions are masked as keys."""

@@ -32,8 +32,7 @@ from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
-from ..model.io import load_state_checked
-from ..model.transformer import Transformer
+from ..model.io import build_model, load_state_checked
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
@@ -101,7 +100,7 @@ class Trainer:
         tok = data.tokenizer
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
         torch.manual_seed(cfg.train.seed)
-        self.model = Transformer(self.model_cfg).to(device)
+        self.model = build_model(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         # S and T padded up to a multiple: few distinct shapes for CUDA graphs (a compiled model
@@ -174,7 +173,8 @@ class Trainer:
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
             multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
-            plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch,
+            src_lens = pairs.tgt_lens if self.cfg.task == "lm" else pairs.src_lens  # an LM reads one side
+            plan = token_budget_batches(src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch,
                                         multiple=multiple)
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
@@ -318,14 +318,14 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity and (greedy) BLEU on the validation split."""
+        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split."""
         from .validation import validation_bleu, validation_loss
         self.model.eval()
         out: dict[str, float] = {}
         if len(self.valid_pairs):
             loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
-        if self.cfg.train.eval_bleu and self.valid_texts:
+        if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
             out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
         return out
 

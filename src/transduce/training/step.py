@@ -18,11 +18,23 @@ from ..device import autocast_context
 from .loss import projected_label_smoothed_loss
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside DDP and ``torch.compile`` wrappers."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
 def output_weight(model: torch.nn.Module) -> torch.Tensor:
     """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
-    model = getattr(model, "_orig_mod", model)
-    model = getattr(model, "module", model)
-    return model.output_proj.weight
+    return unwrapped(model).output_proj.weight
+
+
+def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
+    """The states before the output projection (B, T, D) for ``batch``'s labels: the
+    encoder-decoder reads source and target input, a decoder-only LM only the target input."""
+    if unwrapped(model).config.arch == "decoder_only":
+        return model(batch.tgt_in, project=False)
+    return model(batch.src, batch.tgt_in, project=False)
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
@@ -46,7 +58,7 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
         sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
         with sync:
             with autocast_context(device, precision, "train.precision", cache=autocast_cache):
-                hidden = model(batch.src, batch.tgt_in, project=False)   # (B, T, D)
+                hidden = final_states(model, batch)                       # (B, T, D)
                 out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
             scaled = out.loss / normalizer
             (scaler.scale(scaled) if scaler is not None else scaled).backward()

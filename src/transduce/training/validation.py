@@ -9,19 +9,21 @@ from ..data.batching import token_budget_batches
 from ..data.prepared import TokenPairs
 from ..model.transformer import Transformer
 from .loss import label_smoothed_loss
+from .step import final_states
 
 
 @torch.no_grad()
-def validation_loss(model: Transformer, pairs: TokenPairs, cfg: RunConfig,
+def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
                     device: torch.device) -> tuple[float, float]:
     """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout)."""
-    plan = token_budget_batches(pairs.src_lens, pairs.tgt_lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
+    src_lens = pairs.tgt_lens if cfg.task == "lm" else pairs.src_lens  # an LM reads only the target side
+    plan = token_budget_batches(src_lens, pairs.tgt_lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
     for i in range(len(plan)):
         batch = pairs.batch(plan[i]).to(device)
-        out = label_smoothed_loss(model(batch.src, batch.tgt_in), batch.tgt_out, cfg.train.label_smoothing,
-                                  model.config.pad_id)
+        logits = model.output_proj(final_states(model, batch))           # (B, T, V)
+        out = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, model.config.pad_id)
         loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + int(out.n_tokens)
     return loss / max(n, 1), nll / max(n, 1)
 

@@ -1,0 +1,138 @@
+"""Export a decoder-only model to a Hugging Face ``GPT2LMHeadModel`` directory (config, safetensors).
+
+GPT-2 (Radford et al., 2019) is our :class:`~transduce.model.DecoderOnlyLM` with pre-LN blocks,
+learned positions, the tanh GELU, biases, a tied output projection and unscaled embeddings;
+a model with exactly those options maps onto it weight for weight. GPT-2's linear layers are
+``Conv1D`` (weights stored (in, out), the transpose of ``nn.Linear``) and its attention projects
+q, k, v with one ``c_attn`` of width 3D: our three projections side by side. Our tokenizer files
+are copied alongside (ids are the model's; GPT-2's byte-level BPE tokenizer is not ours).
+
+Legend: D d_model, V vocabulary, P max_positions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..errors import require
+from ..inference.generate import GenerationConfig, generate_ids
+from .base import ExportError, load_for_export, no_progress_bars
+from .verify import N_SPECIAL, check_close
+
+
+def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """The options of ``cfg`` that GPT2LMHeadModel cannot express, one phrase each."""
+    wants = {"norm": "pre", "positions": "learned", "activation": "gelu_tanh", "bias": True, "tie_output": True,
+             "scale_embeddings": False}
+    return [f"model.{k}={getattr(cfg, k)} (GPT-2 has {k}={v})" for k, v in wants.items() if getattr(cfg, k) != v]
+
+
+def _conv1d(name: str, *layers: nn.Linear) -> dict[str, Tensor]:
+    """nn.Linear weights (out, in) side by side as one GPT-2 Conv1D: weight (in, sum of outs), bias."""
+    return {f"{name}.weight": torch.cat([m.weight.detach() for m in layers]).t(),
+            f"{name}.bias": torch.cat([m.bias.detach() for m in layers])}
+
+
+def _norm(name: str, norm: nn.LayerNorm) -> dict[str, Tensor]:
+    return {f"{name}.weight": norm.weight.detach(), f"{name}.bias": norm.bias.detach()}
+
+
+def _block(i: int, layer: nn.Module) -> dict[str, Tensor]:
+    p = f"transformer.h.{i}"
+    attn = layer.self_attn
+    return {**_norm(f"{p}.ln_1", layer.norm1),
+            **_conv1d(f"{p}.attn.c_attn", attn.q_proj, attn.k_proj, attn.v_proj),
+            **_conv1d(f"{p}.attn.c_proj", attn.out_proj),
+            **_norm(f"{p}.ln_2", layer.norm3),
+            **_conv1d(f"{p}.mlp.c_fc", layer.ffn.fc1),
+            **_conv1d(f"{p}.mlp.c_proj", layer.ffn.fc2)}
+
+
+def gpt2_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """Our weights under GPT2LMHeadModel's parameter names."""
+    state = {"transformer.wte.weight": model.tgt_embed.tokens.weight.detach(),          # (V, D)
+             "transformer.wpe.weight": model.tgt_embed.positions.weight.detach(),       # (P, D)
+             **_norm("transformer.ln_f", model.decoder_norm)}
+    for i, layer in enumerate(model.decoder_layers):
+        state.update(_block(i, layer))
+    return {k: v.float().contiguous() for k, v in state.items()}
+
+
+def gpt2_config(cfg: ModelConfig):
+    """The GPT2Config of the same shape (``gelu_new`` is GPT-2's tanh GELU)."""
+    transformers = require("transformers", "export")
+    return transformers.GPT2Config(
+        vocab_size=cfg.tgt_vocab_size, n_positions=cfg.max_positions, n_embd=cfg.d_model,
+        n_layer=cfg.n_decoder_layers, n_head=cfg.n_heads, n_inner=cfg.d_ff, activation_function="gelu_new",
+        resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.attention_dropout,
+        layer_norm_epsilon=cfg.layer_norm_eps, tie_word_embeddings=True,
+        bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
+    )
+
+
+def export_hf_gpt2(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
+    """Write a GPT2LMHeadModel directory for the decoder-only ``model_dir`` into ``out``, verified."""
+    transformers = require("transformers", "export")
+    model, tok = load_for_export(model_dir, need_tokenizer=False)
+    cfg = model.config
+    problems = gpt2_incompatibilities(cfg)
+    if problems:
+        raise ExportError(f"cannot export to Hugging Face GPT-2: {'; '.join(problems)}")
+    if cfg.activation_dropout:
+        raise ExportError(f"cannot export to Hugging Face GPT-2: model.activation_dropout={cfg.activation_dropout} "
+                          "(GPT-2 has no dropout inside its MLP)")
+    hf = transformers.GPT2LMHeadModel(gpt2_config(cfg))
+    missing, unexpected = hf.load_state_dict(gpt2_state_dict(model), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to transformer.wte.weight
+    if missing or unexpected:
+        raise ExportError(f"GPT-2 weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    hf.tie_weights()
+    hf.generation_config = transformers.GenerationConfig(
+        bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
+        suppress_tokens=[cfg.pad_id, cfg.bos_id], do_sample=False)  # as our generate: never PAD or BOS
+    with no_progress_bars(transformers):
+        hf.save_pretrained(out)
+        if tok is not None:
+            for f in Path(model_dir).iterdir():  # our tokenizer files (Tokenizer.load works on ``out``)
+                if f.is_file() and f.suffix in (".model", ".yaml") and f.name != "config.yaml":
+                    shutil.copy2(f, out / f.name)
+        return verify_hf_gpt2(model, out)
+
+
+def probe_prompts(cfg: ModelConfig, batch: int = 6, length: int = 7, seed: int = 0) -> Tensor:
+    """BOS + random ordinary tokens, all of one length. (B, length)."""
+    g = torch.Generator().manual_seed(seed)
+    body = torch.randint(N_SPECIAL, cfg.tgt_vocab_size, (batch, length - 1), generator=g)
+    return torch.cat([torch.full((batch, 1), cfg.bos_id), body], dim=1)
+
+
+@torch.no_grad()
+def verify_hf_gpt2(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
+    """Reload ``out`` with transformers; compare logits and greedy continuations with ours."""
+    transformers = require("transformers", "export")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    cfg = model.config
+    prompts = probe_prompts(cfg, length=min(7, cfg.max_positions - 1))
+    got = hf(input_ids=prompts, attention_mask=torch.ones_like(prompts)).logits   # (B, T, V)
+    checks: dict[str, object] = {"max_logit_diff": check_close("GPT-2 logits", got, model(prompts), atol)}
+    new = min(12, cfg.max_positions - prompts.shape[1])
+    want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
+    gen = hf.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
+                      do_sample=False)
+    got = [_until_eos(row[prompts.shape[1]:].tolist(), cfg.eos_id) for row in gen]
+    differences = sum(a != b for a, b in zip(got, want))
+    if differences:
+        raise ExportError(f"verification failed: GPT-2 greedy output differs from ours in {differences} of "
+                          f"{len(want)} probes")
+    checks["greedy_differences"] = differences
+    return checks
+
+
+def _until_eos(row: list[int], eos: int) -> list[int]:
+    return row[:row.index(eos)] if eos in row else row
