@@ -54,8 +54,8 @@ def _typecheck(obj: Any, section: str) -> None:
 
 
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
-TASKS = ("translation", "lm")
-TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm"}
+TASKS = ("translation", "lm", "mlm")
+TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ class TrainConfig:
     eval_bleu: bool = True
     max_bad_steps: int = 10
     num_threads: int | None = None
-    task: str | None = None      # "translation" or "lm"; None: the one model.arch is for (RunConfig.task)
+    task: str | None = None      # "translation", "lm" or "mlm"; None: the one model.arch is for (RunConfig.task)
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -353,20 +353,22 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         arch = self.model.arch
-        _check(arch in TASK_OF_ARCH, "model.arch", f"{arch} models are not trained by `transduce train` yet "
-               f"(trainable: {', '.join(TASK_OF_ARCH)}); build one from Python with transduce.model.build_model, "
-               "its losses in transduce.training.encoder_tasks")
+        _check(arch != "encoder_only" or self.model.n_classes == 0, "model.n_classes",
+               "classification is not trained by `transduce train` yet (0 trains a masked LM); its loss is "
+               "transduce.training.encoder_tasks.classification_loss")
         _check(self.train.task in (None, TASK_OF_ARCH[arch]), "train.task",
                f"{self.train.task} does not fit model.arch={arch} (it trains {TASK_OF_ARCH[arch]})")
         if self.task == "translation" and self.data.corpus == "files" and self.data.prepared is None:
             _check(self.data.train_src is not None, "data.train_src", "is required when data.corpus=files "
-                   "(only a language model trains on data.train_tgt alone)")
-        if self.task == "lm" and self.model.positions == "learned":  # a sequence is BOS + up to max_len tokens
-            _check(self.data.max_len < self.model.max_positions, "data.max_len",
-                   f"must be below model.max_positions ({self.model.max_positions}) with learned positions; "
-                   f"got {self.data.max_len}")
-        _check(self.task != "lm" or not self.train.cuda_graphs, "train.cuda_graphs",
-               "is for translation training; use train.compile for a language model")
+                   "(only a language model or masked LM trains on data.train_tgt alone)")
+        # with learned positions an LM reads BOS + up to max_len tokens, a masked LM BOS + tokens + EOS
+        extra = {"lm": 1, "mlm": 2}.get(self.task)
+        if extra and self.model.positions == "learned":
+            _check(self.data.max_len + extra <= self.model.max_positions, "data.max_len",
+                   f"must be at most model.max_positions - {extra} ({self.model.max_positions - extra}) with "
+                   f"learned positions for train.task {self.task}; got {self.data.max_len}")
+        _check(self.task == "translation" or not self.train.cuda_graphs, "train.cuda_graphs",
+               f"is for translation training; use train.compile for train.task {self.task}")
 
     @property
     def task(self) -> str:

@@ -36,11 +36,13 @@ from ..model.io import build_model, load_state_checked
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
+from .encoder_tasks import TRAIN_STREAM, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress
 from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
+from .validation import token_lengths
 
 logger = logging.getLogger("transduce.training")
 
@@ -56,7 +58,7 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     offset: int = 0            # plan batches of ``epoch`` already consumed, all ranks together
-    tokens: int = 0            # target tokens trained on, all ranks together
+    tokens: int = 0            # target tokens (masked LM: selected tokens) trained on, all ranks together
     skipped_steps: int = 0     # steps skipped for non-finite loss or gradients
     bad_in_a_row: int = 0
     best: float | None = None  # best validation score (BLEU, or -loss)
@@ -76,7 +78,7 @@ class StepData:
     start: tuple[int, int]
     end: tuple[int, int]
     batches: list[Batch]   # this rank's micro-batches, on the device
-    tokens: int            # target tokens of the whole step, all ranks together
+    tokens: int            # the loss normaliser: target (masked LM: selected) tokens of the step, all ranks
 
 
 @dataclass
@@ -98,7 +100,8 @@ class Trainer:
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
-        self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
+        extra = 1 if cfg.task == "mlm" else 0  # a masked LM's [MASK] is one id past the tokenizer's
+        self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
@@ -173,9 +176,8 @@ class Trainer:
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
             multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
-            src_lens = pairs.tgt_lens if self.cfg.task == "lm" else pairs.src_lens  # an LM reads one side
-            plan = token_budget_batches(src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch,
-                                        multiple=multiple)
+            plan = token_budget_batches(*token_lengths(pairs, self.cfg.task), dc.max_tokens, self.cfg.train.seed,
+                                        epoch, multiple=multiple)
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
 
@@ -218,8 +220,15 @@ class Trainer:
             epoch, offset = epoch + 1, 0
         data = self.epoch_data(epoch)
         group = [data.plan[i] for i in range(offset, offset + need)]
-        tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
-        batches = [self._device_batch(data.pairs.batch(b)) for b in group[self.dist.rank::self.dist.world_size]]
+        if self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
+            masked = [masked_batch(data.pairs.batch(b), self.model.mask_id,
+                                   masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
+                      for j, b in enumerate(group)]
+            tokens = sum(b.n_tgt_tokens for b in masked)
+            batches = [self._device_batch(b) for b in masked[self.dist.rank::self.dist.world_size]]
+        else:
+            tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
+            batches = [self._device_batch(data.pairs.batch(b)) for b in group[self.dist.rank::self.dist.world_size]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
 
@@ -284,7 +293,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
-                                data.tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
+                                max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
         params = list(self.model.parameters())
         if self.scaler is None and is_fused(self.optimizer):
             norm, ok = clip_and_step(self.optimizer, params, sums[0], cfg.clip_norm, self._found_inf)
