@@ -28,11 +28,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--reverse", action="store_true",
                    help="train the other direction: swap the config's source and target (e.g. de->en)")
+    p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                   help="start from a trained model's weights and tokenizer (same as --set train.init_from=MODEL_DIR)")
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse)
+    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from)
 
 
 def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
@@ -40,7 +42,7 @@ def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
 
 
 def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
-               reverse: bool = False) -> int:
+               reverse: bool = False, init_from: str | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
     from .training import loop
@@ -50,6 +52,8 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         config_path = str(run_dir / "config.yaml")  # resume with the run's own config
     if reverse:  # idempotent: a reversed run's own config already says so
         overrides = [*overrides, "data.reverse=true"]
+    if init_from is not None:
+        overrides = [*overrides, f"train.init_from={init_from}"]
     loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
     return 0
 

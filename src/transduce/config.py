@@ -274,6 +274,9 @@ class TrainConfig:
     max_bad_steps: int = 10
     num_threads: int | None = None
     task: str | None = None      # "translation", "lm" or "mlm"; None: the one model.arch is for (RunConfig.task)
+    # a trained model directory to start from (its weights and, unless data.tokenizer/prepared say
+    # otherwise, its tokenizer); the model section must describe the same model but for dropouts
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):

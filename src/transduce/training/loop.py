@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
-from ..model.io import build_model, load_state_checked
+from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
@@ -45,6 +45,8 @@ from .step import (build_optimizer, clip_and_step, compile_model, forward_backwa
 from .validation import token_lengths
 
 logger = logging.getLogger("transduce.training")
+
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change
 
 
 class TrainingError(TransduceError):
@@ -126,6 +128,23 @@ class Trainer:
         self._t0 = time.monotonic()
 
     # ---- state ---------------------------------------------------------------------------------
+
+    def init_from(self, directory: Path) -> None:
+        """Start from a trained model's weights (``train.init_from``): the same model (every
+        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer."""
+        saved = load_model_config(directory)
+        if saved.arch != self.model_cfg.arch:
+            raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
+                              f"this run trains model.arch={self.model_cfg.arch}")
+        if not Tokenizer.exists(directory) or Tokenizer.load(directory).digest() != self.data.tokenizer.digest():
+            raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
+                              f"prepared with (prepare with data.tokenizer={directory})")
+        for f in fields(saved):
+            if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
+                raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
+                                  f"this run's is {getattr(self.model_cfg, f.name)}")
+        load_state_checked(self.model, read_weights(directory / WEIGHTS), str(directory / WEIGHTS))
+        logger.info("initialised from %s", directory)
 
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
@@ -432,6 +451,8 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if latest is not None and not resume:
             raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
                               "or choose a new --out")
+        if cfg.train.init_from is not None and cfg.data.tokenizer is None and cfg.data.prepared is None:
+            cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.train.init_from))  # the model's own
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
@@ -442,6 +463,8 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
             trainer.restore(latest)
+        elif cfg.train.init_from is not None:
+            trainer.init_from(Path(cfg.train.init_from))
         reason = trainer.train()
         metrics = trainer.finish(reason)
         return trainer, metrics
