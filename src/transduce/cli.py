@@ -82,17 +82,20 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--task", default="translation", choices=["translation", "lm"],
-                   help="translation (en->de), or lm: a small GPT on the German side (default: translation)")
-    p.add_argument("--out", default=None, help="run directory (default: runs/demo, runs/demo_lm for --task lm)")
+    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm"],
+                   help="translation (en->de), lm: a small GPT on the German side, or mlm: a small BERT on the "
+                        "English side (default: translation)")
+    p.add_argument("--out", default=None, help="run directory (default: runs/demo, or runs/demo_TASK)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's own)")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo, run_lm_demo
+    from .demo import run_demo, run_lm_demo, run_mlm_demo
     if args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
+    elif args.task == "mlm":
+        result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps)
     else:
         result = run_demo(args.out or "runs/demo", steps=args.steps)
     print(result.report())
