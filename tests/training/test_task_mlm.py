@@ -38,8 +38,6 @@ def test_task_is_inferred_from_arch_and_checked():
     assert _cfg().task == "mlm"
     with pytest.raises(ConfigError, match="train.task"):
         _cfg(task="lm")
-    with pytest.raises(ConfigError, match="^model.n_classes"):
-        _cfg(model={"n_classes": 3})
     with pytest.raises(ConfigError, match="data.max_len"):  # BOS + 63 tokens + EOS do not fit 64 positions
         _cfg({**TOY, "max_len": 63})
     assert _cfg({**TOY, "max_len": 62}).data.max_len == 62

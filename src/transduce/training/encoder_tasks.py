@@ -78,9 +78,21 @@ def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator) -> Batc
 
     Shape: batch.src (B, S) -> src, tgt_in, tgt_out (B, S + 1).
     """
-    ids = torch.cat([batch.src.new_full((len(batch), 1), BOS_ID), batch.src], dim=1)    # (B, S + 1)
-    inputs, labels = mask_tokens(ids, mask_id, generator)
+    inputs, labels = mask_tokens(_bos_source(batch), mask_id, generator)
     return Batch(inputs, inputs, labels, batch.n_src_tokens + len(batch), int((labels != PAD_ID).sum()))
+
+
+def classification_batch(batch: Batch) -> Batch:
+    """A classification batch from a collated batch of (text, [label id]) pairs: ``src`` and
+    ``tgt_in`` both BOS + text + EOS (BOS is the position the head pools), ``tgt_out`` the (B, 1)
+    label ids, ``n_tgt_tokens`` the number of sentences (the loss normaliser)."""
+    inputs = _bos_source(batch)
+    return Batch(inputs, inputs, batch.tgt_out[:, :1], batch.n_src_tokens + len(batch), len(batch))
+
+
+def _bos_source(batch: Batch) -> Tensor:
+    """BOS + source + EOS, PAD-padded: (B, S) -> (B, S + 1)."""
+    return torch.cat([batch.src.new_full((len(batch), 1), BOS_ID), batch.src], dim=1)
 
 
 def masked_lm_loss(model: EncoderOnly, states: Tensor, labels: Tensor, smoothing: float = 0.0) -> LossOutput:

@@ -6,7 +6,7 @@ One run directory holds everything::
     RUN_DIR/prepared/          the prepared data (made once unless data.prepared names one)
     RUN_DIR/metrics.jsonl      one JSON object per log line / validation
     RUN_DIR/checkpoints/       step_XXXXXXXX/ (each a loadable model dir + training state), latest
-    RUN_DIR/model/  best/      the final and the best model (by validation BLEU, else loss)
+    RUN_DIR/model/  best/      the final and the best model (by validation BLEU or accuracy, else loss)
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
-from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights
+from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
-from .encoder_tasks import TRAIN_STREAM, masked_batch, masking_generator
+from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress
 from .schedule import learning_rate
@@ -63,7 +63,7 @@ class TrainState:
     tokens: int = 0            # target tokens (masked LM: selected tokens) trained on, all ranks together
     skipped_steps: int = 0     # steps skipped for non-finite loss or gradients
     bad_in_a_row: int = 0
-    best: float | None = None  # best validation score (BLEU, or -loss)
+    best: float | None = None  # best validation score (BLEU or accuracy, or -loss)
     evals_since_best: int = 0
     elapsed: float = 0.0       # seconds of training before this process started
 
@@ -102,8 +102,10 @@ class Trainer:
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
-        extra = 1 if cfg.task == "mlm" else 0  # a masked LM's [MASK] is one id past the tokenizer's
+        extra = 1 if cfg.model.arch == "encoder_only" else 0  # [MASK] is one id past the tokenizer's
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
+        if cfg.task == "classify":
+            self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
@@ -127,24 +129,39 @@ class Trainer:
         self._last_eval: dict[str, float] | None = None
         self._t0 = time.monotonic()
 
+    def _labels(self, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """The training data's classes, as many as ``model.n_classes`` says."""
+        if len(labels) != self.cfg.model.n_classes:
+            raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {self.data.root} has {len(labels)} "
+                              f"labels ({', '.join(labels[:10])})")
+        return labels
+
     # ---- state ---------------------------------------------------------------------------------
 
     def init_from(self, directory: Path) -> None:
         """Start from a trained model's weights (``train.init_from``): the same model (every
-        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer."""
+        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer. A
+        classifier may start from a masked LM: its encoder and embeddings carried over, the
+        masked-LM head dropped and the classification head as initialised here."""
         saved = load_model_config(directory)
+        new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
         if saved.arch != self.model_cfg.arch:
             raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
                               f"this run trains model.arch={self.model_cfg.arch}")
         if not Tokenizer.exists(directory) or Tokenizer.load(directory).digest() != self.data.tokenizer.digest():
             raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
                               f"prepared with (prepare with data.tokenizer={directory})")
+        free = DROPOUTS + (("n_classes", "labels") if new_head else ())
         for f in fields(saved):
-            if f.name not in DROPOUTS and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
+            if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
                                   f"this run's is {getattr(self.model_cfg, f.name)}")
-        load_state_checked(self.model, read_weights(directory / WEIGHTS), str(directory / WEIGHTS))
-        logger.info("initialised from %s", directory)
+        state = read_weights(directory / WEIGHTS)
+        if new_head:
+            state = {k: v for k, v in state.items() if not k.startswith("mlm_head.")}
+            state.update({k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")})
+        load_state_checked(self.model, state, str(directory / WEIGHTS))
+        logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
 
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
@@ -239,7 +256,11 @@ class Trainer:
             epoch, offset = epoch + 1, 0
         data = self.epoch_data(epoch)
         group = [data.plan[i] for i in range(offset, offset + need)]
-        if self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
+        if self.cfg.task == "classify":
+            tokens = sum(len(b) for b in group)  # the loss is per sentence
+            batches = [self._device_batch(classification_batch(data.pairs.batch(b)))
+                       for b in group[self.dist.rank::self.dist.world_size]]
+        elif self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
             masked = [masked_batch(data.pairs.batch(b), self.model.mask_id,
                                    masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
                       for j, b in enumerate(group)]
@@ -346,11 +367,14 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split."""
-        from .validation import validation_bleu, validation_loss
+        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split; a
+        classifier's loss and accuracy."""
+        from .validation import validation_bleu, validation_classify, validation_loss
         self.model.eval()
         out: dict[str, float] = {}
-        if len(self.valid_pairs):
+        if len(self.valid_pairs) and self.cfg.task == "classify":
+            out.update(validation_classify(self.model, self.valid_pairs, self.cfg, self.device))
+        elif len(self.valid_pairs):
             loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
@@ -358,7 +382,7 @@ class Trainer:
         return out
 
     def _improved(self, metrics: dict[str, float]) -> bool:
-        score = metrics.get("val_bleu", -metrics.get("val_loss", math.inf))
+        score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
         if self.state.best is None or score > self.state.best:
             self.state.best, self.state.evals_since_best = score, 0
             return True
@@ -438,6 +462,14 @@ class Trainer:
         return metrics
 
 
+def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
+    """The prepared pairs of ``cfg.data``, or a classifier's labelled text (read, not prepared)."""
+    if cfg.task == "classify":
+        from ..data.labelled import load_labelled
+        return load_labelled(cfg.data, Tokenizer.load(cfg.data.tokenizer))
+    return prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+
+
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
     """Prepare data, build or restore the trainer, train, and write the final model."""
     device = resolve_device(cfg.train.device, "train.device")
@@ -456,10 +488,10 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
-            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+            data = _run_data(cfg, run_dir)
         barrier(dist)
         if not dist.is_main:
-            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+            data = _run_data(cfg, run_dir)
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
             trainer.restore(latest)

@@ -1,4 +1,5 @@
-"""Validation during training: teacher-forced loss and greedy-decoding BLEU."""
+"""Validation during training: teacher-forced loss and greedy-decoding BLEU; a classifier's
+loss and accuracy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from ..config import RunConfig
 from ..data.batching import token_budget_batches
 from ..data.prepared import TokenPairs
 from ..model.transformer import Transformer
-from .encoder_tasks import VALID_STREAM, masked_batch, masking_generator
+from .encoder_tasks import VALID_STREAM, classification_batch, classification_loss, masked_batch, masking_generator
 from .loss import label_smoothed_loss
 from .step import batch_loss, final_states, unwrapped
 
@@ -16,10 +17,10 @@ from .step import batch_loss, final_states, unwrapped
 
 def token_lengths(pairs: TokenPairs, task: str) -> tuple:
     """The (source, target) lengths that size a task's batches: an LM reads only the target
-    side, a masked LM only the source side, translation both."""
+    side, a masked LM or a classifier only the source side, translation both."""
     if task == "lm":
         return pairs.tgt_lens, pairs.tgt_lens
-    if task == "mlm":
+    if task in ("mlm", "classify"):
         return pairs.src_lens, pairs.src_lens
     return pairs.src_lens, pairs.tgt_lens
 
@@ -45,6 +46,21 @@ def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
             out = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, model.config.pad_id)
         loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + int(out.n_tokens)
     return loss / max(n, 1), nll / max(n, 1)
+
+
+@torch.no_grad()
+def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
+                        device: torch.device) -> dict[str, float]:
+    """A classifier's per-sentence smoothed loss and its accuracy over ``pairs`` (eval mode)."""
+    plan = token_budget_batches(*token_lengths(pairs, "classify"), cfg.data.max_tokens, seed=0, epoch=0,
+                                shuffle=False)
+    loss, correct = 0.0, 0
+    for i in range(len(plan)):
+        batch = classification_batch(pairs.batch(plan[i])).to(device)
+        logits = model.classify(model(batch.src))                        # (B, K)
+        loss += classification_loss(logits, batch.tgt_out[:, 0], cfg.train.label_smoothing).loss.item()
+        correct += int((logits.argmax(-1) == batch.tgt_out[:, 0]).sum())
+    return {"val_loss": loss / max(len(pairs), 1), "val_acc": correct / max(len(pairs), 1)}
 
 
 @torch.no_grad()
