@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import TransduceError
+from .errors import ConfigError, TransduceError
 
 
 def _add_config(p: argparse.ArgumentParser, help: str) -> None:
@@ -228,6 +228,41 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("classify", help="label text with a classifier; with --score, print accuracy and macro-F1")
+    p.add_argument("model_dir", help="model directory of a classifier (train.task classify)")
+    p.add_argument("--input", default=None,
+                   help="one text a line (default: stdin); with --score, a file of text<TAB>label lines")
+    p.add_argument("--output", default=None, help="output file for the labels, written atomically (default: stdout)")
+    p.add_argument("--score", action="store_true",
+                   help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default: 64)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_classify)
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    import json
+
+    from .inference.classify import Classifier
+    from .inference.files import atomic_output, iter_lines
+    classifier = Classifier.load(args.model_dir, args.device)
+    if args.score:
+        from .data.labelled import check_labels, read_labelled
+        from .evaluation.metrics import classification_scores
+        if args.input is None:
+            raise ConfigError("--score: needs --input, a file of text<TAB>label lines")
+        examples = read_labelled(args.input)
+        check_labels(examples, classifier.config.labels, args.input)
+        predicted = classifier.classify([t for t, _ in examples], args.batch_size)
+        print(json.dumps(classification_scores(predicted, [g for _, g in examples]), indent=2))
+        return 0
+    labels = classifier.classify(list(iter_lines(args.input)), args.batch_size)
+    with atomic_output(args.output) as out:
+        out.write("".join(f"{label}\n" for label in labels))
+    return 0
+
+
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
     p.add_argument("model_dir", help="model directory")
@@ -353,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(sub)
     _add_translate(sub)
     _add_generate(sub)
+    _add_classify(sub)
     _add_evaluate(sub)
     _add_attention(sub)
     _add_export(sub)

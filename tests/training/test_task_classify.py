@@ -1,5 +1,6 @@
 """Training an encoder-only classifier (train.task classify) on text<TAB>label files, from a masked LM."""
 
+import io
 import json
 
 import pytest
@@ -8,7 +9,10 @@ import torch.nn.functional as F
 
 from transduce.config import ModelConfig, RunConfig
 from transduce.data.batch import collate
+from transduce.cli import main
 from transduce.data.labelled import read_labelled
+from transduce.evaluation.metrics import classification_scores
+from transduce.inference.classify import Classifier
 from transduce.errors import ConfigError, DataError
 from transduce.model import EncoderOnly, load_model
 from transduce.training.encoder_tasks import classification_batch
@@ -59,7 +63,7 @@ def _cfg(root, model=None, data=None, **train):
 
 def test_task_is_inferred_and_its_data_checked(corpus):
     assert _cfg(corpus).task == "classify"
-    with pytest.raises(ConfigError, match="^train.task: mlm does not fit .*model.n_classes=3 \\(it trains classify\\)$"):
+    with pytest.raises(ConfigError, match=r"^train.task: mlm does not fit .*model.n_classes=3 \(it trains classify\)$"):
         _cfg(corpus, task="mlm")
     with pytest.raises(ConfigError, match="^data.tokenizer: train.task classify needs an existing tokenizer"):
         _cfg(corpus, data={"tokenizer": None})
@@ -93,18 +97,26 @@ def test_step_loss_is_cross_entropy_of_the_pooled_head():
     torch.testing.assert_close(sums[1], want.detach())
 
 
-def test_a_classifier_fine_tunes_from_the_masked_lm(corpus, tmp_path):
-    trainer, metrics = run_training(_cfg(corpus, init_from=str(corpus / "mlm" / "model")), tmp_path / "run")
+@pytest.fixture(scope="module")
+def tuned(corpus, tmp_path_factory):
+    """A classifier fine-tuned from the masked LM: (trainer, final metrics, run directory)."""
+    run = tmp_path_factory.mktemp("tuned") / "run"
+    trainer, metrics = run_training(_cfg(corpus, init_from=str(corpus / "mlm" / "model")), run)
+    return trainer, metrics, run
+
+
+def test_a_classifier_fine_tunes_from_the_masked_lm(corpus, tuned):
+    trainer, metrics, run = tuned
     assert metrics["val_acc"] >= 0.9 and "val_ppl" not in metrics
-    model = load_model(tmp_path / "run" / "best")
+    model = load_model(run / "best")
     assert model.config.labels == ("bird", "cat", "dog") and model.mlm_head is None  # names saved with the model
-    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["val_acc"] for r in log if "val_acc" in r][-1] == metrics["val_acc"]
     trainer.init_from(corpus / "mlm" / "model")  # the encoder and embeddings carried over, the head left alone
     pretrained = load_model(corpus / "mlm" / "model").state_dict()
     state = trainer.model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in pretrained.items() if not k.startswith("mlm_head."))
-    assert any(not torch.equal(a, b) for a, b in zip(state.values(), load_model(tmp_path / "run" / "model")
+    assert any(not torch.equal(a, b) for a, b in zip(state.values(), load_model(run / "model")
                                                       .state_dict().values()))
 
 
@@ -115,3 +127,23 @@ def test_a_classifier_does_not_start_from_a_classifier_with_other_labels(corpus,
                init_from=str(tmp_path / "a" / "model"))
     with pytest.raises(ConfigError, match="^train.init_from: .* model.n_classes=3; this run's is 2$"):
         run_training(cfg, tmp_path / "b")
+
+
+def test_classify_command_labels_text_and_scores_a_labelled_file(corpus, tuned, monkeypatch, capsys):
+    model = str(tuned[2] / "best")
+    assert main(["classify", model, "--input", str(corpus / "valid.tsv"), "--score"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["sentences"] == 30 and scores["accuracy"] >= 0.9 and scores["macro_f1"] >= 0.9
+    texts = ["the dog sees the car", "a bird", "the cat has the house"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+    assert main(["classify", model]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == Classifier.load(model).classify(texts, batch_size=2) and out[0] == "dog" and out[2] == "cat"
+    assert main(["classify", str(corpus / "mlm" / "model")]) == 2
+    assert capsys.readouterr().err.strip().endswith("model.arch=encoder_only model with a masked-LM head")
+
+
+def test_accuracy_and_macro_f1():
+    scores = classification_scores(["a", "a", "b", "c"], ["a", "b", "b", "b"])
+    assert scores["accuracy"] == 0.5 and scores["sentences"] == 4
+    assert scores["macro_f1"] == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)  # F1 of a, b and the never-gold c

@@ -41,6 +41,15 @@ def read_labelled(path: str | Path) -> list[tuple[str, str]]:
     return out
 
 
+def check_labels(examples: list[tuple[str, str]], labels: tuple[str, ...], path: str | Path | None) -> None:
+    """A DataError naming ``path:line`` of the first example whose label is not in ``labels``."""
+    known = set(labels)
+    for n, (_, label) in enumerate(examples, 1):
+        if label not in known:
+            raise DataError(f"{path}:{n}: label {label!r} is not one of the {len(labels)} classes "
+                            f"({', '.join(labels[:10])})")
+
+
 @dataclass
 class LabelledData:
     """One run's classification data: what the Trainer reads of a :class:`PreparedData`."""
@@ -70,10 +79,7 @@ def load_labelled(cfg: DataConfig, tokenizer: Tokenizer, labels: tuple[str, ...]
     splits = {}
     for name in SPLITS:
         examples = rows.get(name, [])
-        for n, (_, label) in enumerate(examples, 1):
-            if label not in ids:
-                raise DataError(f"{getattr(cfg, f'{name}_src')}:{n}: label {label!r} is not one of the "
-                                f"{len(labels)} classes ({', '.join(labels[:10])})")
+        check_labels(examples, labels, getattr(cfg, f"{name}_src"))
         tokens = [tokenizer.encode(text, "src")[:cfg.max_len] for text, _ in examples]
         splits[name] = TokenPairs.from_rows(tokens, [[ids[label]] for _, label in examples], np.dtype("<i4"),
                                             length_dtype(cfg.max_len))
