@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 
 from transduce.config import ModelConfig, RunConfig
 from transduce.data.batch import collate
@@ -147,3 +148,13 @@ def test_accuracy_and_macro_f1():
     scores = classification_scores(["a", "a", "b", "c"], ["a", "b", "b", "b"])
     assert scores["accuracy"] == 0.5 and scores["sentences"] == 4
     assert scores["macro_f1"] == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)  # F1 of a, b and the never-gold c
+
+
+def test_classifier_resume_is_exact(corpus, tmp_path):
+    init = {"init_from": str(corpus / "mlm" / "model")}
+    run_training(_cfg(corpus, max_steps=8, save_every=4, eval_every=4, **init), tmp_path / "a")
+    run_training(_cfg(corpus, max_steps=4, save_every=4, eval_every=4, **init), tmp_path / "b")
+    run_training(_cfg(corpus, max_steps=8, save_every=4, eval_every=4, **init), tmp_path / "b", resume=True)
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -43,6 +43,9 @@ from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
 from .validation import token_lengths
+
+if TYPE_CHECKING:
+    from ..data.labelled import LabelledData
 
 logger = logging.getLogger("transduce.training")
 
@@ -462,7 +465,7 @@ class Trainer:
         return metrics
 
 
-def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
+def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData | LabelledData:
     """The prepared pairs of ``cfg.data``, or a classifier's labelled text (read, not prepared)."""
     if cfg.task == "classify":
         from ..data.labelled import load_labelled
