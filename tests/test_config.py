@@ -109,6 +109,14 @@ def test_lm_demo_config_is_a_gpt2_shaped_language_model():
     assert gpt2_incompatibilities(demo.model) == []  # what the demo trains exports to GPT-2
 
 
+def test_mlm_demo_config_is_a_bert_shaped_masked_lm():
+    from transduce.demo import demo_config
+    from transduce.export.hf_bert import bert_incompatibilities
+    demo = demo_config(steps=5, task="mlm")
+    assert demo.task == "mlm" and demo.model.arch == "encoder_only" and demo.train.max_steps == 5
+    assert bert_incompatibilities(demo.model) == []  # what the demo trains exports to BERT
+
+
 def test_wmt14_configs_are_the_papers_recipes_and_fail_clearly_without_their_prepared_corpus(tmp_path, monkeypatch,
                                                                                             capsys):
     """configs/wmt14_en_de_{base,big}.yaml: the paper's models, ~25k-token steps (padded budget x

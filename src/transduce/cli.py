@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import TransduceError
+from .errors import ConfigError, TransduceError
 
 
 def _add_config(p: argparse.ArgumentParser, help: str) -> None:
@@ -28,11 +28,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--reverse", action="store_true",
                    help="train the other direction: swap the config's source and target (e.g. de->en)")
+    p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                   help="start from a trained model's weights and tokenizer (same as --set train.init_from=MODEL_DIR)")
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse)
+    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from)
 
 
 def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
@@ -40,7 +42,7 @@ def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
 
 
 def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
-               reverse: bool = False) -> int:
+               reverse: bool = False, init_from: str | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
     from .training import loop
@@ -50,6 +52,8 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         config_path = str(run_dir / "config.yaml")  # resume with the run's own config
     if reverse:  # idempotent: a reversed run's own config already says so
         overrides = [*overrides, "data.reverse=true"]
+    if init_from is not None:
+        overrides = [*overrides, f"train.init_from={init_from}"]
     loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
     return 0
 
@@ -78,17 +82,20 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--task", default="translation", choices=["translation", "lm"],
-                   help="translation (en->de), or lm: a small GPT on the German side (default: translation)")
-    p.add_argument("--out", default=None, help="run directory (default: runs/demo, runs/demo_lm for --task lm)")
+    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm"],
+                   help="translation (en->de), lm: a small GPT on the German side, or mlm: a small BERT on the "
+                        "English side (default: translation)")
+    p.add_argument("--out", default=None, help="run directory (default: runs/demo, or runs/demo_TASK)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's own)")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo, run_lm_demo
+    from .demo import run_demo, run_lm_demo, run_mlm_demo
     if args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
+    elif args.task == "mlm":
+        result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps)
     else:
         result = run_demo(args.out or "runs/demo", steps=args.steps)
     print(result.report())
@@ -221,6 +228,41 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("classify", help="label text with a classifier; with --score, print accuracy and macro-F1")
+    p.add_argument("model_dir", help="model directory of a classifier (train.task classify)")
+    p.add_argument("--input", default=None,
+                   help="one text a line (default: stdin); with --score, a file of text<TAB>label lines")
+    p.add_argument("--output", default=None, help="output file for the labels, written atomically (default: stdout)")
+    p.add_argument("--score", action="store_true",
+                   help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default: 64)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    p.set_defaults(func=_cmd_classify)
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    import json
+
+    from .inference.classify import Classifier
+    from .inference.files import atomic_output, iter_lines
+    classifier = Classifier.load(args.model_dir, args.device)
+    if args.score:
+        from .data.labelled import check_labels, read_labelled
+        from .evaluation.metrics import classification_scores
+        if args.input is None:
+            raise ConfigError("--score: needs --input, a file of text<TAB>label lines")
+        examples = read_labelled(args.input)
+        check_labels(examples, classifier.config.labels, args.input)
+        predicted = classifier.classify([t for t, _ in examples], args.batch_size)
+        print(json.dumps(classification_scores(predicted, [g for _, g in examples]), indent=2))
+        return 0
+    labels = classifier.classify(list(iter_lines(args.input)), args.batch_size)
+    with atomic_output(args.output) as out:
+        out.write("".join(f"{label}\n" for label in labels))
+    return 0
+
+
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
     p.add_argument("model_dir", help="model directory")
@@ -346,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(sub)
     _add_translate(sub)
     _add_generate(sub)
+    _add_classify(sub)
     _add_evaluate(sub)
     _add_attention(sub)
     _add_export(sub)

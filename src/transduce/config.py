@@ -54,8 +54,9 @@ def _typecheck(obj: Any, section: str) -> None:
 
 
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
-TASKS = ("translation", "lm")
-TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm"}
+TASKS = ("translation", "lm", "mlm", "classify")
+# encoder_only trains "classify" instead when model.n_classes >= 2 (RunConfig.task)
+TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,11 @@ class ModelConfig:
     embed_norm: bool = False
     type_vocab_size: int = 0
     n_classes: int = 0
+    labels: tuple = ()  # the class names in id order, set by classification training from its data
 
     def __post_init__(self) -> None:
+        if isinstance(self.labels, list):
+            object.__setattr__(self, "labels", tuple(self.labels))
         _typecheck(self, "model")
         for k in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"):
             _check(getattr(self, k) > 0, f"model.{k}", f"must be positive; got {getattr(self, k)}")
@@ -143,8 +147,10 @@ class ModelConfig:
         if self.arch == "encoder_only":
             _check(self.n_encoder_layers > 0, "model.n_encoder_layers", "must be positive for model.arch=encoder_only")
             _check(self.n_classes != 1, "model.n_classes", "must be 0 (masked-LM head) or at least 2 classes; got 1")
+            _check(not self.labels or len(self.labels) == self.n_classes, "model.labels",
+                   f"names {len(self.labels)} classes; model.n_classes is {self.n_classes}")
             return
-        for k in ("embed_norm", "type_vocab_size", "n_classes"):
+        for k in ("embed_norm", "type_vocab_size", "n_classes", "labels"):
             _check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     @property
@@ -186,6 +192,10 @@ class DataConfig:
     A language model (``train.task: lm``) trains on the target side: of a parallel corpus (set
     ``reverse`` for the source side), or of monolingual text given as ``train_tgt``/``valid_tgt``/
     ``test_tgt`` with no ``*_src`` (each line is then stored as both sides of a pair).
+    A masked LM (``train.task: mlm``) reads the source side, the encoder's: of a parallel corpus
+    (set ``reverse`` for the target side), or of the same monolingual ``*_tgt`` files.
+    Classification (``train.task: classify``) reads ``train_src``/``valid_src``/``test_src`` files
+    of ``text<TAB>label`` lines (:mod:`transduce.data.labelled`) with an existing tokenizer.
 
     ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
     and filter settings are then the ones it was prepared with (its ``manifest.json``).
@@ -235,8 +245,9 @@ class DataConfig:
         _check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
                "needs data.tokenizer_type=bpe")
         if self.corpus == "files" and self.prepared is None:
-            _check(self.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files "
-                   "(with data.train_src, except for a language model's monolingual text)")
+            _check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
+                   "is required when data.corpus=files (with data.train_src, except for a language model's "
+                   "monolingual text; train.task classify reads data.train_src alone)")
 
 
 @dataclass(frozen=True)
@@ -273,7 +284,10 @@ class TrainConfig:
     eval_bleu: bool = True
     max_bad_steps: int = 10
     num_threads: int | None = None
-    task: str | None = None      # "translation" or "lm"; None: the one model.arch is for (RunConfig.task)
+    task: str | None = None      # "translation", "lm" or "mlm"; None: the one model.arch is for (RunConfig.task)
+    # a trained model directory to start from (its weights and, unless data.tokenizer/prepared say
+    # otherwise, its tokenizer); the model section must describe the same model but for dropouts
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -352,26 +366,46 @@ class RunConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def __post_init__(self) -> None:
-        arch = self.model.arch
-        _check(arch in TASK_OF_ARCH, "model.arch", f"{arch} models are not trained by `transduce train` yet "
-               f"(trainable: {', '.join(TASK_OF_ARCH)}); build one from Python with transduce.model.build_model, "
-               "its losses in transduce.training.encoder_tasks")
-        _check(self.train.task in (None, TASK_OF_ARCH[arch]), "train.task",
-               f"{self.train.task} does not fit model.arch={arch} (it trains {TASK_OF_ARCH[arch]})")
-        if self.task == "translation" and self.data.corpus == "files" and self.data.prepared is None:
-            _check(self.data.train_src is not None, "data.train_src", "is required when data.corpus=files "
-                   "(only a language model trains on data.train_tgt alone)")
-        if self.task == "lm" and self.model.positions == "learned":  # a sequence is BOS + up to max_len tokens
-            _check(self.data.max_len < self.model.max_positions, "data.max_len",
-                   f"must be below model.max_positions ({self.model.max_positions}) with learned positions; "
-                   f"got {self.data.max_len}")
-        _check(self.task != "lm" or not self.train.cuda_graphs, "train.cuda_graphs",
-               "is for translation training; use train.compile for a language model")
+        arch, task = self.model.arch, self._task_of_model()
+        _check(self.train.task in (None, task), "train.task", f"{self.train.task} does not fit model.arch={arch}"
+               + (f" with model.n_classes={self.model.n_classes}" if arch == "encoder_only" else "")
+               + f" (it trains {task})")
+        if task == "classify":
+            self._check_classify()
+        elif self.data.corpus == "files" and self.data.prepared is None:
+            _check(self.data.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files")
+            _check(task != "translation" or self.data.train_src is not None, "data.train_src", "is required when "
+                   "data.corpus=files (only a language model or masked LM trains on data.train_tgt alone)")
+        # with learned positions an LM reads BOS + up to max_len tokens, a masked LM BOS + tokens + EOS
+        extra = {"lm": 1, "mlm": 2, "classify": 2}.get(self.task)
+        if extra and self.model.positions == "learned":
+            _check(self.data.max_len + extra <= self.model.max_positions, "data.max_len",
+                   f"must be at most model.max_positions - {extra} ({self.model.max_positions - extra}) with "
+                   f"learned positions for train.task {self.task}; got {self.data.max_len}")
+        _check(self.task == "translation" or not self.train.cuda_graphs, "train.cuda_graphs",
+               f"is for translation training; use train.compile for train.task {self.task}")
+
+    def _check_classify(self) -> None:
+        d = self.data
+        _check(d.corpus == "files" and d.prepared is None, "data.corpus", "train.task classify reads "
+               f"text<TAB>label files: data.corpus=files without data.prepared; got {d.corpus}")
+        _check(d.train_src is not None, "data.train_src", "is required by train.task classify (text<TAB>label lines)")
+        _check(all(getattr(d, f"{k}_tgt") is None for k in ("train", "valid", "test")), "data.train_tgt",
+               "train.task classify reads its labels from the data.*_src files (text<TAB>label); set no *_tgt")
+        _check(d.tokenizer is not None or self.train.init_from is not None, "data.tokenizer",
+               "train.task classify needs an existing tokenizer: data.tokenizer or train.init_from")
+        _check(d.bpe_dropout == 0.0, "data.bpe_dropout", "is not supported by train.task classify")
+
+    def _task_of_model(self) -> str:
+        if self.model.arch == "encoder_only" and self.model.n_classes:
+            return "classify"
+        return TASK_OF_ARCH[self.model.arch]
 
     @property
     def task(self) -> str:
-        """What training optimises: ``train.task``, or the task of ``model.arch`` when absent."""
-        return self.train.task or TASK_OF_ARCH[self.model.arch]
+        """What training optimises: ``train.task``, or the task of ``model.arch`` (an encoder_only
+        model with ``model.n_classes`` >= 2: classify) when absent."""
+        return self.train.task or self._task_of_model()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
@@ -454,7 +488,14 @@ def save_yaml(data: dict[str, Any], path: str | os.PathLike) -> None:
     """Write YAML atomically (temporary file in the same directory, then rename)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, yaml.safe_dump(data, sort_keys=False))
+    atomic_write_text(p, yaml.dump(data, Dumper=_Dumper, sort_keys=False))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with tuples (``train.betas``, ``model.labels``) written as lists."""
+
+
+_Dumper.add_representer(tuple, lambda dumper, value: dumper.represent_list(value))
 
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:

@@ -1,7 +1,9 @@
 """``transduce demo``: the whole pipeline on the embedded toy English->German pair, offline.
 
 ``--task lm`` trains a small GPT (``demo_lm.yaml``) on the pair's German side instead and
-reports validation perplexity and a few generated sentences.
+reports validation perplexity and a few generated sentences; ``--task mlm`` a small BERT
+(``demo_mlm.yaml``) on the English side, reporting validation perplexity of the masked tokens
+and its guesses for one masked token in a few test sentences.
 
 Generates the toy corpus, trains a small Transformer with the paper's recipe (post-LN,
 sinusoidal positions, shared embeddings, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with the
@@ -64,7 +66,23 @@ class LMDemoResult:
         return "\n".join(lines)
 
 
-DEMO_CONFIGS = {"translation": "demo.yaml", "lm": "demo_lm.yaml"}
+@dataclass
+class MLMDemoResult:
+    run_dir: Path
+    val_ppl: float
+    seconds: float
+    fills: list[tuple[str, str, str]] = field(default_factory=list)  # (masked sentence, masked piece, guess)
+
+    def report(self) -> str:
+        lines = [f"validation perplexity of the masked tokens {self.val_ppl:.2f}; {self.seconds:.0f} s in all", "",
+                 "one token masked, the model's guess:"]
+        lines += [f"  {masked}\n    masked {truth!r}, guessed {guess!r}" for masked, truth, guess in self.fills]
+        lines += ["", f"model: {self.run_dir / 'model'}  (try: transduce export {self.run_dir / 'model'} "
+                  "--format hf --out bert)"]
+        return "\n".join(lines)
+
+
+DEMO_CONFIGS = {"translation": "demo.yaml", "lm": "demo_lm.yaml", "mlm": "demo_mlm.yaml"}
 
 
 def demo_config(steps: int | None = None, task: str = "translation") -> RunConfig:
@@ -131,6 +149,39 @@ def run_lm_demo(out: str | os.PathLike = "runs/demo_lm", steps: int | None = Non
     samples = generator.generate(["", *prompts[:1]], GenerationConfig(max_new_tokens=30, temperature=0))
     samples += generator.generate(prompts, GenerationConfig(max_new_tokens=30, temperature=0.8, top_p=0.9, seed=0))
     result = LMDemoResult(run_dir, metrics["val_ppl"], time.monotonic() - t0, samples)
+    summary = {"val_ppl": result.val_ppl, "seconds": result.seconds, "steps": trainer.state.step}
+    atomic_write_text(run_dir / "demo.json", json.dumps(summary, indent=1) + "\n")
+    return result
+
+
+def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = None) -> MLMDemoResult:
+    """Train (or reuse a finished run in ``out``) a small BERT on the toy English sentences; report
+    validation perplexity and its guess for the middle token of a few test sentences."""
+    from .atomic import atomic_write_text
+    from .data.prepare import split_sources
+    from .data.tokenizer import Tokenizer
+    from .model.io import load_model
+    from .training.checkpoint import latest_checkpoint
+    from .training.loop import run_training
+
+    import torch
+
+    t0 = time.monotonic()
+    run_dir = Path(out)
+    cfg = demo_config(steps, task="mlm")
+    resume = latest_checkpoint(run_dir / "checkpoints") is not None
+    trainer, metrics = run_training(cfg, run_dir, resume=resume)
+    model, tok = load_model(run_dir / "model"), Tokenizer.load(run_dir / "model")
+    fills = []
+    for text, _ in list(split_sources(cfg.data)["test"].text_pairs())[:4]:
+        ids = [model.config.bos_id, *tok.encode(text, "src"), model.config.eos_id]
+        i = len(ids) // 2
+        masked = ids[:i] + [model.mask_id] + ids[i + 1:]
+        with torch.no_grad():
+            guess = int(model.mlm_logits(model(torch.tensor([masked])))[0, i, :model.mask_id].argmax())
+        shown = tok.decode(ids[1:i], "src") + " [MASK] " + tok.decode(ids[i + 1:-1], "src")
+        fills.append((shown, tok.pieces([ids[i]], "src")[0], tok.pieces([guess], "src")[0]))
+    result = MLMDemoResult(run_dir, metrics["val_ppl"], time.monotonic() - t0, fills)
     summary = {"val_ppl": result.val_ppl, "seconds": result.seconds, "steps": trainer.state.step}
     atomic_write_text(run_dir / "demo.json", json.dumps(summary, indent=1) + "\n")
     return result

@@ -34,6 +34,21 @@ def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
 
 
+def classification_scores(predicted: Sequence[str], gold: Sequence[str]) -> dict[str, Any]:
+    """Accuracy and macro-F1 (the unweighted mean of each class's F1, over the classes that occur
+    in ``gold`` or ``predicted``) of predicted labels against gold ones, and the sentence count."""
+    if len(predicted) != len(gold):
+        raise DataError(f"{len(predicted)} predictions but {len(gold)} gold labels")
+    f1s = []
+    for label in sorted(set(gold) | set(predicted)):
+        tp = sum(p == g == label for p, g in zip(predicted, gold))
+        n_pred, n_gold = sum(p == label for p in predicted), sum(g == label for g in gold)
+        f1s.append(2 * tp / (n_pred + n_gold) if n_pred + n_gold else 0.0)
+    correct = sum(p == g for p, g in zip(predicted, gold))
+    return {"accuracy": correct / max(len(gold), 1), "macro_f1": sum(f1s) / max(len(f1s), 1),
+            "sentences": len(gold)}
+
+
 def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
     """BLEU, lowercased BLEU and chrF of ``hyps`` against one reference each.
 

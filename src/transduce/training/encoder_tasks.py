@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from ..data.batch import Batch
 from ..data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from ..model.encoder_only import EncoderOnly
 from .loss import LossOutput, label_smoothed_loss
@@ -22,6 +24,7 @@ from .loss import LossOutput, label_smoothed_loss
 # Never selected for masking: they mark the sequence, not its text ([CLS], [SEP], [PAD] in BERT).
 SPECIAL_IDS = (PAD_ID, BOS_ID, EOS_ID)
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the selected tokens; the remaining 10% are kept
+TRAIN_STREAM, VALID_STREAM = 0, 1    # the second number of a masking key (see masking_generator)
 
 
 def mask_tokens(ids: Tensor, mask_id: int, generator: torch.Generator, select: float = 0.15,
@@ -55,6 +58,41 @@ def mask_tokens(ids: Tensor, mask_id: int, generator: torch.Generator, select: f
     inputs = torch.where(selected & (action >= MASK_SHARE) & (action < MASK_SHARE + RANDOM_SHARE), random_ids, inputs)
     labels = torch.where(selected, ids, PAD_ID)
     return inputs, labels
+
+
+def masking_generator(*key: int) -> torch.Generator:
+    """A CPU generator seeded from ``key``, non-negative integers (train.seed, :data:`TRAIN_STREAM` or
+    :data:`VALID_STREAM`, epoch, index of the batch in the epoch's plan): the same key masks a batch
+    the same way in any process, so a resumed run (on any number of processes) masks as the first
+    did, and validation masks its split the same way at every evaluation."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+
+
+def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator) -> Batch:
+    """A masked-LM batch from a collated batch's source side.
+
+    The input is BOS + source + EOS (BOS plays [CLS], EOS [SEP]; the first position is the one a
+    classification head later pools), masked by :func:`mask_tokens`. ``src`` and ``tgt_in`` are
+    both the masked input, ``tgt_out`` the labels (PAD where not selected) and ``n_tgt_tokens``
+    the number of selected tokens: the loss normaliser (possibly 0).
+
+    Shape: batch.src (B, S) -> src, tgt_in, tgt_out (B, S + 1).
+    """
+    inputs, labels = mask_tokens(_bos_source(batch), mask_id, generator)
+    return Batch(inputs, inputs, labels, batch.n_src_tokens + len(batch), int((labels != PAD_ID).sum()))
+
+
+def classification_batch(batch: Batch) -> Batch:
+    """A classification batch from a collated batch of (text, [label id]) pairs: ``src`` and
+    ``tgt_in`` both BOS + text + EOS (BOS is the position the head pools), ``tgt_out`` the (B, 1)
+    label ids, ``n_tgt_tokens`` the number of sentences (the loss normaliser)."""
+    inputs = _bos_source(batch)
+    return Batch(inputs, inputs, batch.tgt_out[:, :1], batch.n_src_tokens + len(batch), len(batch))
+
+
+def _bos_source(batch: Batch) -> Tensor:
+    """BOS + source + EOS, PAD-padded: (B, S) -> (B, S + 1)."""
+    return torch.cat([batch.src.new_full((len(batch), 1), BOS_ID), batch.src], dim=1)
 
 
 def masked_lm_loss(model: EncoderOnly, states: Tensor, labels: Tensor, smoothing: float = 0.0) -> LossOutput:

@@ -6,7 +6,7 @@ One run directory holds everything::
     RUN_DIR/prepared/          the prepared data (made once unless data.prepared names one)
     RUN_DIR/metrics.jsonl      one JSON object per log line / validation
     RUN_DIR/checkpoints/       step_XXXXXXXX/ (each a loadable model dir + training state), latest
-    RUN_DIR/model/  best/      the final and the best model (by validation BLEU, else loss)
+    RUN_DIR/model/  best/      the final and the best model (by validation BLEU or accuracy, else loss)
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,17 +32,24 @@ from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, TransduceError
-from ..model.io import build_model, load_state_checked
+from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
+from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress
 from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
+from .validation import token_lengths
+
+if TYPE_CHECKING:
+    from ..data.labelled import LabelledData
 
 logger = logging.getLogger("transduce.training")
+
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change
 
 
 class TrainingError(TransduceError):
@@ -56,10 +63,10 @@ class TrainState:
     step: int = 0
     epoch: int = 0
     offset: int = 0            # plan batches of ``epoch`` already consumed, all ranks together
-    tokens: int = 0            # target tokens trained on, all ranks together
+    tokens: int = 0            # target tokens (masked LM: selected tokens) trained on, all ranks together
     skipped_steps: int = 0     # steps skipped for non-finite loss or gradients
     bad_in_a_row: int = 0
-    best: float | None = None  # best validation score (BLEU, or -loss)
+    best: float | None = None  # best validation score (BLEU or accuracy, or -loss)
     evals_since_best: int = 0
     elapsed: float = 0.0       # seconds of training before this process started
 
@@ -76,7 +83,7 @@ class StepData:
     start: tuple[int, int]
     end: tuple[int, int]
     batches: list[Batch]   # this rank's micro-batches, on the device
-    tokens: int            # target tokens of the whole step, all ranks together
+    tokens: int            # the loss normaliser: target (masked LM: selected) tokens of the step, all ranks
 
 
 @dataclass
@@ -98,7 +105,10 @@ class Trainer:
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
-        self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size, tok.tgt_vocab_size)
+        extra = 1 if cfg.model.arch == "encoder_only" else 0  # [MASK] is one id past the tokenizer's
+        self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
+        if cfg.task == "classify":
+            self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
@@ -122,7 +132,39 @@ class Trainer:
         self._last_eval: dict[str, float] | None = None
         self._t0 = time.monotonic()
 
+    def _labels(self, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """The training data's classes, as many as ``model.n_classes`` says."""
+        if len(labels) != self.cfg.model.n_classes:
+            raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {self.data.root} has {len(labels)} "
+                              f"labels ({', '.join(labels[:10])})")
+        return labels
+
     # ---- state ---------------------------------------------------------------------------------
+
+    def init_from(self, directory: Path) -> None:
+        """Start from a trained model's weights (``train.init_from``): the same model (every
+        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer. A
+        classifier may start from a masked LM: its encoder and embeddings carried over, the
+        masked-LM head dropped and the classification head as initialised here."""
+        saved = load_model_config(directory)
+        new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
+        if saved.arch != self.model_cfg.arch:
+            raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
+                              f"this run trains model.arch={self.model_cfg.arch}")
+        if not Tokenizer.exists(directory) or Tokenizer.load(directory).digest() != self.data.tokenizer.digest():
+            raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
+                              f"prepared with (prepare with data.tokenizer={directory})")
+        free = DROPOUTS + (("n_classes", "labels") if new_head else ())
+        for f in fields(saved):
+            if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
+                raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
+                                  f"this run's is {getattr(self.model_cfg, f.name)}")
+        state = read_weights(directory / WEIGHTS)
+        if new_head:
+            state = {k: v for k, v in state.items() if not k.startswith("mlm_head.")}
+            state.update({k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")})
+        load_state_checked(self.model, state, str(directory / WEIGHTS))
+        logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
 
     def restore(self, path: Path) -> None:
         """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
@@ -173,9 +215,8 @@ class Trainer:
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
             multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
-            src_lens = pairs.tgt_lens if self.cfg.task == "lm" else pairs.src_lens  # an LM reads one side
-            plan = token_budget_batches(src_lens, pairs.tgt_lens, dc.max_tokens, self.cfg.train.seed, epoch,
-                                        multiple=multiple)
+            plan = token_budget_batches(*token_lengths(pairs, self.cfg.task), dc.max_tokens, self.cfg.train.seed,
+                                        epoch, multiple=multiple)
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
 
@@ -218,8 +259,19 @@ class Trainer:
             epoch, offset = epoch + 1, 0
         data = self.epoch_data(epoch)
         group = [data.plan[i] for i in range(offset, offset + need)]
-        tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
-        batches = [self._device_batch(data.pairs.batch(b)) for b in group[self.dist.rank::self.dist.world_size]]
+        if self.cfg.task == "classify":
+            tokens = sum(len(b) for b in group)  # the loss is per sentence
+            batches = [self._device_batch(classification_batch(data.pairs.batch(b)))
+                       for b in group[self.dist.rank::self.dist.world_size]]
+        elif self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
+            masked = [masked_batch(data.pairs.batch(b), self.model.mask_id,
+                                   masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
+                      for j, b in enumerate(group)]
+            tokens = sum(b.n_tgt_tokens for b in masked)
+            batches = [self._device_batch(b) for b in masked[self.dist.rank::self.dist.world_size]]
+        else:
+            tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
+            batches = [self._device_batch(data.pairs.batch(b)) for b in group[self.dist.rank::self.dist.world_size]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
 
@@ -284,7 +336,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
-                                data.tokens / self.dist.world_size, cfg.precision, self.device, self.scaler)
+                                max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
         params = list(self.model.parameters())
         if self.scaler is None and is_fused(self.optimizer):
             norm, ok = clip_and_step(self.optimizer, params, sums[0], cfg.clip_norm, self._found_inf)
@@ -318,11 +370,14 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split."""
-        from .validation import validation_bleu, validation_loss
+        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split; a
+        classifier's loss and accuracy."""
+        from .validation import validation_bleu, validation_classify, validation_loss
         self.model.eval()
         out: dict[str, float] = {}
-        if len(self.valid_pairs):
+        if len(self.valid_pairs) and self.cfg.task == "classify":
+            out.update(validation_classify(self.model, self.valid_pairs, self.cfg, self.device))
+        elif len(self.valid_pairs):
             loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
@@ -330,7 +385,7 @@ class Trainer:
         return out
 
     def _improved(self, metrics: dict[str, float]) -> bool:
-        score = metrics.get("val_bleu", -metrics.get("val_loss", math.inf))
+        score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
         if self.state.best is None or score > self.state.best:
             self.state.best, self.state.evals_since_best = score, 0
             return True
@@ -410,6 +465,14 @@ class Trainer:
         return metrics
 
 
+def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData | LabelledData:
+    """The prepared pairs of ``cfg.data``, or a classifier's labelled text (read, not prepared)."""
+    if cfg.task == "classify":
+        from ..data.labelled import load_labelled
+        return load_labelled(cfg.data, Tokenizer.load(cfg.data.tokenizer))
+    return prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+
+
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
     """Prepare data, build or restore the trainer, train, and write the final model."""
     device = resolve_device(cfg.train.device, "train.device")
@@ -423,16 +486,20 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if latest is not None and not resume:
             raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
                               "or choose a new --out")
+        if cfg.train.init_from is not None and cfg.data.tokenizer is None and cfg.data.prepared is None:
+            cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.train.init_from))  # the model's own
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
-            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+            data = _run_data(cfg, run_dir)
         barrier(dist)
         if not dist.is_main:
-            data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+            data = _run_data(cfg, run_dir)
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
             trainer.restore(latest)
+        elif cfg.train.init_from is not None:
+            trainer.init_from(Path(cfg.train.init_from))
         reason = trainer.train()
         metrics = trainer.finish(reason)
         return trainer, metrics

@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..data.batch import Batch
 from ..device import autocast_context
-from .loss import projected_label_smoothed_loss
+from .encoder_tasks import classification_loss, masked_lm_loss
+from .loss import LossOutput, projected_label_smoothed_loss
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -24,17 +25,28 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def output_weight(model: torch.nn.Module) -> torch.Tensor:
-    """The output projection's weight of a model, through DDP and ``torch.compile`` wrappers."""
-    return unwrapped(model).output_proj.weight
-
-
 def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
     """The states before the output projection (B, T, D) for ``batch``'s labels: the
-    encoder-decoder reads source and target input, a decoder-only LM only the target input."""
-    if unwrapped(model).config.arch == "decoder_only":
+    encoder-decoder reads source and target input, a decoder-only LM only the target input, an
+    encoder-only model only the (masked) source (see :func:`~.encoder_tasks.masked_batch`)."""
+    arch = unwrapped(model).config.arch
+    if arch == "decoder_only":
         return model(batch.tgt_in, project=False)
+    if arch == "encoder_only":
+        return model(batch.src)
     return model(batch.src, batch.tgt_in, project=False)
+
+
+def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
+    """The summed loss of ``batch``'s labels from the :func:`final_states` ``hidden``: the output
+    projection fused with the loss; for a masked LM its head on the selected positions only; for a
+    classifier its pooled head against the (B, 1) labels of a classification batch."""
+    inner = unwrapped(model)
+    if inner.config.arch == "encoder_only" and inner.config.n_classes:
+        return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
+    if inner.config.arch == "encoder_only":
+        return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
+    return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id)
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
@@ -59,7 +71,7 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
         with sync:
             with autocast_context(device, precision, "train.precision", cache=autocast_cache):
                 hidden = final_states(model, batch)                       # (B, T, D)
-                out = projected_label_smoothed_loss(hidden, output_weight(model), batch.tgt_out, smoothing, pad_id)
+                out = batch_loss(model, hidden, batch, smoothing, pad_id)
             scaled = out.loss / normalizer
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([out.loss.detach(), out.nll]).float()

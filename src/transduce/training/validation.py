@@ -1,4 +1,5 @@
-"""Validation during training: teacher-forced loss and greedy-decoding BLEU."""
+"""Validation during training: teacher-forced loss and greedy-decoding BLEU; a classifier's
+loss and accuracy."""
 
 from __future__ import annotations
 
@@ -8,24 +9,58 @@ from ..config import RunConfig
 from ..data.batching import token_budget_batches
 from ..data.prepared import TokenPairs
 from ..model.transformer import Transformer
+from .encoder_tasks import VALID_STREAM, classification_batch, classification_loss, masked_batch, masking_generator
 from .loss import label_smoothed_loss
-from .step import final_states
+from .step import batch_loss, final_states, unwrapped
+
+
+
+def token_lengths(pairs: TokenPairs, task: str) -> tuple:
+    """The (source, target) lengths that size a task's batches: an LM reads only the target
+    side, a masked LM or a classifier only the source side, translation both."""
+    if task == "lm":
+        return pairs.tgt_lens, pairs.tgt_lens
+    if task in ("mlm", "classify"):
+        return pairs.src_lens, pairs.src_lens
+    return pairs.src_lens, pairs.tgt_lens
 
 
 @torch.no_grad()
 def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
                     device: torch.device) -> tuple[float, float]:
-    """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout)."""
-    src_lens = pairs.tgt_lens if cfg.task == "lm" else pairs.src_lens  # an LM reads only the target side
-    plan = token_budget_batches(src_lens, pairs.tgt_lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
+    """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout); for a masked LM
+    per selected token, under one fixed masking of each batch (the same at every validation)."""
+    lens = token_lengths(pairs, cfg.task)
+    plan = token_budget_batches(*lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
     for i in range(len(plan)):
-        batch = pairs.batch(plan[i]).to(device)
-        logits = model.output_proj(final_states(model, batch))           # (B, T, V)
-        out = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, model.config.pad_id)
+        batch = pairs.batch(plan[i])
+        if cfg.task == "mlm":
+            key = masking_generator(cfg.train.seed, VALID_STREAM, 0, i)
+            batch = masked_batch(batch, unwrapped(model).mask_id, key).to(device)
+            out = batch_loss(model, final_states(model, batch), batch, cfg.train.label_smoothing, model.config.pad_id)
+        else:
+            batch = batch.to(device)
+            logits = model.output_proj(final_states(model, batch))           # (B, T, V)
+            out = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, model.config.pad_id)
         loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + int(out.n_tokens)
     return loss / max(n, 1), nll / max(n, 1)
+
+
+@torch.no_grad()
+def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
+                        device: torch.device) -> dict[str, float]:
+    """A classifier's per-sentence smoothed loss and its accuracy over ``pairs`` (eval mode)."""
+    plan = token_budget_batches(*token_lengths(pairs, "classify"), cfg.data.max_tokens, seed=0, epoch=0,
+                                shuffle=False)
+    loss, correct = 0.0, 0
+    for i in range(len(plan)):
+        batch = classification_batch(pairs.batch(plan[i])).to(device)
+        logits = model.classify(model(batch.src))                        # (B, K)
+        loss += classification_loss(logits, batch.tgt_out[:, 0], cfg.train.label_smoothing).loss.item()
+        correct += int((logits.argmax(-1) == batch.tgt_out[:, 0]).sum())
+    return {"val_loss": loss / max(len(pairs), 1), "val_acc": correct / max(len(pairs), 1)}
 
 
 @torch.no_grad()

@@ -1,0 +1,160 @@
+"""Training an encoder-only classifier (train.task classify) on text<TAB>label files, from a masked LM."""
+
+import io
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from transduce.config import ModelConfig, RunConfig
+from transduce.data.batch import collate
+from transduce.cli import main
+from transduce.data.labelled import read_labelled
+from transduce.evaluation.metrics import classification_scores
+from transduce.inference.classify import Classifier
+from transduce.errors import ConfigError, DataError
+from transduce.model import EncoderOnly, load_model
+from transduce.training.encoder_tasks import classification_batch
+from transduce.training.loop import run_training
+from transduce.training.step import forward_backward
+
+MODEL = {"arch": "encoder_only", "d_model": 32, "n_heads": 2, "n_encoder_layers": 2, "n_decoder_layers": 0,
+         "d_ff": 64, "max_positions": 64, "positions": "learned", "activation": "gelu", "scale_embeddings": False,
+         "embed_norm": True}
+TRAIN = {"max_steps": 40, "save_every": 20, "eval_every": 20, "log_every": 5, "warmup_steps": 5,
+         "num_threads": 1, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3, "keep_last": 3}
+ANIMALS = ("dog", "cat", "bird")
+VERBS = ("sees", "has", "wants", "likes", "finds")
+THINGS = ("ball", "tree", "house", "car")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
+
+def _lines():
+    """(sentence, label): the label is the sentence's animal."""
+    return [(f"the {a} {v} the {t}", a) for a in ANIMALS for v in VERBS for t in THINGS]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Monolingual text, the same sentences labelled (train/valid), and a masked LM pre-trained on the text."""
+    root = tmp_path_factory.mktemp("classify")
+    lines = _lines()
+    (root / "text.txt").write_text("\n".join(s for s, _ in lines * 4) + "\n")
+    (root / "train.tsv").write_text("".join(f"{s}\t{a}\n" for s, a in lines[::2] * 3))
+    (root / "valid.tsv").write_text("".join(f"{s}\t{a}\n" for s, a in lines[1::2]))
+    data = {"corpus": "files", "train_tgt": str(root / "text.txt"), "vocab_size": 40, "max_tokens": 300,
+            "max_len": 30}
+    run_training(RunConfig.from_dict({"model": MODEL, "data": data, "train": {**TRAIN, "max_steps": 20}}),
+                 root / "mlm")
+    return root
+
+
+def _cfg(root, model=None, data=None, **train):
+    data = {"corpus": "files", "train_src": str(root / "train.tsv"), "valid_src": str(root / "valid.tsv"),
+            "max_tokens": 300, "max_len": 30, "tokenizer": str(root / "mlm" / "model"), **(data or {})}
+    return RunConfig.from_dict({"model": {**MODEL, "n_classes": 3, **(model or {})}, "data": data,
+                                "train": {**TRAIN, **train}})
+
+
+def test_task_is_inferred_and_its_data_checked(corpus):
+    assert _cfg(corpus).task == "classify"
+    with pytest.raises(ConfigError, match=r"^train.task: mlm does not fit .*model.n_classes=3 \(it trains classify\)$"):
+        _cfg(corpus, task="mlm")
+    with pytest.raises(ConfigError, match="^data.tokenizer: train.task classify needs an existing tokenizer"):
+        _cfg(corpus, data={"tokenizer": None})
+    assert _cfg(corpus, data={"tokenizer": None}, init_from="somewhere").train.init_from == "somewhere"
+    with pytest.raises(ConfigError, match="^data.train_tgt: "):
+        _cfg(corpus, data={"valid_tgt": "x.txt"})
+    with pytest.raises(ConfigError, match="^data.corpus: "):
+        _cfg(corpus, data={"corpus": "toy"})
+
+
+def test_label_files_are_checked_line_by_line(corpus, tmp_path):
+    (tmp_path / "bad.tsv").write_text("a dog\tdog\nno label here\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected text<TAB>label$"):
+        read_labelled(tmp_path / "bad.tsv")
+    assert read_labelled(corpus / "valid.tsv")[0] == ("the dog sees the tree", "dog")
+    (tmp_path / "valid.tsv").write_text("the dog sees the ball\tdog\nthe cow sees the ball\tcow\n")
+    with pytest.raises(DataError, match=r"valid.tsv:2: label 'cow' is not one of the 3 classes \(bird, cat, dog\)"):
+        run_training(_cfg(corpus, data={"valid_src": str(tmp_path / "valid.tsv")}), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"^model.n_classes: 2, but .*train.tsv has 3 labels \(bird, cat, dog\)$"):
+        run_training(_cfg(corpus, model={"n_classes": 2}), tmp_path / "run2")
+
+
+def test_step_loss_is_cross_entropy_of_the_pooled_head():
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**MODEL, "src_vocab_size": 30, "tgt_vocab_size": 30, "n_classes": 3, "dropout": 0.0})
+    model = EncoderOnly(cfg)
+    batch = classification_batch(collate([([5, 6, 7], [2]), ([8], [0])]))
+    assert batch.src[:, 0].tolist() == [1, 1] and batch.tgt_out.tolist() == [[2], [0]]  # BOS first; label 0 kept
+    sums = forward_backward(model, [batch], 0.0, 0, 1.0, "fp32", torch.device("cpu"))
+    want = F.cross_entropy(model.classify(model(batch.src)), torch.tensor([2, 0]), reduction="sum")
+    torch.testing.assert_close(sums[1], want.detach())
+
+
+@pytest.fixture(scope="module")
+def tuned(corpus, tmp_path_factory):
+    """A classifier fine-tuned from the masked LM: (trainer, final metrics, run directory)."""
+    run = tmp_path_factory.mktemp("tuned") / "run"
+    trainer, metrics = run_training(_cfg(corpus, init_from=str(corpus / "mlm" / "model")), run)
+    return trainer, metrics, run
+
+
+def test_a_classifier_fine_tunes_from_the_masked_lm(corpus, tuned):
+    trainer, metrics, run = tuned
+    assert metrics["val_acc"] >= 0.9 and "val_ppl" not in metrics
+    model = load_model(run / "best")
+    assert model.config.labels == ("bird", "cat", "dog") and model.mlm_head is None  # names saved with the model
+    log = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["val_acc"] for r in log if "val_acc" in r][-1] == metrics["val_acc"]
+    trainer.init_from(corpus / "mlm" / "model")  # the encoder and embeddings carried over, the head left alone
+    pretrained = load_model(corpus / "mlm" / "model").state_dict()
+    state = trainer.model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in pretrained.items() if not k.startswith("mlm_head."))
+    assert any(not torch.equal(a, b) for a, b in zip(state.values(), load_model(run / "model")
+                                                      .state_dict().values()))
+
+
+def test_a_classifier_does_not_start_from_a_classifier_with_other_labels(corpus, tmp_path):
+    run_training(_cfg(corpus, max_steps=1, init_from=str(corpus / "mlm" / "model")), tmp_path / "a")
+    (tmp_path / "two.tsv").write_text("the dog sees the ball\tdog\nthe cat sees the ball\tcat\n" * 20)
+    cfg = _cfg(corpus, model={"n_classes": 2}, data={"train_src": str(tmp_path / "two.tsv"), "valid_src": None},
+               init_from=str(tmp_path / "a" / "model"))
+    with pytest.raises(ConfigError, match="^train.init_from: .* model.n_classes=3; this run's is 2$"):
+        run_training(cfg, tmp_path / "b")
+
+
+def test_classify_command_labels_text_and_scores_a_labelled_file(corpus, tuned, monkeypatch, capsys):
+    model = str(tuned[2] / "best")
+    assert main(["classify", model, "--input", str(corpus / "valid.tsv"), "--score"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["sentences"] == 30 and scores["accuracy"] >= 0.9 and scores["macro_f1"] >= 0.9
+    texts = ["the dog sees the car", "a bird", "the cat has the house"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(texts) + "\n"))
+    assert main(["classify", model]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == Classifier.load(model).classify(texts, batch_size=2) and out[0] == "dog" and out[2] == "cat"
+    assert main(["classify", str(corpus / "mlm" / "model")]) == 2
+    assert capsys.readouterr().err.strip().endswith("model.arch=encoder_only model with a masked-LM head")
+
+
+def test_accuracy_and_macro_f1():
+    scores = classification_scores(["a", "a", "b", "c"], ["a", "b", "b", "b"])
+    assert scores["accuracy"] == 0.5 and scores["sentences"] == 4
+    assert scores["macro_f1"] == pytest.approx((2 / 3 + 1 / 2 + 0) / 3)  # F1 of a, b and the never-gold c
+
+
+def test_classifier_resume_is_exact(corpus, tmp_path):
+    init = {"init_from": str(corpus / "mlm" / "model")}
+    run_training(_cfg(corpus, max_steps=8, save_every=4, eval_every=4, **init), tmp_path / "a")
+    run_training(_cfg(corpus, max_steps=4, save_every=4, eval_every=4, **init), tmp_path / "b")
+    run_training(_cfg(corpus, max_steps=8, save_every=4, eval_every=4, **init), tmp_path / "b", resume=True)
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
