@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from transduce.config import RunConfig
 from transduce.data.batch import collate
@@ -13,6 +12,8 @@ from transduce.errors import ConfigError
 from transduce.model import DecoderOnlyLM, load_model
 from transduce.training.loop import run_training
 from transduce.training.step import forward_backward
+
+from resume_helpers import assert_resume_exact_and_average
 
 MODEL = {"arch": "decoder_only", "d_model": 32, "n_heads": 2, "n_encoder_layers": 0, "n_decoder_layers": 2,
          "d_ff": 64, "max_positions": 64, "norm": "pre", "positions": "learned", "activation": "gelu_tanh",
@@ -72,15 +73,4 @@ def test_lm_trains_on_monolingual_text(tmp_path):
 
 
 def test_lm_resume_is_exact_and_checkpoints_average(tmp_path):
-    run_training(_cfg(), tmp_path / "a")
-    run_training(_cfg(max_steps=6), tmp_path / "b")
-    run_training(_cfg(average_last=2), tmp_path / "b", resume=True)
-    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000012" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000012" / "model.safetensors"))
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k} differs after resume"
-    averaged = load_model(tmp_path / "b" / "model")  # the mean of steps 6 and 12
-    assert isinstance(averaged, DecoderOnlyLM)
-    six = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000006" / "model.safetensors"))
-    name = "decoder_layers.0.ffn.fc1.weight"
-    torch.testing.assert_close(averaged.state_dict()[name], (a[name] + six[name]) / 2)
+    assert_resume_exact_and_average(_cfg, tmp_path, DecoderOnlyLM, "decoder_layers.0.ffn.fc1.weight")

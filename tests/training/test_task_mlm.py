@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from transduce.config import ModelConfig, RunConfig
 from transduce.data.batch import collate
@@ -15,6 +14,8 @@ from transduce.model import EncoderOnly, load_model
 from transduce.training.encoder_tasks import masked_batch, masking_generator
 from transduce.training.loop import run_training
 from transduce.training.step import forward_backward
+
+from resume_helpers import assert_resume_exact_and_average
 
 MODEL = {"arch": "encoder_only", "d_model": 32, "n_heads": 2, "n_encoder_layers": 2, "n_decoder_layers": 0,
          "d_ff": 64, "max_positions": 64, "norm": "post", "positions": "learned", "activation": "gelu",
@@ -119,15 +120,4 @@ def test_mlm_trains_on_monolingual_text(tmp_path):
 
 
 def test_mlm_resume_is_exact_and_checkpoints_average(tmp_path):
-    run_training(_cfg(), tmp_path / "a")
-    run_training(_cfg(max_steps=6), tmp_path / "b")
-    run_training(_cfg(average_last=2), tmp_path / "b", resume=True)
-    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000012" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000012" / "model.safetensors"))
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k} differs after resume"
-    averaged = load_model(tmp_path / "b" / "model")  # the mean of steps 6 and 12
-    assert isinstance(averaged, EncoderOnly)
-    six = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000006" / "model.safetensors"))
-    name = "layers.0.ffn.fc1.weight"
-    torch.testing.assert_close(averaged.state_dict()[name], (a[name] + six[name]) / 2)
+    assert_resume_exact_and_average(_cfg, tmp_path, EncoderOnly, "layers.0.ffn.fc1.weight")

@@ -1,0 +1,26 @@
+"""What every task's resume test checks: a run stopped at step 6 and resumed equals a straight
+12-step run bit for bit, and the run's final model is the average of its last checkpoints."""
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file
+
+from transduce.model import load_model
+from transduce.training.loop import run_training
+
+
+def assert_resume_exact_and_average(cfg: Callable, tmp_path: Path, model_class: type, weight: str) -> None:
+    """``cfg(**train)`` gives a run of 12 steps saving every 6; ``weight`` names one parameter."""
+    run_training(cfg(), tmp_path / "a")
+    run_training(cfg(max_steps=6), tmp_path / "b")
+    run_training(cfg(average_last=2), tmp_path / "b", resume=True)
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000012" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000012" / "model.safetensors"))
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs after resume"
+    averaged = load_model(tmp_path / "b" / "model")  # the mean of steps 6 and 12
+    assert isinstance(averaged, model_class)
+    six = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000006" / "model.safetensors"))
+    torch.testing.assert_close(averaged.state_dict()[weight], (a[weight] + six[weight]) / 2)
