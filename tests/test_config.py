@@ -138,3 +138,18 @@ def test_wmt14_configs_are_the_papers_recipes_and_fail_clearly_without_their_pre
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data/wmt14_en_de" in err[0] and "transduce prepare" in err[0]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_numbers_yaml_reads_as_strings_are_floats_where_a_float_is_expected():
+    """PyYAML (YAML 1.1) reads 3e-4 as the string "3e-4": a float field takes it as 0.0003, from
+    a file and from --set; a real string stays an error, and an int field does not take it."""
+    from transduce.config import RunConfig, TrainConfig
+    import yaml
+    assert yaml.safe_load("lr: 3e-4") == {"lr": "3e-4"}
+    assert TrainConfig(**yaml.safe_load("lr: 3e-4\nschedule: constant")).lr == 3e-4
+    cfg = RunConfig.from_dict(apply_overrides({}, ["train.lr=5E-3", "train.schedule=constant"]))
+    assert cfg.train.lr == 5e-3
+    with pytest.raises(ConfigError, match="train.lr"):
+        TrainConfig(lr="fast", schedule="constant")
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        TrainConfig(max_steps="1e3")

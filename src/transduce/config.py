@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
@@ -34,6 +35,10 @@ def _one_of(value: Any, key: str, choices: tuple) -> None:
     _check(value in choices, key, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
+# Numbers such as 3e-4 or 1E5, which YAML 1.1 (PyYAML) reads as strings for want of a dot.
+_YAML_FLOAT_AS_STR = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
 def _typecheck(obj: Any, section: str) -> None:
     """Check each field's value against its annotation (int, float, bool, str, Optional)."""
     hints = get_type_hints(type(obj))
@@ -46,6 +51,9 @@ def _typecheck(obj: Any, section: str) -> None:
             continue
         if float in allowed and isinstance(value, int) and not isinstance(value, bool):
             object.__setattr__(obj, f.name, float(value))
+            continue
+        if float in allowed and isinstance(value, str) and _YAML_FLOAT_AS_STR.fullmatch(value.strip()):
+            object.__setattr__(obj, f.name, float(value))  # YAML 1.1 reads "3e-4" (no dot) as a string
             continue
         ok = any(isinstance(value, a) and not (a is int and isinstance(value, bool))
                  for a in allowed if isinstance(a, type))
