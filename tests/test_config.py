@@ -153,3 +153,14 @@ def test_numbers_yaml_reads_as_strings_are_floats_where_a_float_is_expected():
         TrainConfig(lr="fast", schedule="constant")
     with pytest.raises(ConfigError, match="train.max_steps"):
         TrainConfig(max_steps="1e3")
+
+
+def test_translation_with_learned_positions_needs_room_for_eos_and_bos():
+    """A source of max_len tokens + EOS (and a target of BOS + max_len tokens) must fit the
+    learned position table: caught at config time, not as an index error mid-training."""
+    from transduce.config import RunConfig
+    model = {"positions": "learned", "max_positions": 64}
+    RunConfig.from_dict({"model": model, "data": {"max_len": 63}})
+    with pytest.raises(ConfigError, match=r"^data.max_len: must be at most model.max_positions - 1 \(63\)"):
+        RunConfig.from_dict({"model": model, "data": {"max_len": 64}})
+    RunConfig.from_dict({"model": {"max_positions": 64}, "data": {"max_len": 250}})  # sinusoidal: no table

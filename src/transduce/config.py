@@ -384,8 +384,9 @@ class RunConfig:
             _check(self.data.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files")
             _check(task != "translation" or self.data.train_src is not None, "data.train_src", "is required when "
                    "data.corpus=files (only a language model or masked LM trains on data.train_tgt alone)")
-        # with learned positions an LM reads BOS + up to max_len tokens, a masked LM BOS + tokens + EOS
-        extra = {"lm": 1, "mlm": 2, "classify": 2}.get(self.task)
+        # with learned positions a translation model reads tokens + EOS (source) and BOS + tokens
+        # (target), an LM BOS + up to max_len tokens, a masked LM BOS + tokens + EOS
+        extra = {"translation": 1, "lm": 1, "mlm": 2, "classify": 2}.get(self.task)
         if extra and self.model.positions == "learned":
             _check(self.data.max_len + extra <= self.model.max_positions, "data.max_len",
                    f"must be at most model.max_positions - {extra} ({self.model.max_positions - extra}) with "
