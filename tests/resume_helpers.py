@@ -1,5 +1,8 @@
-"""What every task's resume test checks: a run stopped at step 6 and resumed equals a straight
-12-step run bit for bit, and the run's final model is the average of its last checkpoints."""
+"""What every task's training tests check: a short run lowers its loss and reports perplexity
+(not BLEU); a run stopped at step 6 and resumed equals a straight 12-step run bit for bit, and the
+run's final model is the average of its last checkpoints."""
+
+import json
 
 from pathlib import Path
 from typing import Callable
@@ -24,3 +27,11 @@ def assert_resume_exact_and_average(cfg: Callable, tmp_path: Path, model_class: 
     assert isinstance(averaged, model_class)
     six = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000006" / "model.safetensors"))
     torch.testing.assert_close(averaged.state_dict()[weight], (a[weight] + six[weight]) / 2)
+
+
+def assert_trains_with_perplexity(metrics: dict, run_dir: Path) -> None:
+    """A language-model task's run: perplexity and no BLEU, the logged loss fell."""
+    assert "val_ppl" in metrics and "val_bleu" not in metrics
+    log = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert losses[-1] < losses[0]

@@ -125,6 +125,7 @@ class Trainer:
         self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.pad_id, device) \
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
+        self._params = list(self.model.parameters())  # clipped every step (restore loads into them in place)
         self._ahead: StepData | None = None
         self._epoch: EpochData | None = None
         self.state = TrainState()
@@ -337,7 +338,7 @@ class Trainer:
             g["lr"] = lr
         sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
                                 max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
-        params = list(self.model.parameters())
+        params = self._params
         if self.scaler is None and is_fused(self.optimizer):
             norm, ok = clip_and_step(self.optimizer, params, sums[0], cfg.clip_norm, self._found_inf)
             return torch.cat([sums, norm.reshape(1), ok.reshape(1).float()]), False
