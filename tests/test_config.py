@@ -25,6 +25,7 @@ from transduce.errors import ConfigError
     (dict(arch="encoder_only", type_vocab_size=-1), "model.type_vocab_size"),
     (dict(arch="encoder_only", n_encoder_layers=0), "model.n_encoder_layers"),
     (dict(arch="encoder_only", n_classes=1), "model.n_classes"),
+    (dict(arch="decoder_only", output_bias=True), "model.output_bias"),
 ])
 def test_invalid_model_values_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=rf"^{key}:") as e:

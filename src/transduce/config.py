@@ -75,7 +75,9 @@ class ModelConfig:
       norm="pre"          pre-LN residual blocks with a final LayerNorm (Xiong et al., 2020)
       positions="learned" learned absolute positions (BERT/GPT); "rope" rotary (Su et al., 2021)
       activation="gelu"   (Hendrycks & Gimpel, 2016); "gelu_tanh" its tanh approximation (GPT-2);
-                          "swiglu" gated FFN (Shazeer, 2020)
+                          "silu" Swish/SiLU (Marian's OPUS-MT models); "swiglu" gated FFN (Shazeer, 2020)
+      output_bias=True    a bias on the output projection (Marian's final_logits_bias;
+                          encoder_decoder only)
       bias=False          bias-free linear layers (PaLM)
       share_embeddings=False / tie_output=False   untied embedding matrices (Sec. 3.4 ties them)
       arch="decoder_only" a GPT-style language model (Radford et al., 2019): one causal stack of
@@ -116,6 +118,7 @@ class ModelConfig:
     embed_norm: bool = False
     type_vocab_size: int = 0
     n_classes: int = 0
+    output_bias: bool = False
     labels: tuple = ()  # the class names in id order, set by classification training from its data
 
     def __post_init__(self) -> None:
@@ -132,10 +135,12 @@ class ModelConfig:
             v = getattr(self, k)
             _check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
         _one_of(self.arch, "model.arch", ARCHS)
-        _one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "swiglu"))
+        _one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu"))
         _one_of(self.norm, "model.norm", ("post", "pre"))
         _one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
         self._check_encoder_only()
+        _check(not self.output_bias or self.arch == "encoder_decoder", "model.output_bias",
+               f"needs model.arch=encoder_decoder; got arch={self.arch}")
         if self.positions == "rope":
             _check(self.head_dim % 2 == 0, "model.positions",
                    f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")

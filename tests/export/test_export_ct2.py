@@ -65,6 +65,8 @@ def test_int8_is_smaller_and_close(ct2_dirs, trained_dir):
     dict(norm="pre", positions="rope", bias=False, layer_norm_eps=1e-6),
     dict(activation="swiglu", positions="learned", share_embeddings=False, tie_output=False, scale_embeddings=False),
     dict(activation="gelu", n_encoder_layers=3, n_heads=4),
+    dict(activation="gelu_tanh"),
+    dict(activation="silu", output_bias=True),
 ])
 def test_options_beyond_marian(tmp_path, trained_dir, options):
     """CTranslate2's spec covers every transduce option; the export verifies each of them."""
@@ -72,7 +74,10 @@ def test_options_beyond_marian(tmp_path, trained_dir, options):
     base = dict(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16, n_heads=2,
                 n_encoder_layers=1, n_decoder_layers=2, d_ff=32)
     torch.manual_seed(0)
-    save_model(Transformer(ModelConfig(**{**base, **options})), tmp_path / "m")
+    model = Transformer(ModelConfig(**{**base, **options}))
+    if model.output_proj.bias is not None:  # zero at initialisation: make it matter
+        torch.nn.init.normal_(model.output_proj.bias)
+    save_model(model, tmp_path / "m")
     tok.save(tmp_path / "m")
     report = export_model(tmp_path / "m", "ctranslate2", tmp_path / "out")
     assert report.checks["max_logprob_diff"] < 1e-3

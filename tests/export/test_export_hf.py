@@ -78,7 +78,10 @@ def _random_model_dir(tmp_path, trained_dir, **options):
     cfg = ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16,
                       n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=32, **options)
     torch.manual_seed(0)
-    save_model(Transformer(cfg), tmp_path / "m")
+    model = Transformer(cfg)
+    if cfg.output_bias:  # zero at initialisation: make it matter
+        torch.nn.init.normal_(model.output_proj.bias)
+    save_model(model, tmp_path / "m")
     tok.save(tmp_path / "m")
     return tmp_path / "m"
 
@@ -100,7 +103,7 @@ def test_refuses_options_marian_lacks(tmp_path, trained_dir, options, named):
 
 
 @pytest.mark.parametrize("options", [dict(share_embeddings=False, tie_output=False), dict(scale_embeddings=False),
-                                     dict(activation="gelu")])
+                                     dict(activation="gelu"), dict(activation="silu", output_bias=True)])
 def test_supported_variants_verify(tmp_path, trained_dir, options):
     report = export_model(_random_model_dir(tmp_path, trained_dir, **options), "hf", tmp_path / "out")
     assert report.checks["max_logit_diff"] < 1e-4

@@ -51,6 +51,25 @@ def test_padding_to_a_bucket_and_dummy_rows_change_neither_loss_nor_gradients(pr
     assert (got - want).norm() <= tol * want.norm()  # all gradients together: some nearly cancel to 0
 
 
+def test_an_output_bias_is_trained_through_the_unfused_loss():
+    """model.output_bias (imported Marian models): the step's loss is F.cross_entropy with label
+    smoothing over the biased logits, and the bias gets its gradient."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                    dropout=0.0, src_vocab_size=60, tgt_vocab_size=60, output_bias=True))
+    torch.nn.init.normal_(model.output_proj.bias)
+    batch = _batch(5, 9, 7, seed=3)
+    sums = forward_backward(model, [batch], 0.1, 0, 1.0, "fp32", CPU)
+    logits = model(batch.src, batch.tgt_in)
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(), ignore_index=0,
+                                             label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(sums[0], want.detach(), rtol=1e-5, atol=1e-5)
+    grad = model.output_proj.bias.grad.clone()
+    model.zero_grad(set_to_none=True)
+    want.backward()
+    torch.testing.assert_close(grad, model.output_proj.bias.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_padded_refuses_to_shrink():
     with pytest.raises(ValueError, match="smaller than the batch"):
         _batch(4, 9, 9, seed=0).padded(3, 16, 16)

@@ -106,7 +106,8 @@ def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
 
 def _activation(cfg: ModelConfig):
     Activation = require("ctranslate2.specs.common_spec", "export").Activation
-    return {"relu": Activation.RELU, "gelu": Activation.GELU, "swiglu": Activation.SWISH}[cfg.activation]
+    return {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
+            "silu": Activation.SWISH, "swiglu": Activation.SWISH}[cfg.activation]
 
 
 def transformer_spec(model: Transformer):

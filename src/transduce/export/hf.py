@@ -36,6 +36,8 @@ from .verify import (check_close, check_same_outputs, eager_logits, eager_search
 logger = logging.getLogger(__name__)
 
 MARIAN_LN_EPS = 1e-5  # nn.LayerNorm's default, which Marian layers use without a config key
+# Our FFN activations under MarianConfig's names (OPUS-MT models use "swish", which is SiLU).
+MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
 
 
 def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
@@ -45,7 +47,7 @@ def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
         problems.append(f"model.norm={cfg.norm} (Marian has post-LN layers only)")
     if cfg.positions != "sinusoidal":
         problems.append(f"model.positions={cfg.positions} (Marian has sinusoidal positions only)")
-    if cfg.activation not in ("relu", "gelu"):
+    if cfg.activation not in MARIAN_ACTIVATIONS:
         problems.append(f"model.activation={cfg.activation} (Marian's FFN is not gated)")
     if not cfg.bias:
         problems.append("model.bias=false (Marian's linear layers and LayerNorms have biases)")
@@ -120,7 +122,8 @@ def _embeddings(model: Transformer, perm: Tensor) -> dict[str, Tensor]:
     out = {"model.encoder.embed_tokens.weight": src, "model.decoder.embed_tokens.weight": tgt,
            "model.encoder.embed_positions.weight": table, "model.decoder.embed_positions.weight": table,
            "lm_head.weight": model.output_proj.weight.detach()[:, perm],
-           "final_logits_bias": torch.zeros(1, cfg.tgt_vocab_size)}
+           "final_logits_bias": (model.output_proj.bias.detach()[None] if cfg.output_bias
+                                 else torch.zeros(1, cfg.tgt_vocab_size))}
     if cfg.share_embeddings:
         out["model.shared.weight"] = src
     return out
@@ -144,7 +147,7 @@ def marian_config(cfg: ModelConfig):
         vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size,
         d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=MARIAN_ACTIVATIONS[cfg.activation],
         max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.activation_dropout,

@@ -15,8 +15,8 @@ from .embeddings import RotaryEmbedding
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU (exact, or GPT-2's tanh approximation)
-    or SwiGLU by config.
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU (exact, or GPT-2's tanh approximation),
+    SiLU (x * sigmoid(x), Marian's "swish") or SwiGLU by config.
 
     SwiGLU (Shazeer, 2020, https://arxiv.org/abs/2002.05202): (Swish(x W1) * x Wg) W2.
     """
@@ -37,6 +37,8 @@ class FeedForward(nn.Module):
             h = F.gelu(h)
         elif self.activation == "gelu_tanh":
             h = F.gelu(h, approximate="tanh")
+        elif self.activation == "silu":
+            h = F.silu(h)
         else:
             h = F.silu(h) * self.fc_gate(x)
         return self.fc2(self.dropout(h))

@@ -112,7 +112,7 @@ class Transformer(nn.Module):
         pre = cfg.norm == "pre"
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
-        self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
         init_linear_weights(self)
         if cfg.tie_output:  # Sec. 3.4: the pre-softmax projection shares the embedding matrix
             self.output_proj.weight = tgt_tokens.weight
