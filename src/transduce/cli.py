@@ -330,6 +330,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
+                       "transduce model (verified)")
+    p.add_argument("marian_dir", help="local MarianMTModel directory: config.json, model.safetensors (or "
+                   "pytorch_model.bin), source.spm, target.spm, vocab.json")
+    p.add_argument("--out", required=True, help="model directory to write (written atomically)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_import)
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    import json
+
+    from .export.hf_import import import_hf
+    checks = import_hf(args.marian_dir, args.out, args.force)
+    print(json.dumps({"out": args.out, **checks}, indent=2))
+    return 0
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="HTTP translation server with dynamic batching and a demo page")
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
@@ -392,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_evaluate(sub)
     _add_attention(sub)
     _add_export(sub)
+    _add_import(sub)
     _add_serve(sub)
     return parser
 

@@ -1,0 +1,202 @@
+"""Importing a Hugging Face MarianMTModel directory laid out as the OPUS-MT models are (``</s>`` 0,
+``<unk>`` 1, ``<pad>`` last and the decoder start): same logits, tokens and translations as
+transformers' MarianTokenizer + generate, and a round trip through our own Marian export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.data.tokenizer import Tokenizer
+from transduce.errors import TransduceError
+from transduce.export import export_model
+from transduce.export.hf_import import import_hf
+from transduce.inference.translator import Translator
+from transduce.model import load_model
+from toy_model import toy_pairs
+
+transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+
+SOURCES = [s for s, _ in toy_pairs(24, seed=11)] + ["the zebra", ""]
+
+
+def marian_layout(hf_dir, out, *, swish_bias: bool = False, separate: bool = False, seed: int = 0):
+    """Our HF export ``hf_dir`` (our ids: pad 0, bos 1, eos 2, unk 3) re-laid out with Marian's
+    ids: </s> 0, <unk> 1, the other pieces, then <pad> last, which is also the decoder start
+    and takes our BOS row. With ``swish_bias`` the FFN activation becomes swish and the output
+    layer gets a random bias (a different, untrained model, for logit parity only); with
+    ``separate`` the decoder has a vocabulary (target_vocab.json) and embeddings of its own, and
+    the weights come as a pytorch_model.bin."""
+    shutil.copytree(hf_dir, out)
+    vocab = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
+    pieces = sorted(vocab, key=vocab.get)
+    ours = [2, 3] + list(range(4, len(pieces))) + [1]                     # our id of each Marian id
+    marian = {pieces[i] if i != 1 else "<pad>": m for m, i in enumerate(ours)}
+    (out / "vocab.json").write_text(json.dumps(marian, ensure_ascii=False), encoding="utf-8")
+    if separate:
+        (out / "target_vocab.json").write_text(json.dumps(marian, ensure_ascii=False), encoding="utf-8")
+    model = transformers.MarianMTModel.from_pretrained(hf_dir)
+    state = model.state_dict()
+    index = torch.tensor(ours)
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        state[name] = state[name][index]
+    state["final_logits_bias"] = state["final_logits_bias"][:, index]
+    pad = len(ours) - 1
+    config = model.config.to_dict()
+    config.update(vocab_size=len(ours), decoder_vocab_size=len(ours), pad_token_id=pad, eos_token_id=0,
+                  decoder_start_token_id=pad, bos_token_id=None, forced_eos_token_id=0)
+    if separate:
+        config.update(share_encoder_decoder_embeddings=False, separate_vocabs=True)
+        state["model.decoder.embed_tokens.weight"] = state["model.decoder.embed_tokens.weight"].clone()
+    if swish_bias:
+        config["activation_function"] = "swish"
+        state["final_logits_bias"] = torch.randn(1, len(ours), generator=torch.Generator().manual_seed(seed))
+    marian_model = transformers.MarianMTModel(transformers.MarianConfig(**config))
+    marian_model.load_state_dict(state, strict=False)
+    marian_model.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=pad, pad_token_id=pad, eos_token_id=0, bad_words_ids=[[pad]], num_beams=4,
+        max_length=64)
+    for stale in out.glob("model*.safetensors"):
+        stale.unlink()
+    if separate:
+        torch.save(marian_model.state_dict(), out / "pytorch_model.bin")
+        marian_model.config.save_pretrained(out)
+        marian_model.generation_config.save_pretrained(out)
+    else:
+        marian_model.save_pretrained(out)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer"}), encoding="utf-8")
+    return out
+
+
+@pytest.fixture(scope="module")
+def marian_dir(trained_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("marian")
+    export_model(trained_dir, "hf", root / "ours")
+    return marian_layout(root / "ours", root / "marian")
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("imported") / "model"
+    checks = import_hf(marian_dir, out)
+    assert checks["max_logit_diff"] < 1e-4
+    assert checks["greedy_differences"] == 0 and checks["dropped_pieces"] == 0
+    return out
+
+
+def test_tokens_equal_marian_tokenizer(marian_dir, imported):
+    hf_tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    tok = Tokenizer.load(imported)
+    n = len(json.loads((marian_dir / "vocab.json").read_text(encoding="utf-8")))
+    marian_id = [n - 1, n - 1, 0, 1] + list(range(2, n - 1))             # of each of our ids
+    for text in SOURCES:
+        marian_ids = hf_tok(text)["input_ids"]
+        assert [marian_id[i] for i in tok.encode(text, "src") + [2]] == marian_ids
+        assert tok.decode(tok.encode(text, "tgt"), "tgt") == hf_tok.decode(marian_ids, skip_special_tokens=True)
+
+
+def test_the_round_trip_recovers_the_trained_model(trained_dir, imported):
+    """Our export, re-laid out as Marian, imported again: the same ids, so the same model, bar the
+    output bias (zero) that an import always carries."""
+    want, got = load_model(trained_dir), load_model(imported)
+    assert got.config.output_bias and got.config.activation == want.config.activation
+    w, g = want.state_dict(), got.state_dict()
+    for name, t in w.items():
+        if name.startswith("src_embed") or name.startswith("tgt_embed") or name.startswith("output_proj"):
+            torch.testing.assert_close(g[name][2:], t[2:], rtol=0, atol=0)   # pad/bos rows: Marian's pad
+        else:
+            torch.testing.assert_close(g[name], t, rtol=0, atol=0)
+    assert not g["output_proj.bias"].any()
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_marian_generate(marian_dir, imported, beam):
+    hf_tok = transformers.MarianTokenizer.from_pretrained(marian_dir)
+    hf = transformers.MarianMTModel.from_pretrained(marian_dir).eval()
+    texts = [s for s in SOURCES if s]
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        gen = hf.generate(**batch, num_beams=beam, length_penalty=0.0, early_stopping=True, max_new_tokens=30,
+                          do_sample=False)
+    want = hf_tok.batch_decode(gen, skip_special_tokens=True)
+    got = Translator.load(imported).translate(texts, beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=30)
+    assert got == want
+    assert sum(bool(g) for g in got) == len(texts)
+
+
+def test_swish_and_a_logit_bias_verify(trained_dir, tmp_path):
+    export_model(trained_dir, "hf", tmp_path / "ours")
+    marian = marian_layout(tmp_path / "ours", tmp_path / "marian", swish_bias=True)
+    checks = import_hf(marian, tmp_path / "imported")
+    assert checks["max_logit_diff"] < 1e-4
+    model = load_model(tmp_path / "imported")
+    assert model.config.activation == "silu" and model.output_proj.bias.abs().sum() > 0
+    # and back out through our own exporter, which checks its logits against the imported model
+    assert export_model(tmp_path / "imported", "hf", tmp_path / "again").checks["max_logit_diff"] < 1e-4
+
+
+def test_separate_vocabularies_and_pickle_free_bin_weights(trained_dir, tmp_path):
+    export_model(trained_dir, "hf", tmp_path / "ours")
+    marian = marian_layout(tmp_path / "ours", tmp_path / "marian", separate=True)
+    assert not (marian / "model.safetensors").exists() and (marian / "pytorch_model.bin").exists()
+    checks = import_hf(marian, tmp_path / "imported")
+    assert checks["max_logit_diff"] < 1e-4 and checks["greedy_differences"] == 0
+    model = load_model(tmp_path / "imported")
+    assert not model.config.share_embeddings and not Tokenizer.load(tmp_path / "imported").joint
+    texts = [s for s in SOURCES if s][:8]
+    assert Translator.load(tmp_path / "imported").translate(texts, beam=1) == Translator.load(trained_dir).translate(
+        texts, beam=1)
+
+
+def test_import_then_fine_tune_then_translate(imported, tmp_path):
+    import yaml
+
+    model = yaml.safe_load((imported / "config.yaml").read_text())["model"]
+    config = {"model": model, "data": {"corpus": "toy", "toy_train_size": 200, "toy_valid_size": 20,
+                                       "toy_test_size": 10, "max_tokens": 400, "max_len": 40},
+              "train": {"max_steps": 3, "warmup_steps": 2, "eval_every": 3, "save_every": 3, "log_every": 1,
+                        "num_threads": 1}}
+    (tmp_path / "ft.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["train", str(tmp_path / "ft.yaml"), "--init-from", str(imported), "--out", str(tmp_path / "run")]) == 0
+    (tmp_path / "in.txt").write_text("the red dog sleeps\n", encoding="utf-8")
+    assert main(["translate", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "in.txt"),
+                 "--output", str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").strip()
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d.update(normalize_before=True), "normalize_before=True"),
+    (lambda d: d.update(activation_function="tanh"), "activation_function='tanh'"),
+    (lambda d: d.update(model_type="bart"), "not 'marian'"),
+    (lambda d: d.update(decoder_ffn_dim=7), "decoder_ffn_dim=7"),
+])
+def test_unsupported_options_are_refused_in_one_line(marian_dir, tmp_path, edit, named):
+    shutil.copytree(marian_dir, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TransduceError, match=named) as e:
+        import_hf(tmp_path / "m", tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli(marian_dir, tmp_path, capsys):
+    assert main(["import", str(marian_dir), "--out", str(tmp_path / "m")]) == 0
+    assert "max_logit_diff" in capsys.readouterr().out
+    assert main(["import", str(marian_dir), "--out", str(tmp_path / "m")]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "nowhere"), "--out", str(tmp_path / "n")]) == 2
+    err = capsys.readouterr().err
+    assert "not a directory" in err and err.count("\n") == 1
+    shutil.copytree(marian_dir, tmp_path / "pickle")
+    (tmp_path / "pickle" / "model.safetensors").unlink()
+    (tmp_path / "pickle" / "pytorch_model.bin").write_bytes(b"\x80\x04cos\nsystem\n.")
+    assert main(["import", str(tmp_path / "pickle"), "--out", str(tmp_path / "p")]) == 2
+    assert "not loadable as plain weights" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
