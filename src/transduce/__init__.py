@@ -1,3 +1,11 @@
 """transduce: the Transformer of "Attention Is All You Need", from raw text to a served model."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``transduce.import_hf`` (a Hugging Face Marian directory -> a transduce model), imported lazily."""
+    if name == "import_hf":
+        from .export.hf_import import import_hf
+        return import_hf
+    raise AttributeError(f"module 'transduce' has no attribute {name!r}")

@@ -186,6 +186,12 @@ def test_unsupported_options_are_refused_in_one_line(marian_dir, tmp_path, edit,
     assert not (tmp_path / "out").exists()
 
 
+def test_python_entry_point():
+    import transduce
+
+    assert transduce.import_hf is import_hf
+
+
 def test_cli(marian_dir, tmp_path, capsys):
     assert main(["import", str(marian_dir), "--out", str(tmp_path / "m")]) == 0
     assert "max_logit_diff" in capsys.readouterr().out
