@@ -330,6 +330,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="what a model is: arch, shape, parameters, tokenizer, decoding and "
+                       "training settings, last metrics")
+    p.add_argument("model_dir", help="model directory (e.g. RUN/model or RUN/checkpoints/step_N)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cmd_info)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import json
+
+    from .info import format_info, model_info
+    info = model_info(args.model_dir)
+    print(json.dumps(info, indent=2, ensure_ascii=False) if args.json else format_info(info))
+    return 0
+
+
 def _add_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
                        "transduce model (verified)")
@@ -412,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_attention(sub)
     _add_export(sub)
     _add_import(sub)
+    _add_info(sub)
     _add_serve(sub)
     return parser
 

@@ -1,0 +1,150 @@
+"""``transduce info MODEL_DIR``: what a model is, read from its files without building it.
+
+The model directory gives the architecture, shape and options (``config.yaml``), the parameter
+count (the safetensors header: shapes only, no weights read) and the tokenizer; the run directory
+around it, when there is one (``RUN/model``, ``RUN/best``, ``RUN/checkpoints/step_N``), gives the
+training config and the last training and validation figures of ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+from .config import ModelConfig, read_yaml
+from .errors import CheckpointError, one_line
+from .model.io import CONFIG, WEIGHTS, load_decode_config, load_model_config
+
+
+def model_info(model_dir: str | os.PathLike) -> dict:
+    """A JSON-able description of the model directory ``model_dir`` (see the module docstring)."""
+    root = Path(model_dir)
+    cfg = load_model_config(root)
+    info: dict = {"model_dir": str(root), "arch": cfg.arch, "task": _task(cfg),
+                  "shape": _shape(cfg), "options": _options(cfg),
+                  "parameters": parameter_count(root / WEIGHTS), "tokenizer": _tokenizer(root)}
+    if cfg.arch == "encoder_decoder":
+        info["decode"] = dataclasses.asdict(load_decode_config(root))
+    if cfg.labels:
+        info["labels"] = list(cfg.labels)
+    run = _run_dir(root)
+    if run is not None:
+        info["run_dir"] = str(run)
+        info["train"] = read_yaml(run / CONFIG).get("train", {})
+        info.update(_last_metrics(run / "metrics.jsonl"))
+    return info
+
+
+def parameter_count(weights: Path) -> int:
+    """Parameters stored in a safetensors file (tied matrices are stored once), from its header."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
+
+
+def format_info(info: dict) -> str:
+    """The description as aligned ``key: value`` lines for a terminal."""
+    lines = [f"{info['model_dir']}: {info['arch']} ({info['task']}), {info['parameters']:,} parameters"]
+    rows = [("shape", _pairs(info["shape"])), ("options", _pairs(info["options"])),
+            ("tokenizer", _pairs(info["tokenizer"]))]
+    for key in ("labels",):
+        if key in info:
+            rows.append((key, ", ".join(info[key])))
+    if "decode" in info:
+        rows.append(("decode", _pairs(info["decode"])))
+    if "run_dir" in info:
+        rows.append(("run", info["run_dir"]))
+        train = info["train"]
+        rows.append(("train", _pairs({k: train[k] for k in ("max_steps", "lr_scale", "lr", "warmup_steps",
+                                                             "label_smoothing", "precision") if k in train})))
+    for key in ("last_train", "last_valid"):
+        if key in info:
+            rows.append((key.replace("_", " "), _pairs(info[key])))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(lines + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _task(cfg: ModelConfig) -> str:
+    if cfg.arch == "encoder_only":
+        return "classify" if cfg.n_classes else "mlm"
+    return "lm" if cfg.arch == "decoder_only" else "translation"
+
+
+def _shape(cfg: ModelConfig) -> dict:
+    keys = ["d_model", "n_heads", "d_ff", "max_positions"]
+    if cfg.arch != "decoder_only":
+        keys.insert(0, "n_encoder_layers")
+    if cfg.arch != "encoder_only":
+        keys.insert(0 if cfg.arch == "decoder_only" else 1, "n_decoder_layers")
+    keys += ["src_vocab_size", "tgt_vocab_size"] if cfg.arch == "encoder_decoder" else \
+        ["tgt_vocab_size"] if cfg.arch == "decoder_only" else ["src_vocab_size"]
+    if cfg.n_classes:
+        keys.append("n_classes")
+    return {k: getattr(cfg, k) for k in keys}
+
+
+def _options(cfg: ModelConfig) -> dict:
+    """The options that differ between Transformer variants (norm, positions, activation...)."""
+    keys = ["norm", "positions", "activation", "bias", "share_embeddings", "tie_output", "scale_embeddings",
+            "dropout"]
+    if cfg.arch == "encoder_decoder":
+        keys.append("output_bias")
+    if cfg.arch == "encoder_only":
+        keys += ["embed_norm", "type_vocab_size"]
+    return {k: getattr(cfg, k) for k in keys}
+
+
+def _tokenizer(root: Path) -> dict:
+    from .data.tokenizer import Tokenizer
+
+    if not Tokenizer.exists(root):
+        return {"present": False}
+    tok = Tokenizer.load(root)
+    kinds = {_spm_kind(proto) for proto in tok.protos if proto is not None}
+    return {"joint": tok.joint, "type": "/".join(sorted(kinds)), "src_vocab_size": tok.src_vocab_size,
+            "tgt_vocab_size": tok.tgt_vocab_size}
+
+
+def _spm_kind(proto: bytes) -> str:
+    """"bpe" or "unigram" from a serialized SentencePiece model (its trainer_spec.model_type)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2 as pb
+    except ImportError:  # protobuf missing: the kind is a nicety
+        return "sentencepiece"
+    model = pb.ModelProto()
+    model.ParseFromString(proto)
+    return pb.TrainerSpec.ModelType.Name(model.trainer_spec.model_type).lower()
+
+
+def _run_dir(model_dir: Path) -> Path | None:
+    """The run directory a model directory sits in (one or two levels up), if any."""
+    for candidate in (model_dir.parent, model_dir.parent.parent):
+        if (candidate / "metrics.jsonl").is_file() and (candidate / CONFIG).is_file():
+            return candidate
+    return None
+
+
+def _last_metrics(path: Path) -> dict:
+    """The last training record and the last validation record of a metrics.jsonl."""
+    out: dict = {}
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash: skip it
+        if not isinstance(record, dict):
+            continue
+        kind = "last_valid" if any(k.startswith("val_") for k in record) else "last_train"
+        out[kind] = {k: round(v, 4) if isinstance(v, float) else v for k, v in record.items()}
+    return out
+
+
+def _pairs(d: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in d.items())

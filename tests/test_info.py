@@ -1,0 +1,59 @@
+"""``transduce info``: a model directory described from its files."""
+
+import json
+import shutil
+
+import yaml
+
+from transduce.cli import main
+from transduce.info import model_info
+from transduce.model import load_model
+from transduce.model.io import unique_state_dict
+
+
+def _run_dir(trained_dir, tmp_path):
+    """A run directory around the trained model: config.yaml and a metrics.jsonl whose last line
+    was cut short (as by a crash)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_dir, run / "model")
+    (run / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 400, "precision": "fp32"}}))
+    records = [{"step": 100, "loss": 3.5, "lr": 1e-3}, {"step": 100, "val_loss": 3.0, "val_bleu": 12.5},
+               {"step": 200, "loss": 2.25, "lr": 5e-4}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 3')
+    return run
+
+
+def test_describes_the_model_and_its_run(trained_dir, tmp_path):
+    run = _run_dir(trained_dir, tmp_path)
+    info = model_info(run / "model")
+    model = load_model(trained_dir)
+    assert info["parameters"] == sum(t.numel() for t in unique_state_dict(model).values())
+    assert info["arch"] == "encoder_decoder" and info["task"] == "translation"
+    assert info["shape"]["d_model"] == model.config.d_model
+    assert info["shape"]["n_decoder_layers"] == model.config.n_decoder_layers
+    assert info["tokenizer"]["joint"] and info["tokenizer"]["type"] == "bpe"
+    assert info["tokenizer"]["src_vocab_size"] == model.config.src_vocab_size
+    assert info["decode"]["beam"] == 4
+    assert info["train"]["max_steps"] == 400
+    assert info["last_train"] == {"step": 200, "loss": 2.25, "lr": 5e-4}
+    assert info["last_valid"]["val_bleu"] == 12.5
+
+
+def test_cli_text_and_json(trained_dir, tmp_path, capsys):
+    run = _run_dir(trained_dir, tmp_path)
+    assert main(["info", str(run / "model")]) == 0
+    text = capsys.readouterr().out
+    assert "encoder_decoder (translation)" in text and "val_bleu=12.5" in text
+    assert main(["info", str(trained_dir), "--json"]) == 0  # no run around it
+    info = json.loads(capsys.readouterr().out)
+    assert "run_dir" not in info and info["parameters"] > 0
+
+
+def test_missing_or_corrupt_model_is_one_line(trained_dir, tmp_path, capsys):
+    assert main(["info", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    shutil.copytree(trained_dir, tmp_path / "m")
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"\x00" * 10)
+    assert main(["info", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert "not a readable safetensors file" in err and err.count("\n") == 1
