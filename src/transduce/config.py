@@ -295,6 +295,7 @@ class TrainConfig:
     average_last: int | None = None
     patience: int | None = None
     eval_bleu: bool = True
+    tensorboard: bool = False    # metrics also as TensorBoard events in RUN_DIR/tensorboard (extra 'tensorboard')
     max_bad_steps: int = 10
     num_threads: int | None = None
     task: str | None = None      # "translation", "lm" or "mlm"; None: the one model.arch is for (RunConfig.task)

@@ -193,3 +193,36 @@ def test_cuda_graphs_mode_trains_on_square_buckets(tmp_path):
         assert batch.tgt_in.size(1) == width and width % 8 == 0 and len(batch) == 256 // width
         shapes.add(width)
     assert trainer.train_step()["loss"] > 0 and len(shapes) >= 2
+
+
+def test_tensorboard_events_hold_the_metrics_records(tmp_path):
+    """train.tensorboard: every metrics.jsonl figure is also a TensorBoard scalar at its step."""
+    import json
+
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                      reason="the 'tensorboard' extra is not installed")
+    trainer = _trainer(tmp_path, max_steps=4, eval_every=2, save_every=4, tensorboard=True)
+    trainer.finish(trainer.train())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    events = accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    for r in train:
+        for key in ("loss", "ppl", "lr", "tokens_per_s", "grad_norm"):
+            assert scalars[f"train/{key}"][r["step"]] == pytest.approx(r[key], rel=1e-6)
+    valid = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in valid] == [2, 4]
+    assert all(scalars["valid/loss"][r["step"]] == pytest.approx(r["val_loss"], rel=1e-6) for r in valid)
+    assert "train/epoch" not in scalars and "train/elapsed" not in scalars
+
+
+def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    from transduce.errors import TransduceError
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    with pytest.raises(TransduceError, match=r"pip install 'transduce\[tensorboard\]'"):
+        _trainer(tmp_path, tensorboard=True)

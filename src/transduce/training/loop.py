@@ -38,7 +38,7 @@ from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoint
 from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
 from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
-from .progress import Progress
+from .progress import Progress, TensorBoardLog
 from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
@@ -130,6 +130,8 @@ class Trainer:
         self._epoch: EpochData | None = None
         self.state = TrainState()
         self.metrics_path = run_dir / "metrics.jsonl"
+        self.tensorboard = TensorBoardLog(run_dir / "tensorboard") if cfg.train.tensorboard and dist.is_main \
+            else None
         self._last_eval: dict[str, float] | None = None
         self._t0 = time.monotonic()
 
@@ -399,6 +401,8 @@ class Trainer:
         if self.dist.is_main:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+            if self.tensorboard is not None:
+                self.tensorboard.write(record)
 
     def _should_stop(self) -> str | None:
         cfg = self.cfg.train
@@ -463,6 +467,8 @@ class Trainer:
                 save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
             logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
                         self.elapsed(), self.run_dir / "model")
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         return metrics
 
 
