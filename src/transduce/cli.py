@@ -132,6 +132,9 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _add_search_options(p: argparse.ArgumentParser) -> None:
     """Search settings shared by translate and evaluate. Each overrides the model directory's
     saved decoding settings (its config.yaml ``decode`` section); those not given keep them."""
+    p.add_argument("ensemble", nargs="*", metavar="MORE_MODEL_DIRS",
+                   help="more model directories of the same tokenizer: decode with the ensemble, their "
+                        "token log-probabilities averaged at every step")
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
@@ -172,11 +175,14 @@ def _load_translator(args: argparse.Namespace):
     decode = decode_settings(args)
     if args.workers < 0:
         raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
+    ensemble = [args.model_dir, *getattr(args, "ensemble", [])]
     if args.workers:
         if args.device not in ("auto", "cpu"):
             raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
+        if len(ensemble) > 1:
+            raise ConfigError("--workers: an ensemble decodes in this process; drop --workers")
         return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
-    return Translator.load(args.model_dir, args.device, args.precision, int8, decode)
+    return Translator.load_ensemble(ensemble, args.device, args.precision, int8, decode)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:

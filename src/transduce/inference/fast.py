@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model.attention import MultiHeadAttention, scaled_dot_product_attention
+from ..model.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from ..model.layers import FeedForward
 from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
 
@@ -236,9 +236,10 @@ def prepared(model: nn.Module) -> Iterator[nn.Module]:
 
 def new_cache(model: nn.Module):
     """The cache a search decodes with: a :class:`PooledKVCache` for a prepared model, else
-    the model's own (``model.new_cache()``)."""
+    the model's own (``model.new_cache()``; also any cache that is not a KVCache, such as an
+    ensemble's, which holds its members' own)."""
     cache = model.new_cache()
-    return PooledKVCache.empty(len(cache.layers)) if is_prepared(model) else cache
+    return PooledKVCache.empty(len(cache.layers)) if is_prepared(model) and isinstance(cache, KVCache) else cache
 
 
 @dataclass

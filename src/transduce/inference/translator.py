@@ -282,6 +282,30 @@ class Translator(BaseTranslator):
         decode = decode or load_decode_config(model_dir)
         return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device, precision, int8, decode)
 
+    @classmethod
+    def load_ensemble(cls, model_dirs: Sequence[str | os.PathLike], device: str | torch.device = "cpu",
+                      precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None
+                      ) -> "Translator":
+        """A Translator over the :class:`~transduce.inference.ensemble.Ensemble` of the models in
+        ``model_dirs`` (one tokenizer for all; a one-line error otherwise), with the first
+        directory's decoding settings unless ``decode`` is given. One directory: :meth:`load`."""
+        from ..data.tokenizer import Tokenizer
+        from ..model.io import load_decode_config, load_model
+        from .ensemble import Ensemble
+
+        if len(model_dirs) == 1:
+            return cls.load(model_dirs[0], device, precision, int8, decode)
+        for d in model_dirs:
+            if not os.path.isdir(d):
+                raise CheckpointError(f"{d}: model directory not found")
+        device = resolve_device(device)
+        tokenizer = Tokenizer.load(model_dirs[0])
+        for d in model_dirs[1:]:
+            if Tokenizer.load(d).digest() != tokenizer.digest():
+                raise ConfigError(f"{d}: its tokenizer is not {model_dirs[0]}'s (an ensemble needs one tokenizer)")
+        ensemble = Ensemble([load_model(d, device) for d in model_dirs])
+        return cls(ensemble, tokenizer, device, precision, int8, decode or load_decode_config(model_dirs[0]))
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
         return autocast_context(self.device, self.precision)
