@@ -192,6 +192,9 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
     p.add_argument("--nbest", type=int, default=None,
                    help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
+    p.add_argument("--prefix-file", default=None,
+                   help="a file aligned with the input: each translation begins with its line (empty: no "
+                        "prefix), the rest is searched")
     _add_search_options(p)
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
     p.set_defaults(func=_cmd_translate)
@@ -200,7 +203,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import translate_file
     with _load_translator(args) as translator:
-        translate_file(translator, args.input, args.output)
+        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file)
     return 0
 
 

@@ -54,6 +54,12 @@ def test_pool_gives_the_translators_results_in_input_order(pool, translator, bea
     assert pool.translate(TEXTS, beam=beam, max_len_b=6) == [t.best.text for t in got]
 
 
+def test_pool_forces_prefixes_as_the_translator_does(pool, translator):
+    prefixes = ["the", "", "a dog", "", "", "", "", "", "we"]
+    got = pool.translate_detailed(TEXTS, beam=4, max_len_b=8, prefix=prefixes)
+    _same(got, translator.translate_detailed(TEXTS, beam=4, max_len_b=8, prefix=prefixes))
+
+
 def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
     """A seed seeds each batch's generator, so the same batches give the same samples."""
     batches = pool._batches([len(pool.encode_source(t)[0]) + 1 for t in TEXTS if t], 4096)

@@ -33,8 +33,8 @@ from torch import Tensor
 
 from ..config import DecodeConfig
 from .fast import new_cache, prepared
-from .search import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, length_penalty,
-                     max_lengths)
+from .search import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
+                     length_penalty, max_lengths)
 
 
 @dataclass
@@ -99,7 +99,7 @@ def candidates(row_logp: Tensor, row_token: Tensor, beams: Beams, beam: int, ste
     total = (beams.scores.view(-1, 1) + row_logp).view(b, k * per_row)   # (B, k*w)
     scores, flat = total.topk(min(2 * beam, k * per_row), dim=1)          # (B, 2K)
     parent, token = flat // per_row, row_token.view(b, -1).gather(1, flat)
-    ends = (token == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
+    ends = ((token == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)) & (scores > -math.inf)
     ends[:, beam:] = False  # only the top K may finish, so finished ones beat the alive ones
     return Candidates(scores, parent, token, ends)
 
@@ -202,7 +202,8 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                attention: AttentionChoice | None = None, static: bool | None = None) -> SearchOutput:
+                attention: AttentionChoice | None = None, static: bool | None = None,
+                prefix: Tensor | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -215,21 +216,23 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             (see the module doc).
         attention: also return each output token's cross-attention of this layer and head.
         static: search with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
-            GPU), or not; None picks it on CUDA when no attention is recorded.
+            GPU), or not; None picks it on CUDA when no attention is recorded and no prefix given.
+        prefix: (B, L) target ids each hypothesis must begin with, -1-padded
+            (:func:`~transduce.inference.search.prefix_ids`); the rest is searched.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
     from .static import static_search, use_static  # (it builds on this module)
 
-    if use_static(model, src, attention, static):
+    if prefix is None and use_static(model, src, attention, static):
         return static_search(model, src, decode)
     with prepared(model):
-        return _beam_search(model, src, decode, attention)
+        return _beam_search(model, src, decode, attention, prefix)
 
 
-def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None
-                 ) -> SearchOutput:
+def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None,
+                 prefix: Tensor | None) -> SearchOutput:
     cfg, beam, need_attention = model.config, decode.beam, attention is not None
     beams, fin = start(src, beam, cfg, decode.max_len_a, decode.max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
@@ -238,7 +241,8 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention,
                            project=False)
         states = out.states[:, -1]                                        # (N, D)
-        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam)  # (N, w)
+        forced = forced_tokens(prefix, beams.ids.repeat_interleave(beams.scores.shape[1]), step)
+        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced)  # (N, w)
         attn = None
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention)

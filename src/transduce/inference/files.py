@@ -83,10 +83,11 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
     decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
-    stdout: TextIO | None = None,
+    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None,
 ) -> int:
     """Translate a file (or stdin) line by line into a file (or stdout) with ``decode``
-    (default: the translator's settings); returns lines read.
+    (default: the translator's settings); returns lines read. ``prefix_path``: a file aligned
+    with the input whose lines each translation must begin with (an empty line: no prefix).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
@@ -94,11 +95,17 @@ def translate_file(
     decode = decode or translator.decode
     n = 0
     lines = iter_lines(input_path, stdin)
+    prefixes = None if prefix_path is None else iter(read_lines(prefix_path))
     with atomic_output(output_path, stdout) as out:
         for chunk in _chunks(lines, chunk_lines):
-            results = translator.translate_detailed(chunk, decode)
+            prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
+            if prefix is not None and None in prefix:
+                raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
+            results = translator.translate_detailed(chunk, decode, prefix=prefix)
             out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)
             logger.info("translated %d lines", n)
+        if prefixes is not None and next(prefixes, None) is not None:
+            raise DataError(f"{prefix_path}: has more lines than the input ({n})")
     return n

@@ -137,12 +137,12 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _search(src: _Packed, spec: SearchSpec) -> tuple[_Packed | None, ...]:
+def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None) -> tuple[_Packed | None, ...]:
     if "error" in _WORKER:
         raise _WORKER["error"]
     translator = _WORKER["translator"]
     with torch.inference_mode(), translator.autocast():
-        return _pack(spec.run(translator.model, src.tensor()))
+        return _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor()))
 
 
 class SearchPool:
@@ -190,9 +190,13 @@ class SearchPool:
             raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
         self.pids = sorted(f.result() for f in futures)
 
-    def map(self, batches: Sequence[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
-        """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently."""
-        futures = [self._executor.submit(_search, _Packed.of(src), spec) for src in batches]
+    def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None
+            ) -> Iterator[SearchOutput]:
+        """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
+        (each with its forced-prefix ids, if given)."""
+        prefixes = prefixes or [None] * len(batches)
+        futures = [self._executor.submit(_search, _Packed.of(src), spec, None if p is None else _Packed.of(p))
+                   for src, p in zip(batches, prefixes)]
         try:
             for future in futures:
                 yield _unpack(future.result())
@@ -256,5 +260,6 @@ class TranslatorPool(BaseTranslator):
         budget = min(batch_tokens, max(share, MIN_BATCH_TOKENS))
         return spread_batches(length_sorted_batches(lengths, budget), lengths, self.pool.workers)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
-        return self.pool.map(batches, spec)
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
+                ) -> Iterator[SearchOutput]:
+        return self.pool.map(batches, spec, prefixes)

@@ -70,7 +70,7 @@ def sample(
 
     cfg = model.config
 
-    def choose(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
+    def choose(states: Tensor, step: int, forced: Tensor | None) -> tuple[Tensor, Tensor]:
         logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len)  # (N, V)
         probs = filter_logits(logp, temperature, top_k, top_p).exp()     # (N, V)
         token = torch.multinomial(probs, 1, generator=generator)         # (N, 1)

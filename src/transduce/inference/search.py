@@ -99,8 +99,10 @@ def max_lengths(src: Tensor, config: object, max_len_a: float, max_len_b: int) -
     return limit
 
 
-def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int) -> Tensor:
-    """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS.
+def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int,
+                   forced: Tensor | None = None) -> Tensor:
+    """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS; rows
+    with a ``forced`` token (N,) (-1: none) may only take that one (prefix decoding).
 
     Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
     ``step`` may be a 0-dim device tensor (static decoding), which the host never reads.
@@ -114,7 +116,19 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
         logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
     elif step < min_len:
         logp[:, config.eos_id] = -math.inf
+    if forced is not None:
+        token = forced.clamp(min=0).unsqueeze(1)                          # (N, 1)
+        only = torch.full_like(logp, -math.inf).scatter_(1, token, logp.gather(1, token))
+        logp = torch.where((forced >= 0).unsqueeze(1), only, logp)
     return logp
+
+
+def forced_tokens(prefix: Tensor | None, sentence: Tensor, step: int) -> Tensor | None:
+    """Each row's forced token at ``step`` (-1: free), from the (B, L) prefix ids of its
+    ``sentence`` (-1-padded); None when no row has one left."""
+    if prefix is None or step >= prefix.shape[1]:
+        return None
+    return prefix[sentence, step]
 
 
 # Rows scored at a time on CPU by :func:`best_tokens`: the projection, log-softmax and top-k of
@@ -124,18 +138,20 @@ SCORE_ROWS = 128
 
 
 def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
-                k: int) -> tuple[Tensor, Tensor]:
+                k: int, forced: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
-    projected ``states``, then :func:`topk_rows`, in blocks of ``SCORE_ROWS`` rows on CPU.
+    projected ``states`` (``forced`` tokens as it says), then :func:`topk_rows`, in blocks of
+    ``SCORE_ROWS`` rows on CPU.
 
     Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V).
     """
-    def score(block: Tensor) -> tuple[Tensor, Tensor]:
-        logp = step_log_probs(model.output_proj(block), config, step, min_len)  # (rows, V)
+    def score(block: Tensor, forced_block: Tensor | None) -> tuple[Tensor, Tensor]:
+        logp = step_log_probs(model.output_proj(block), config, step, min_len, forced_block)  # (rows, V)
         return topk_rows(logp, min(k, logp.shape[-1]))
 
-    rows = SCORE_ROWS if states.device.type == "cpu" else states.shape[0]
-    parts = [score(block) for block in states.split(max(rows, 1))]
+    rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
+    forced_blocks = forced.split(rows) if forced is not None else [None] * len(range(0, states.shape[0], rows))
+    parts = [score(block, f) for block, f in zip(states.split(rows), forced_blocks)]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
@@ -179,8 +195,9 @@ def cross_attention_row(cross: list[Tensor] | None, choice: AttentionChoice) -> 
 
 
 # Choose the next token from the decoder's output states (N, D) at a step (the second
-# argument): returns the ids (N,) long and their log-probabilities (N,).
-TokenChooser = Callable[[Tensor, int], tuple[Tensor, Tensor]]
+# argument), each row's forced token or -1 (the third, or None for no forcing): returns the ids
+# (N,) long and their log-probabilities (N,).
+TokenChooser = Callable[[Tensor, int, Tensor | None], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -195,7 +212,8 @@ class _Rows:
 
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig = DecodeConfig(),
-                      attention: AttentionChoice | None = None, use_cache: bool = True) -> SearchOutput:
+                      attention: AttentionChoice | None = None, use_cache: bool = True,
+                      prefix: Tensor | None = None) -> SearchOutput:
     """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
 
     ``choose`` sees the decoder's output states (``decode(..., project=False)``) and does the
@@ -204,16 +222,17 @@ def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode:
     Each step decodes only the newest token against the KV cache (``use_cache=False`` re-runs
     the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
     leave the batch. ``decode`` gives the length limits; ``attention`` says which
-    cross-attention to record (None: none).
+    cross-attention to record (None: none); ``prefix`` (B, L) ids, -1-padded, are each
+    sentence's forced first tokens.
 
     Shape: src (B, S) -> SearchOutput with K = 1.
     """
     with prepared(model):
-        return _sequential_search(model, src, choose, decode, attention, use_cache)
+        return _sequential_search(model, src, choose, decode, attention, use_cache, prefix)
 
 
 def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig,
-                       attention: AttentionChoice | None, use_cache: bool) -> SearchOutput:
+                       attention: AttentionChoice | None, use_cache: bool, prefix: Tensor | None) -> SearchOutput:
     cfg, device = model.config, src.device
     need_attention = attention is not None
     b = src.shape[0]
@@ -230,7 +249,7 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
     for step in range(t_cap):
         out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
                            project=False)
-        token, token_logp = choose(out.states[:, -1], step)              # states (N, D) -> (N,), (N,)
+        token, token_logp = choose(out.states[:, -1], step, forced_tokens(prefix, rows.ids, step))  # (N,), (N,)
         out_tokens[rows.ids, step] = token
         out_logp[rows.ids] += token_logp
         if need_attention:
@@ -251,7 +270,7 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
 
 def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                   attention: AttentionChoice | None = None, use_cache: bool = True,
-                  static: bool | None = None) -> SearchOutput:
+                  static: bool | None = None, prefix: Tensor | None = None) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
@@ -262,19 +281,31 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
         attention: also return each output token's cross-attention of this layer and head.
         use_cache: decode incrementally with the KV cache (False re-runs the prefix).
         static: decode with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
-            GPU), or not; None picks it on CUDA when no attention is recorded.
+            GPU), or not; None picks it on CUDA when no attention is recorded and no prefix given.
+        prefix: (B, L) target ids each output must begin with, -1-padded (see :func:`prefix_ids`).
 
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
     """
     from .static import static_search, use_static  # (it builds on this module)
 
-    if use_cache and use_static(model, src, attention, static):
+    if use_cache and prefix is None and use_static(model, src, attention, static):
         return static_search(model, src, decode, greedy=True)
     cfg = model.config
 
-    def most_probable(states: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1)  # (N, 1) each
+    def most_probable(states: Tensor, step: int, forced: Tensor | None) -> tuple[Tensor, Tensor]:
+        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
-    return sequential_search(model, src, most_probable, decode, attention, use_cache)
+    return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix)
+
+
+def prefix_ids(prefixes: list[list[int]], device: torch.device | str = "cpu") -> Tensor | None:
+    """(B, L) forced-prefix ids, -1-padded, for searches' ``prefix``; None when all are empty."""
+    width = max((len(p) for p in prefixes), default=0)
+    if width == 0:
+        return None
+    out = torch.full((len(prefixes), width), -1, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        out[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return out.to(device)

@@ -27,7 +27,7 @@ from .batching import length_sorted_batches
 from .beam import beam_search
 from .fast import prepare_for_decoding, restore
 from .sampling import check_sampling, sample
-from .search import AttentionChoice, SearchOutput, greedy_search
+from .search import AttentionChoice, SearchOutput, greedy_search, prefix_ids
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +88,16 @@ class SearchSpec:
     top_p: float = 1.0
     seed: int | None = None
 
-    def run(self, model: torch.nn.Module, src: Tensor) -> SearchOutput:
-        """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded)."""
+    def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None) -> SearchOutput:
+        """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
+        beginning with its row of ``prefix`` ids (-1-padded), if given."""
         if self.temperature is not None:
+            if prefix is not None:
+                raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
             return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
         if self.decode.beam == 1:
-            return greedy_search(model, src, self.decode, self.attention)
-        return beam_search(model, src, self.decode, self.attention)
+            return greedy_search(model, src, self.decode, self.attention, prefix=prefix)
+        return beam_search(model, src, self.decode, self.attention, prefix=prefix)
 
 
 def check_layer_head(config, layer: int, head: int | None, key: str = "attention layer") -> None:
@@ -124,8 +127,10 @@ class BaseTranslator:
     decode: DecodeConfig
     max_input_len: int
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
-        """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order."""
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
+                ) -> Iterator[SearchOutput]:
+        """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order (with each
+        batch's forced-prefix ids, if given)."""
         raise NotImplementedError
 
     def _batches(self, lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -149,21 +154,25 @@ class BaseTranslator:
             raise ConfigError(f"decode: unknown setting(s) {', '.join(sorted(unknown))}")
         return replace(decode or self.decode, **overrides)
 
-    def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None, **overrides) -> list[str]:
+    def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None,
+                  prefix: Sequence[str] | None = None, **overrides) -> list[str]:
         """Translate each text with ``decode`` (default: :attr:`decode`) and ``overrides`` of its
-        fields (``beam=1`` is greedy search). Empty input gives empty output."""
+        fields (``beam=1`` is greedy search). Empty input gives empty output. ``prefix``: one
+        target text per input that its translation must begin with ("" for none)."""
         decode = self.settings(decode, **overrides)
-        out = self.translate_detailed(texts, replace(decode, nbest=1))
+        out = self.translate_detailed(texts, replace(decode, nbest=1), prefix=prefix)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
-                           attention: AttentionChoice | None = None, **overrides) -> list[Translation]:
+                           attention: AttentionChoice | None = None, prefix: Sequence[str] | None = None,
+                           **overrides) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
-        ``attention`` also returns each hypothesis' cross-attention of that layer and head."""
+        ``attention`` also returns each hypothesis' cross-attention of that layer and head;
+        ``prefix``: each output begins with that target text (the rest is searched)."""
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
-        return self._run(texts, SearchSpec(decode, attention), decode.batch_tokens)
+        return self._run(texts, SearchSpec(decode, attention), decode.batch_tokens, prefix)
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
@@ -183,8 +192,11 @@ class BaseTranslator:
                        len(ids), self.max_input_len, text)
         return ids[: self.max_input_len], True
 
-    def _run(self, texts: Sequence[str], spec: SearchSpec, batch_tokens: int) -> list[Translation]:
+    def _run(self, texts: Sequence[str], spec: SearchSpec, batch_tokens: int,
+             prefix: Sequence[str] | None = None) -> list[Translation]:
         """Tokenize, search in length-sorted batches, and return results in input order."""
+        if prefix is not None and len(prefix) != len(texts):
+            raise ConfigError(f"prefix: {len(prefix)} prefixes for {len(texts)} texts (one per text)")
         results = [self._source(text) for text in texts]
         todo = [i for i, r in enumerate(results) if r.source_tokens]
         eos = self.config.eos_id
@@ -192,7 +204,11 @@ class BaseTranslator:
                    for batch in self._batches([len(results[i].source_tokens) + 1 for i in todo], batch_tokens)]
         sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
                    for index in batches]
-        for index, out in zip(batches, self._search(sources, spec)):
+        prefixes = None
+        if prefix is not None:
+            ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]
+            prefixes = [prefix_ids([ids[i] for i in index]) for index in batches]
+        for index, out in zip(batches, self._search(sources, spec, prefixes)):
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
@@ -310,10 +326,12 @@ class Translator(BaseTranslator):
         """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
         return autocast_context(self.device, self.precision)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec) -> Iterator[SearchOutput]:
-        for src in batches:
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
+                ) -> Iterator[SearchOutput]:
+        for src, prefix in zip(batches, prefixes or [None] * len(batches)):
             with torch.inference_mode(), self.autocast():
-                out = spec.run(self.model, src.to(self.device)).cpu()
+                out = spec.run(self.model, src.to(self.device),
+                               None if prefix is None else prefix.to(self.device)).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
 
