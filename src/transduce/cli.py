@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from . import progress
 from .errors import ConfigError, TransduceError
 
 
@@ -424,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transduce", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_prepare(sub)
     _add_train(sub)
@@ -445,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
+    progress.QUIET = args.quiet
     try:
         return int(args.func(args) or 0)
     except TransduceError as e:

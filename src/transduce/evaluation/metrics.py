@@ -122,4 +122,8 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decod
     tok_refs = list(read_lines(tok_ref_path)) if tok_ref_path is not None else None
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
-    return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)
+    from ..inference.files import reporting
+    from ..progress import Progress
+
+    with reporting(translator, Progress(len(sources), unit="sentences")):
+        return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)

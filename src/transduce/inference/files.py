@@ -21,6 +21,7 @@ from ..atomic import atomic_path
 from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import DataError
+from ..progress import Progress
 from .translator import Translation, Translator
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,17 @@ def atomic_output(path: str | os.PathLike | None, stdout: TextIO | None = None) 
         raise DataError(f"{path}: output directory does not exist")
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
         yield handle
+
+
+@contextlib.contextmanager
+def reporting(translator, progress: Progress) -> Iterator[Progress]:
+    """``progress`` advanced by ``translator``'s batches for the block, then closed."""
+    translator.progress = progress
+    try:
+        yield progress
+    finally:
+        translator.progress = None
+        progress.close()
 
 
 def one_line(text: str) -> str:
@@ -96,7 +108,8 @@ def translate_file(
     n = 0
     lines = iter_lines(input_path, stdin)
     prefixes = None if prefix_path is None else iter(read_lines(prefix_path))
-    with atomic_output(output_path, stdout) as out:
+    total = None if input_path is None or str(input_path) == "-" else sum(1 for _ in read_lines(input_path))
+    with atomic_output(output_path, stdout) as out, reporting(translator, Progress(total, unit="sentences")):
         for chunk in _chunks(lines, chunk_lines):
             prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
             if prefix is not None and None in prefix:
@@ -105,6 +118,7 @@ def translate_file(
             out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)
+            translator.progress.update(n)  # empty lines are not searched: count them too
             logger.info("translated %d lines", n)
         if prefixes is not None and next(prefixes, None) is not None:
             raise DataError(f"{prefix_path}: has more lines than the input ({n})")

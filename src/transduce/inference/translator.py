@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..config import DecodeConfig
+from ..progress import Progress
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
@@ -126,6 +127,7 @@ class BaseTranslator:
     config: object
     decode: DecodeConfig
     max_input_len: int
+    progress: Progress | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
                 ) -> Iterator[SearchOutput]:
@@ -212,6 +214,8 @@ class BaseTranslator:
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
+            if self.progress is not None:
+                self.progress.advance(len(index))
         return results
 
     def _source(self, text: str) -> Translation:

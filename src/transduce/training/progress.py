@@ -1,53 +1,14 @@
-"""Progress reporting: a one-line updating bar on a terminal, plain log lines otherwise; and the
+"""Training's reports: the progress bar (:class:`transduce.progress.Progress`, in steps) and the
 metrics records as TensorBoard scalars (``train.tensorboard``)."""
 
 from __future__ import annotations
 
-import logging
-import sys
-import time
 from pathlib import Path
 
 from ..errors import require
+from ..progress import Progress
 
-logger = logging.getLogger("transduce.training")
-
-
-class Progress:
-    """Shows step, loss, lr and tokens/s. ``enabled=False`` (other ranks) shows nothing."""
-
-    def __init__(self, total_steps: int, enabled: bool = True, stream=None):
-        self.total = total_steps
-        self.enabled = enabled
-        self.stream = stream or sys.stderr
-        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self._last = 0.0
-
-    def update(self, step: int, fields: dict[str, float | int | str], force: bool = False) -> None:
-        if not self.enabled:
-            return
-        text = f"step {step}/{self.total} " + " ".join(f"{k} {_fmt(v)}" for k, v in fields.items())
-        if self.tty:
-            now = time.monotonic()
-            if force or now - self._last > 0.2:
-                self.stream.write("\r\033[K" + text)
-                self.stream.flush()
-                self._last = now
-        elif force:
-            logger.info(text)
-
-    def message(self, text: str) -> None:
-        """A line that stays (clears the bar first on a terminal)."""
-        if not self.enabled:
-            return
-        if self.tty:
-            self.stream.write("\r\033[K")
-        logger.info(text)
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+__all__ = ["Progress", "TensorBoardLog"]
 
 
 class TensorBoardLog:
@@ -72,9 +33,3 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self.writer.close()
-
-
-def _fmt(v: float | int | str) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1e-2 else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
