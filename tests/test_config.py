@@ -165,3 +165,11 @@ def test_translation_with_learned_positions_needs_room_for_eos_and_bos():
     with pytest.raises(ConfigError, match=r"^data.max_len: must be at most model.max_positions - 1 \(63\)"):
         RunConfig.from_dict({"model": model, "data": {"max_len": 64}})
     RunConfig.from_dict({"model": {"max_positions": 64}, "data": {"max_len": 250}})  # sinusoidal: no table
+
+
+def test_init_from_supplies_the_model_keys_the_config_does_not_give(tmp_path):
+    init = tmp_path / "init"
+    save_yaml({"model": {"d_model": 48, "n_heads": 4, "dropout": 0.1, "activation": "gelu"}}, init / "config.yaml")
+    cfg = load_run_config(None, ["train.init_from=" + str(init), "model.dropout=0.3"])
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.activation, cfg.model.dropout) == (48, 4, "gelu", 0.3)
+    assert load_run_config(None, [f"train.init_from={tmp_path / 'missing'}"]).model.d_model == 512  # reported later

@@ -494,9 +494,24 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_run_config(path: str | os.PathLike | None, overrides: list[str] = ()) -> RunConfig:
-    """Read a run config from YAML (or defaults if path is None) and apply overrides."""
-    d = read_yaml(path) if path is not None else {}
-    return RunConfig.from_dict(apply_overrides(d, list(overrides)))
+    """Read a run config from YAML (or defaults if path is None) and apply overrides. With
+    ``train.init_from``, the model keys the config does not give are the initial model's."""
+    d = apply_overrides(read_yaml(path) if path is not None else {}, list(overrides))
+    return RunConfig.from_dict(with_init_model(d))
+
+
+def with_init_model(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with its ``model`` section laid over the ``train.init_from`` model's, when that
+    directory holds a model config: fine-tuning configs name only what they change (dropouts).
+    A missing directory is left for training to report."""
+    init = (d.get("train") or {}).get("init_from") if isinstance(d.get("train"), dict) else None
+    saved = Path(str(init)) / "config.yaml" if init else None
+    if saved is None or not saved.is_file():
+        return d
+    model = read_yaml(saved).get("model")
+    if not isinstance(model, dict):
+        return d
+    return {**d, "model": {**model, **(d.get("model") or {})}}
 
 
 def save_yaml(data: dict[str, Any], path: str | os.PathLike) -> None:

@@ -140,6 +140,12 @@ def test_swish_and_a_logit_bias_verify(trained_dir, tmp_path):
     assert export_model(tmp_path / "imported", "hf", tmp_path / "again").checks["max_logit_diff"] < 1e-4
 
 
+def test_an_imported_model_exports_to_ctranslate2(imported, tmp_path):
+    pytest.importorskip("ctranslate2", reason="the 'export' extra (ctranslate2) is not installed")
+    report = export_model(imported, "ctranslate2", tmp_path / "ct2")
+    assert report.checks["max_logprob_diff"] < 1e-3
+
+
 def test_separate_vocabularies_and_pickle_free_bin_weights(trained_dir, tmp_path):
     export_model(trained_dir, "hf", tmp_path / "ours")
     marian = marian_layout(tmp_path / "ours", tmp_path / "marian", separate=True)
@@ -154,10 +160,10 @@ def test_separate_vocabularies_and_pickle_free_bin_weights(trained_dir, tmp_path
 
 
 def test_import_then_fine_tune_then_translate(imported, tmp_path):
+    """The fine-tuning config names only what changes: the model is the imported one."""
     import yaml
 
-    model = yaml.safe_load((imported / "config.yaml").read_text())["model"]
-    config = {"model": model, "data": {"corpus": "toy", "toy_train_size": 200, "toy_valid_size": 20,
+    config = {"model": {"dropout": 0.2}, "data": {"corpus": "toy", "toy_train_size": 200, "toy_valid_size": 20,
                                        "toy_test_size": 10, "max_tokens": 400, "max_len": 40},
               "train": {"max_steps": 3, "warmup_steps": 2, "eval_every": 3, "save_every": 3, "log_every": 1,
                         "num_threads": 1}}
@@ -167,6 +173,8 @@ def test_import_then_fine_tune_then_translate(imported, tmp_path):
     assert main(["translate", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "in.txt"),
                  "--output", str(tmp_path / "out.txt")]) == 0
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").strip()
+    tuned = load_model(tmp_path / "run" / "model").config
+    assert tuned.dropout == 0.2 and tuned.output_bias and tuned.d_model == load_model(imported).config.d_model
 
 
 @pytest.mark.parametrize("edit, named", [
