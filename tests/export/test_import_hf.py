@@ -14,6 +14,7 @@ from transduce.cli import main
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import TransduceError
 from transduce.export import export_model
+from transduce.export.hf import opus_mt_layout
 from transduce.export.hf_import import import_hf
 from transduce.inference.translator import Translator
 from transduce.model import load_model
@@ -25,51 +26,27 @@ SOURCES = [s for s, _ in toy_pairs(24, seed=11)] + ["the zebra", ""]
 
 
 def marian_layout(hf_dir, out, *, swish_bias: bool = False, separate: bool = False, seed: int = 0):
-    """Our HF export ``hf_dir`` (our ids: pad 0, bos 1, eos 2, unk 3) re-laid out with Marian's
-    ids: </s> 0, <unk> 1, the other pieces, then <pad> last, which is also the decoder start
-    and takes our BOS row. With ``swish_bias`` the FFN activation becomes swish and the output
-    layer gets a random bias (a different, untrained model, for logit parity only); with
-    ``separate`` the decoder has a vocabulary (target_vocab.json) and embeddings of its own, and
-    the weights come as a pytorch_model.bin."""
-    shutil.copytree(hf_dir, out)
-    vocab = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
-    pieces = sorted(vocab, key=vocab.get)
-    ours = [2, 3] + list(range(4, len(pieces))) + [1]                     # our id of each Marian id
-    marian = {pieces[i] if i != 1 else "<pad>": m for m, i in enumerate(ours)}
-    (out / "vocab.json").write_text(json.dumps(marian, ensure_ascii=False), encoding="utf-8")
-    if separate:
-        (out / "target_vocab.json").write_text(json.dumps(marian, ensure_ascii=False), encoding="utf-8")
-    model = transformers.MarianMTModel.from_pretrained(hf_dir)
-    state = model.state_dict()
-    index = torch.tensor(ours)
-    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                 "lm_head.weight"):
-        state[name] = state[name][index]
-    state["final_logits_bias"] = state["final_logits_bias"][:, index]
-    pad = len(ours) - 1
-    config = model.config.to_dict()
-    config.update(vocab_size=len(ours), decoder_vocab_size=len(ours), pad_token_id=pad, eos_token_id=0,
-                  decoder_start_token_id=pad, bos_token_id=None, forced_eos_token_id=0)
-    if separate:
-        config.update(share_encoder_decoder_embeddings=False, separate_vocabs=True)
-        state["model.decoder.embed_tokens.weight"] = state["model.decoder.embed_tokens.weight"].clone()
+    """:func:`opus_mt_layout` (a trained model, laid out as OPUS-MT's); with ``swish_bias`` the
+    FFN activation becomes swish and the output layer gets a random bias (a different, untrained
+    model, for logit parity only); with ``separate`` the decoder has a vocabulary
+    (target_vocab.json) and embeddings of its own, and the weights come as a pytorch_model.bin."""
+    opus_mt_layout(hf_dir, out, separate_vocabs=separate)
+    if not (swish_bias or separate):
+        return out
+    model = transformers.MarianMTModel.from_pretrained(out)
     if swish_bias:
-        config["activation_function"] = "swish"
-        state["final_logits_bias"] = torch.randn(1, len(ours), generator=torch.Generator().manual_seed(seed))
-    marian_model = transformers.MarianMTModel(transformers.MarianConfig(**config))
-    marian_model.load_state_dict(state, strict=False)
-    marian_model.generation_config = transformers.GenerationConfig(
-        decoder_start_token_id=pad, pad_token_id=pad, eos_token_id=0, bad_words_ids=[[pad]], num_beams=4,
-        max_length=64)
-    for stale in out.glob("model*.safetensors"):
-        stale.unlink()
+        model.config.activation_function = "swish"
+        state = model.state_dict()
+        state["final_logits_bias"] = torch.randn(state["final_logits_bias"].shape,
+                                                 generator=torch.Generator().manual_seed(seed))
+        model = transformers.MarianMTModel(model.config)
+        model.load_state_dict(state, strict=False)
+    (out / "model.safetensors").unlink()
     if separate:
-        torch.save(marian_model.state_dict(), out / "pytorch_model.bin")
-        marian_model.config.save_pretrained(out)
-        marian_model.generation_config.save_pretrained(out)
+        torch.save(model.state_dict(), out / "pytorch_model.bin")
+        model.config.save_pretrained(out)
     else:
-        marian_model.save_pretrained(out)
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer"}), encoding="utf-8")
+        model.save_pretrained(out)
     return out
 
 

@@ -235,3 +235,47 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
         checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
                                                            beam=beam > 1)
     return checks
+
+
+def opus_mt_layout(hf_dir: str | os.PathLike, out: str | os.PathLike, separate_vocabs: bool = False) -> Path:
+    """Our Marian export ``hf_dir`` (our ids: pad 0, bos 1, eos 2, unk 3) re-laid out as the
+    OPUS-MT models are: ``</s>`` 0, ``<unk>`` 1, the other pieces in order, then ``<pad>`` last,
+    which is also the decoder start and takes our BOS row (one row fewer). What ``transduce
+    import`` reads; the benchmarks and tests make OPUS-MT-like models from trained ones with it.
+    ``separate_vocabs`` writes a target_vocab.json and gives the decoder embeddings of its own."""
+    import shutil
+
+    transformers = require("transformers", "export")
+    hf_dir, out = Path(hf_dir), Path(out)
+    shutil.copytree(hf_dir, out)
+    vocab = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
+    pieces = sorted(vocab, key=vocab.get)
+    ours = [2, 3] + list(range(4, len(pieces))) + [1]                     # our id of each Marian id
+    marian = {pieces[i] if i != 1 else "<pad>": m for m, i in enumerate(ours)}
+    for name in ("vocab.json",) + (("target_vocab.json",) if separate_vocabs else ()):
+        (out / name).write_text(json.dumps(marian, ensure_ascii=False), encoding="utf-8")
+    with no_progress_bars(transformers):
+        model = transformers.MarianMTModel.from_pretrained(hf_dir)
+    state = model.state_dict()
+    index = torch.tensor(ours)
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):
+        state[name] = state[name][index].clone()
+    state["final_logits_bias"] = state["final_logits_bias"][:, index]
+    pad = len(ours) - 1
+    config = model.config.to_dict()
+    config.update(vocab_size=len(ours), decoder_vocab_size=len(ours), pad_token_id=pad, eos_token_id=0,
+                  decoder_start_token_id=pad, bos_token_id=None, forced_eos_token_id=0)
+    if separate_vocabs:
+        config.update(share_encoder_decoder_embeddings=False, separate_vocabs=True)
+    relaid = transformers.MarianMTModel(transformers.MarianConfig(**config))
+    relaid.load_state_dict(state, strict=False)
+    relaid.generation_config = transformers.GenerationConfig(
+        decoder_start_token_id=pad, pad_token_id=pad, eos_token_id=0, bad_words_ids=[[pad]], num_beams=4,
+        max_length=512)
+    for stale in out.glob("model*.safetensors"):
+        stale.unlink()
+    with no_progress_bars(transformers):
+        relaid.save_pretrained(out)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "MarianTokenizer"}), encoding="utf-8")
+    return out

@@ -332,7 +332,7 @@ def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab:
         want = eager_search(model, src, beam, max_len)
         options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
         gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
-                          do_sample=False, **options)
+                          do_sample=False, forced_eos_token_id=None, **options)  # OPUS-MT forces EOS last
         got_ids = [inverse[row[1:]].tolist() for row in gen]  # without the decoder start
         name = "greedy" if beam == 1 else "beam"
         checks[f"{name}_differences"] = check_same_outputs(f"imported {name}", model, src, want, got_ids,
