@@ -34,7 +34,8 @@ from typing import Any, Callable
 import torch
 
 from decode_speed import Worker, timed  # bench/ is the script's directory, so on sys.path
-from transduce.inference import Translator, TranslatorPool, read_lines
+from transduce.data.corpus import read_lines
+from transduce.inference import Translator, TranslatorPool
 
 
 def ours(model_dir: str, texts: list[str], search: dict, threads: int) -> Callable[[], list[str]]:
@@ -86,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--settle", type=float, default=1.0, help="seconds of idle before each timed run")
     args = p.parse_args(argv)
-    texts = read_lines(args.src)
-    refs = read_lines(args.ref) if args.ref else None
+    texts = list(read_lines(args.src))
+    refs = list(read_lines(args.ref)) if args.ref else None
     search = dict(beam=args.beam, lenpen=0.0, stop="best_finished", max_len_a=1.0, max_len_b=50,
                   batch_tokens=args.batch_tokens)
     ct2_search = {k: v for k, v in search.items() if k != "stop"}
