@@ -18,6 +18,7 @@ from typing import Sequence
 from transduce.atomic import atomic_path
 from transduce.data.corpus import read_parallel, sha256_file
 from transduce.errors import ConfigError, DataError
+from transduce.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -136,9 +137,13 @@ def _fetch(url: str, target: Path, expected_sha256: str, timeout: float) -> None
         with atomic_path(target, ".part") as tmp:
             digest = hashlib.sha256()
             with open(tmp, "wb") as handle, urllib.request.urlopen(url, timeout=timeout) as resp:
+                size = resp.headers.get("Content-Length")
+                bar = Progress(int(size) // 1024 if size and size.isdigit() else None, unit="KiB")
                 while chunk := resp.read(_CHUNK):
                     digest.update(chunk)
                     handle.write(chunk)
+                    bar.advance(len(chunk) // 1024)
+                bar.close()
             if digest.hexdigest() != expected_sha256:
                 raise DataError(f"{url}: SHA-256 mismatch (got {digest.hexdigest()[:16]}..., "
                                 f"expected {expected_sha256[:16]}...); file discarded")
