@@ -80,3 +80,36 @@ def test_decoding_settings_are_saved_loaded_and_checked(tmp_path):
     (tmp_path / "new" / "config.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"config.yaml: decode.beam: must be positive"):
         load_decode_config(tmp_path / "new")
+
+
+@pytest.mark.parametrize("where", ["first tensor byte", "last byte"])
+def test_one_flipped_bit_is_caught_by_the_checksum(tmp_path, where):
+    """Silent corruption (a flipped bit in the weights) is a one-line error, never a wrong model."""
+    from transduce.cli import main
+
+    save_model(_model(), tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    data[header if where == "first tensor byte" else -1] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="corrupt: its tensors do not match the checksum"):
+        load_model(tmp_path / "m")
+    assert main(["info", str(tmp_path / "m")]) == 0  # the header alone is still readable
+
+
+def test_files_without_a_checksum_still_load(tmp_path):
+    """Models saved before the checksum existed have none in their header."""
+    from safetensors.torch import load_file
+
+    from transduce.model.io import DIGEST_KEY, FORMAT, FORMAT_VERSION
+
+    model = _model().eval()
+    save_model(model, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    save_file(load_file(str(weights)), str(weights), metadata={"format": FORMAT, "version": FORMAT_VERSION})
+    from safetensors import safe_open
+    with safe_open(str(weights), framework="pt") as f:
+        assert DIGEST_KEY not in f.metadata()
+    src, tgt = torch.tensor([[4, 5, 2]]), torch.tensor([[1, 6]])
+    torch.testing.assert_close(load_model(tmp_path / "m")(src, tgt), model(src, tgt), rtol=0, atol=0)

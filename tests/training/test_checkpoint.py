@@ -55,3 +55,21 @@ def test_model_directories_are_ordinary_0755_directories(tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     save_model_dir(model, _Tok(), tmp_path / "model")  # replacing keeps it so
     assert stat.S_IMODE(out.stat().st_mode) == 0o755 and not list(tmp_path.glob(".*"))
+
+
+def test_a_damaged_trainer_state_is_refused(tmp_path):
+    """trainer.pt (optimizer state) is checked against the sha256 state.json recorded for it."""
+    from transduce.training.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=8, n_heads=2,
+                                    n_encoder_layers=1, n_decoder_layers=1, d_ff=16))
+    state = {"optimizer": torch.optim.Adam(model.parameters()).state_dict(), "moments": torch.randn(50)}
+    path = save_checkpoint(tmp_path / "ckpts", 10, model, _Tok(), state, {"step": 10}, keep_last=2)
+    weights, trainer_state, info = load_checkpoint(path)
+    assert info == {"step": 10} and torch.equal(trainer_state["moments"], state["moments"])
+    data = bytearray((path / "trainer.pt").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (path / "trainer.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="trainer.pt: corrupt"):
+        load_checkpoint(path)

@@ -1,13 +1,15 @@
 """Save and load a model directory: ``config.yaml`` + ``model.safetensors``.
 
 Weights are stored in safetensors (never pickles). Tied matrices are stored once, under the
-first name that refers to them. Loading checks the format marker, names and shapes, and raises
-:class:`~transduce.errors.CheckpointError` with a one-line explanation of any mismatch.
+first name that refers to them. The header records a sha256 of the tensors; loading checks it,
+the format marker, names and shapes, and raises :class:`~transduce.errors.CheckpointError` with
+a one-line explanation of any mismatch, so a flipped bit is an error, never a wrong model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from .transformer import Transformer
 
 FORMAT = "transduce"
 FORMAT_VERSION = "1"
+DIGEST_KEY = "sha256"  # header metadata: weights_digest() of the tensors (files before it have none)
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
 
@@ -51,13 +54,27 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: what
+    :func:`save_weights` records and :func:`read_weights` checks, so one flipped bit is caught."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
 def save_weights(state: dict[str, torch.Tensor], path: str | os.PathLike,
                  metadata: dict[str, str] | None = None) -> None:
-    """Write a safetensors file atomically (temporary file, then rename)."""
+    """Write a safetensors file atomically (temporary file, then rename), with the
+    :func:`weights_digest` of its tensors in the header."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "version": FORMAT_VERSION, **(metadata or {}), DIGEST_KEY: weights_digest(state)}
     with atomic_path(path) as tmp:
-        save_file(state, str(tmp), metadata={"format": FORMAT, "version": FORMAT_VERSION, **(metadata or {})})
+        save_file(state, str(tmp), metadata=meta)
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -74,6 +91,9 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a transduce checkpoint (format={meta.get('format')!r})")
+    if DIGEST_KEY in meta and weights_digest(state) != meta[DIGEST_KEY]:
+        raise CheckpointError(f"{path}: corrupt: its tensors do not match the checksum it was written with "
+                              "(a damaged disk or copy; restore it from a good copy)")
     return state
 
 

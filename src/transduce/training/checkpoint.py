@@ -10,6 +10,7 @@ save leaves the previous checkpoint, and the pointer to it, intact.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from ..model.io import load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
+TRAINER_DIGEST = "trainer_sha256"  # state.json: sha256 of trainer.pt as written
 
 
 def write_dir_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
@@ -54,7 +56,8 @@ def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: A
         save_model(model, tmp, decode)
         tokenizer.save(tmp)
         torch.save(trainer_state, tmp / "trainer.pt")
-        (tmp / "state.json").write_text(json.dumps(info, indent=1))
+        digest = hashlib.sha256((tmp / "trainer.pt").read_bytes()).hexdigest()
+        (tmp / "state.json").write_text(json.dumps({**info, TRAINER_DIGEST: digest}, indent=1))
 
     path = write_dir_atomically(ckpt_root / f"step_{step:08d}", fill)
     atomic_write_text(ckpt_root / "latest", path.name + "\n")
@@ -93,8 +96,12 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     """Weights, trainer state (optimizer, RNG...) and info of a checkpoint directory."""
     weights = read_weights(path / "model.safetensors")
     try:
-        trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
         info = json.loads((path / "state.json").read_text())
+        digest = info.pop(TRAINER_DIGEST, None)  # checkpoints before it have none
+        if digest is not None and hashlib.sha256((path / "trainer.pt").read_bytes()).hexdigest() != digest:
+            raise CheckpointError(f"{path / 'trainer.pt'}: corrupt: it does not match the checksum it was "
+                                  "written with (resume from an earlier checkpoint)")
+        trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError) as e:
         raise CheckpointError(f"{path}: unreadable training state ({one_line(e)})") from None
     return weights, trainer_state, info
