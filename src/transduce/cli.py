@@ -7,6 +7,7 @@ exit with status 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -454,6 +455,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TransduceError as e:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"transduce {args.command}: error: {e.strerror}{f': {e.filename}' if e.filename else ''} "
+              "(nothing half-written was kept; free space and rerun, with --resume for training)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"transduce {args.command}: interrupted", file=sys.stderr)

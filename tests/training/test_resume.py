@@ -114,3 +114,60 @@ def test_checkpoint_survives_sigkill_during_save(tmp_path, delay):
     assert all((w == float(step)).all() for w in weights.values())
     for ckpt in list_checkpoints(tmp_path / "ck"):  # every visible checkpoint is complete
         load_checkpoint(ckpt)
+
+
+def _run_in_process(cfg_path: Path, out: Path, *extra: str) -> None:
+    from transduce.cli import main
+
+    assert main(["train", str(cfg_path), "--out", str(out), *extra]) == 0
+
+
+def test_resume_skips_a_damaged_newest_checkpoint_and_stays_exact(tmp_path, caplog):
+    """A flipped bit in the newest checkpoint: --resume says so, resumes from the one before, and
+    ends with the weights of an uninterrupted run."""
+    cfg = {**CONFIG, "train": {**CONFIG["train"], "max_steps": 15}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    _run_in_process(tmp_path / "run.yaml", tmp_path / "a")
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump({**cfg, "train": {**cfg["train"], "max_steps": 10}}))
+    _run_in_process(tmp_path / "short.yaml", tmp_path / "b")
+    newest = latest_checkpoint(tmp_path / "b" / "checkpoints")
+    assert newest.name == "step_00000010"
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x04
+    weights.write_bytes(bytes(data))
+    with caplog.at_level("WARNING"):
+        _run_in_process(tmp_path / "run.yaml", tmp_path / "b", "--resume")
+    assert "step_00000010 is damaged" in caplog.text and "resuming from step_00000005" in caplog.text
+    a = load_file(str(tmp_path / "a" / "model" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    assert all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_full_disk_during_a_save_leaves_the_previous_checkpoint_latest(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import torch
+
+    import transduce.training.checkpoint as checkpoint
+    from transduce.cli import main
+
+    cfg = {**CONFIG, "train": {**CONFIG["train"], "max_steps": 10}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    real, calls = torch.save, []
+
+    def full_disk(obj, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:  # the second checkpoint (step 10)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    assert main(["train", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and err.count("\n") == 1
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert latest_checkpoint(ckpts).name == "step_00000005"
+    assert [p.name for p in list_checkpoints(ckpts)] == ["step_00000005"]
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000005"]  # no half-written directory
+    load_checkpoint(latest_checkpoint(ckpts))  # intact

@@ -169,9 +169,29 @@ class Trainer:
         load_state_checked(self.model, state, str(directory / WEIGHTS))
         logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
 
-    def restore(self, path: Path) -> None:
-        """Continue from a checkpoint: weights, optimizer, RNG, data position and counters."""
-        weights, trainer_state, info = load_checkpoint(path)
+    def restore_intact(self, ckpt_root: Path) -> Path:
+        """:meth:`restore` from the newest checkpoint under ``ckpt_root`` that reads back intact
+        (checksums, readable state): a damaged newer one is skipped, and the log says so."""
+        latest = latest_checkpoint(ckpt_root)
+        candidates = [latest] + [p for p in reversed(list_checkpoints(ckpt_root)) if p != latest]
+        errors = []
+        for path in candidates:
+            try:
+                loaded = load_checkpoint(path)
+            except CheckpointError as e:
+                errors.append(e)
+                logger.warning("checkpoint %s is damaged (%s)", path.name, e)
+                continue
+            if errors:
+                logger.warning("resuming from %s, the newest intact checkpoint", path.name)
+            self.restore(path, loaded)
+            return path
+        raise CheckpointError(f"{ckpt_root}: no intact checkpoint to resume from ({errors[0]})")
+
+    def restore(self, path: Path, loaded: tuple | None = None) -> None:
+        """Continue from a checkpoint: weights, optimizer, RNG, data position and counters
+        (``loaded``: what :func:`load_checkpoint` read from it, if done already)."""
+        weights, trainer_state, info = loaded or load_checkpoint(path)
         if Tokenizer.exists(path) and Tokenizer.load(path).digest() != self.data.tokenizer.digest():
             raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
                                   "(resume with the data this run was trained on)")
@@ -504,7 +524,7 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
             data = _run_data(cfg, run_dir)
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
-            trainer.restore(latest)
+            trainer.restore_intact(run_dir / "checkpoints")
         elif cfg.train.init_from is not None:
             trainer.init_from(Path(cfg.train.init_from))
         reason = trainer.train()
