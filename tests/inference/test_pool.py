@@ -200,3 +200,21 @@ def test_tensors_cross_processes_as_bytes_and_back(t):
 
     back = _Packed.of(t).tensor()
     assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
+
+
+def test_a_killed_worker_is_replaced_and_its_batches_answered(model_dir, translator):
+    """SIGKILL one worker: the next call starts a new pool, resubmits what was not answered, and
+    gives the Translator's results; nothing is lost and nothing hangs."""
+    import os
+    import signal
+    import time
+
+    want = translator.translate(TEXTS, beam=2, max_len_b=6)
+    with TranslatorPool.load(model_dir, workers=2) as p:
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
+        before = list(p.pool.pids)
+        os.kill(before[0], signal.SIGKILL)
+        time.sleep(0.5)  # let the executor notice
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
+        assert p.pool.restarts == 1 and set(p.pool.pids).isdisjoint(before)
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want  # and keeps working

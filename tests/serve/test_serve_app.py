@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -145,10 +147,20 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(ask, [sentences[i: i + 4] for i in range(0, 24, 4)]))
         r = httpx.post(server.url + "/attention", json={"sentence": sentences[0], "beam": 3}, timeout=30)
+        health = httpx.get(server.url + "/health").json()["workers"]
+        os.kill(health["pids"][0], signal.SIGKILL)  # a crashed worker: the server keeps answering
+        time.sleep(0.5)
+        with ThreadPoolExecutor(4) as pool:
+            after = list(pool.map(ask, [sentences[i: i + 4] for i in range(0, 24, 4)]))
+        healed = httpx.get(server.url + "/health").json()["workers"]
     service.close()
     assert [status for status, _ in answers] == [200] * 6
     assert [t for _, body in answers for t in body["translations"]] == [want[s] for s in sentences]
     assert r.status_code == 200 and r.json()["translation"] == want[sentences[0]]
+    assert health["count"] == 2 and health["restarts"] == 0
+    assert [status for status, _ in after] == [200] * 6
+    assert [t for _, body in after for t in body["translations"]] == [want[s] for s in sentences]
+    assert healed["restarts"] == 1 and set(healed["pids"]).isdisjoint(health["pids"])
 
 
 def test_defaults_and_missing_extra():

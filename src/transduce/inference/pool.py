@@ -145,6 +145,10 @@ def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None) -> tu
         return _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor()))
 
 
+class WorkerLost(TransduceError):
+    """Decoding workers died again after a restart: the batch is not answered (a server says 503)."""
+
+
 class SearchPool:
     """Worker processes with a copy of a model each, searching batches of source ids.
 
@@ -157,7 +161,11 @@ class SearchPool:
 
     The workers are started and have loaded the model when the constructor returns (a model
     that cannot be loaded raises its one-line error here); ``pids`` are their process ids.
-    :meth:`close` stops them; a worker whose parent dies without closing ends by itself.
+    :meth:`close` stops them; a worker whose parent dies without closing ends by itself. A
+    worker that dies (SIGKILL, out of memory) takes the pool down with it (``concurrent.futures``
+    breaks the whole pool), so :meth:`map` starts a new pool (``restarts`` counts them) and
+    resubmits the batches not yet answered, once: a batch that breaks the new pool too raises
+    :class:`WorkerLost`. Nothing is lost silently and nothing hangs.
     """
 
     def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
@@ -166,16 +174,29 @@ class SearchPool:
             raise ConfigError(f"workers and threads must be >= 1; got workers={workers}, threads={threads}")
         check_precision(precision)
         self.workers = workers
+        self.restarts = 0
+        self._init = (str(model_dir), threads, precision, int8)
+        self._open()
+        logger.info("%d decoding worker(s) ready, %d thread(s) each", workers, threads)
+
+    def _open(self) -> None:
+        """Start the worker processes and wait until each has loaded the model."""
         context = multiprocessing.get_context("spawn")
-        self._executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(str(model_dir), threads, precision, int8,
-                                                       context.Barrier(workers)))
+        self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
+                                             initargs=(*self._init, context.Barrier(self.workers)))
         try:
-            self._start(workers)
+            self._start(self.workers)
         except BaseException:
             self.close()
             raise
-        logger.info("%d decoding worker(s) ready, %d thread(s) each", workers, threads)
+
+    def _restart(self) -> None:
+        """A worker died (killed, out of memory): replace the whole broken pool with a new one."""
+        self.restarts += 1
+        logger.warning("a decoding worker process died; starting %d new one(s) (restart %d)",
+                       self.workers, self.restarts)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._open()
 
     def _start(self, workers: int) -> None:
         """One start task per worker, submitted at once (each submit finds no idle worker, so
@@ -195,13 +216,27 @@ class SearchPool:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
         (each with its forced-prefix ids, if given)."""
         prefixes = prefixes or [None] * len(batches)
-        futures = [self._executor.submit(_search, _Packed.of(src), spec, None if p is None else _Packed.of(p))
-                   for src, p in zip(batches, prefixes)]
+        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p)) for src, p in zip(batches, prefixes)]
         try:
-            for future in futures:
-                yield _unpack(future.result())
-        except BrokenProcessPool:
-            raise TransduceError("a decoding worker process died (out of memory?); the pool is unusable") from None
+            futures = [self._executor.submit(_search, *job) for job in jobs]
+        except BrokenProcessPool:  # a worker died between calls
+            self._restart()
+            futures = [self._executor.submit(_search, *job) for job in jobs]
+        retried = -1  # the batch whose search was resubmitted after a worker died
+        i = 0
+        try:
+            while i < len(jobs):
+                try:
+                    result = futures[i].result()
+                except BrokenProcessPool:
+                    if retried == i:  # it broke the new workers too: a poison batch, not bad luck
+                        raise WorkerLost("a decoding worker died twice on the same batch (out of memory?)") from None
+                    self._restart()
+                    retried = i
+                    futures[i:] = [self._executor.submit(_search, *job) for job in jobs[i:]]
+                    continue
+                yield _unpack(result)
+                i += 1
         finally:
             for future in futures:
                 future.cancel()

@@ -25,6 +25,7 @@ from importlib import resources
 from typing import Any, Hashable
 
 from ..errors import ConfigError, TransduceError, require
+from ..inference.pool import WorkerLost
 from ..inference.search import AttentionChoice
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
@@ -227,6 +228,8 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
     except asyncio.TimeoutError:
         future.cancel()
         raise ApiError(504, f"not answered within {service.cfg.request_timeout_s:g} s") from None
+    except WorkerLost as e:
+        raise ApiError(503, str(e)) from None
     except TransduceError as e:
         raise ApiError(422, str(e)) from None
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by the batcher
@@ -273,7 +276,10 @@ def create_app(service: TranslationService, title: str = "transduce"):
 
     @app.get("/health")
     async def health():
+        pool = getattr(service.translator, "pool", None)
+        workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts}
         return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
+                "workers": workers,
                 "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
                            "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
                            "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
