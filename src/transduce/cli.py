@@ -393,7 +393,27 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; with --workers: per worker, default 1)")
     p.add_argument("--workers", type=int, default=0,
                    help="decode on the CPU in N worker processes, each batch spread over them (default: 0)")
+    p.add_argument("--api-key-file", default=None,
+                   help="a file holding the API key that POST requests must send as 'Authorization: Bearer KEY' "
+                        "(default: $TRANSDUCE_API_KEY if set, else no key)")
+    p.add_argument("--max-per-client", type=int, default=None,
+                   help="requests one client address may have in flight; more are answered 429 (default: no limit)")
     p.set_defaults(func=_cmd_serve)
+
+
+def _api_key(path: str | None) -> str | None:
+    """The key of --api-key-file, else of $TRANSDUCE_API_KEY, else None."""
+    import os
+
+    if path is None:
+        return os.environ.get("TRANSDUCE_API_KEY") or None
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--api-key-file: cannot read {path} ({e.__class__.__name__})") from None
+    if not key:
+        raise ConfigError(f"--api-key-file: {path} is empty")
+    return key
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -401,7 +421,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,
-                                      workers=args.workers))
+                                      workers=args.workers, api_key=_api_key(args.api_key_file),
+                                      max_per_client=args.max_per_client))
     return 0
 
 

@@ -174,3 +174,40 @@ def test_defaults_and_missing_extra():
             ServeConfig(**bad)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
         require("transduce_no_such_package", "serve")
+
+
+def test_an_api_key_guards_the_post_routes_and_clients_are_limited(trained_dir):
+    """serve --api-key-file: 401 without the key or with a wrong one; the page and /health stay
+    open; --max-per-client: a client's requests beyond the limit in flight are answered 429."""
+    from server_helpers import BackgroundServer
+    from transduce.serve import ServeConfig, TranslationService, create_app
+
+    service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.4),
+                                 ServeConfig(api_key="s3cret", max_per_client=1, batching=False, batch_wait_ms=1))
+    good = {"Authorization": "Bearer s3cret"}
+    with BackgroundServer(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        r = c.post("/translate", json={"sentences": ["a"]})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        wrong = {"Authorization": "Bearer s3cre"}
+        assert c.post("/translate", json={"sentences": ["a"]}, headers=wrong).status_code == 401
+        assert c.post("/translate", json={"sentences": ["a"]}, headers=good).json() == {"translations": ["A"]}
+        assert c.get("/health").status_code == 200 and c.get("/").status_code == 200
+        with ThreadPoolExecutor(2) as pool:
+            codes = sorted(pool.map(lambda s: c.post("/translate", json={"sentences": [s]}, headers=good).status_code,
+                                    ["x", "y"]))
+        assert codes == [200, 429]
+    service.close()
+
+
+def test_api_key_file_errors_and_config(tmp_path, capsys):
+    from transduce.cli import main
+    from transduce.serve import ServeConfig
+    from transduce.errors import ConfigError
+
+    (tmp_path / "empty").write_text("\n")
+    assert main(["serve", str(tmp_path), "--api-key-file", str(tmp_path / "empty")]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert "s3cret" not in repr(ServeConfig(api_key="s3cret"))  # never logged
+    for bad in (dict(api_key=" "), dict(max_per_client=0)):
+        with pytest.raises(ConfigError):
+            ServeConfig(**bad)

@@ -9,18 +9,23 @@ Routes:
     GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
     GET  /           -> the demo page (static/index.html)
 
+With ``api_key`` set, the POST routes need ``Authorization: Bearer KEY`` (401 otherwise; the
+page asks for the key); ``max_per_client`` caps one client address's requests in flight (429).
+
 Errors are JSON ``{"error": "..."}``: 413 for a body, a sentence list or a sentence over the
-limits, 422 for malformed or invalid requests, 503 when the queue is full, 504 when a request
-waits longer than ``request_timeout_s``, 500 if a batch fails; the server keeps serving.
+limits, 422 for malformed or invalid requests, 503 when the queue is full (or decoding workers
+died twice on a batch), 504 when a request waits longer than ``request_timeout_s``, 500 if a
+batch fails; the server keeps serving.
 FastAPI and uvicorn are optional (``pip install 'transduce[serve]'``) and imported lazily.
 """
 
 # No "from __future__ import annotations": FastAPI reads the route annotations at runtime, and
 # the classes they name (Request) are imported lazily inside create_app.
 import asyncio
+import hmac
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any, Hashable
 
@@ -51,8 +56,14 @@ class ServeConfig:
     device: str = "cpu"
     threads: int | None = None
     workers: int = 0
+    api_key: str | None = field(default=None, repr=False)  # required as "Authorization: Bearer KEY"
+    max_per_client: int | None = None  # requests one client address may have in flight (429 beyond)
 
     def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("serve.api_key: is empty")
+        if self.max_per_client is not None and self.max_per_client <= 0:
+            raise ConfigError(f"serve.max_per_client: must be positive; got {self.max_per_client}")
         for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
@@ -251,6 +262,31 @@ def create_app(service: TranslationService, title: str = "transduce"):
     async def api_error(request: Request, exc: ApiError):
         return JSONResponse({"error": exc.message}, status_code=exc.status)
 
+    expected = None if cfg.api_key is None else f"Bearer {cfg.api_key.strip()}".encode()
+    in_flight: dict[str, int] = {}
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        """The API key (constant-time comparison) and the per-client limit, for the POST routes."""
+        if request.method != "POST":
+            return await call_next(request)
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return JSONResponse({"error": "missing or wrong API key (Authorization: Bearer KEY)"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+        client = request.client.host if request.client else "?"
+        if cfg.max_per_client is not None and in_flight.get(client, 0) >= cfg.max_per_client:
+            return JSONResponse({"error": f"too many requests in flight from {client} "
+                                          f"(at most {cfg.max_per_client})"}, status_code=429)
+        in_flight[client] = in_flight.get(client, 0) + 1
+        try:
+            return await call_next(request)
+        finally:
+            in_flight[client] -= 1
+            if not in_flight[client]:
+                del in_flight[client]
+
     @app.post("/translate")
     async def translate(request: Request):
         req = await parse_body(request, TranslateRequest)
@@ -296,9 +332,11 @@ def serve(model_dir: str | os.PathLike, cfg: ServeConfig) -> None:
     uvicorn = require("uvicorn", "serve", "serving")
     require("fastapi", "serve", "serving")
     service = load_service(model_dir, cfg)
-    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("serving on %s: reachable from other machines (there is no authentication)", cfg.host)
-    logger.info("serving %s on http://%s:%d (settings: %s)", model_dir, cfg.host, cfg.port, asdict(cfg))
+    if cfg.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
+        logger.warning("serving on %s: reachable from other machines, and without an API key anyone can use "
+                       "it (serve --api-key-file FILE or $TRANSDUCE_API_KEY)", cfg.host)
+    settings = {**asdict(cfg), "api_key": None if cfg.api_key is None else "(set)"}
+    logger.info("serving %s on http://%s:%d (settings: %s)", model_dir, cfg.host, cfg.port, settings)
     try:
         uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
                     host=cfg.host, port=cfg.port, log_level="info")
