@@ -296,6 +296,7 @@ class TrainConfig:
     patience: int | None = None
     eval_bleu: bool = True
     tensorboard: bool = False    # metrics also as TensorBoard events in RUN_DIR/tensorboard (extra 'tensorboard')
+    dist_timeout_s: float = 600.0  # multi-process: collectives give up after this long (a stopped rank: an error)
     max_bad_steps: int = 10
     num_threads: int | None = None
     task: str | None = None      # "translation", "lm" or "mlm"; None: the one model.arch is for (RunConfig.task)
@@ -325,6 +326,7 @@ class TrainConfig:
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
         _check(self.clip_norm is None or self.clip_norm > 0, "train.clip_norm", "must be positive")
         _check(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes", "must be positive")
+        _check(self.dist_timeout_s > 0, "train.dist_timeout_s", "must be positive")
         _check(self.patience is None or self.patience > 0, "train.patience", "must be positive")
         _check(self.average_last is None or 0 < self.average_last <= self.keep_last, "train.average_last",
                f"must be between 1 and train.keep_last ({self.keep_last})")

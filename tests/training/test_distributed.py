@@ -104,3 +104,64 @@ def test_torchrun_train_then_resume_on_one_process(tmp_path):
     assert more.returncode == 0, more.stderr[-3000:]
     assert (run / "checkpoints" / "step_00000009").is_dir()
     assert (run / "model" / "model.safetensors").is_file()
+
+
+def _rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the torchrun worker with RANK=rank among ``parent``'s descendants."""
+    import glob
+
+    for path in glob.glob("/proc/[0-9]*/environ"):
+        try:
+            env = open(path, "rb").read().split(b"\0")
+            status = open(path.replace("environ", "status")).read()
+        except OSError:
+            continue
+        ppid = int(status.split("PPid:")[1].split()[0])
+        if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID=" in b"".join(env) and \
+                (ppid == parent or os.path.exists(f"/proc/{ppid}") and f"PPid:\t{parent}" in
+                 open(f"/proc/{ppid}/status").read()):
+            return int(path.split("/")[2])
+    return None
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
+    """SIGSTOP rank 1 mid-training: rank 0's next all-reduce gives up after train.dist_timeout_s
+    and it exits with one line naming itself and the step."""
+    import signal
+    import time
+
+    cfg = {
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 150, "max_tokens": 256},
+        "train": {"max_steps": 100000, "save_every": 2, "eval_every": 100000, "log_every": 1, "eval_bleu": False,
+                  "num_threads": 1, "dist_timeout_s": 5},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "log.txt", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "transduce", "train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    rank1 = None
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "run" / "checkpoints" / "step_00000002").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rank1 = _rank_pid(proc.pid, 1)
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while time.monotonic() - stopped_at < 120 and "collective operation" not in (tmp_path / "log.txt").read_text():
+            time.sleep(0.2)
+        waited = time.monotonic() - stopped_at
+    finally:
+        if rank1 is not None:
+            os.kill(rank1, signal.SIGKILL)
+        proc.wait(timeout=120)
+        log.close()
+    text = (tmp_path / "log.txt").read_text()
+    lines = [line for line in text.splitlines() if "collective operation at step" in line]
+    assert lines and lines[0].startswith("transduce train: error: rank 0 of 2:"), text[-3000:]
+    assert waited < 60 and proc.returncode != 0

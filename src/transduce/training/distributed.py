@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -28,8 +29,10 @@ class DistInfo:
         return self.world_size > 1
 
 
-def init_distributed(device_kind: str) -> DistInfo:
-    """Join the process group described by torchrun's environment (no-op when run alone)."""
+def init_distributed(device_kind: str, timeout_s: float = 600.0) -> DistInfo:
+    """Join the process group described by torchrun's environment (no-op when run alone).
+    Collectives give up after ``timeout_s`` seconds (``train.dist_timeout_s``): a rank that
+    stopped is then an error in the others (see :func:`collective_failure`), not a freeze."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
@@ -38,7 +41,7 @@ def init_distributed(device_kind: str) -> DistInfo:
         backend = "nccl" if device_kind == "cuda" else "gloo"
         if device_kind == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return info
 
 
@@ -50,3 +53,21 @@ def shutdown_distributed() -> None:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def is_collective_error(error: BaseException) -> bool:
+    """Whether ``error`` came from torch.distributed's backends (a timeout, a closed connection),
+    rather than from the model's own code."""
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error).lower()
+    return any(k in text for k in ("gloo", "nccl", "timed out", "connection closed", "connection reset"))
+
+
+def collective_failure(info: DistInfo, step: int, timeout_s: float, error: BaseException) -> str:
+    """The one-line message for a collective operation (DDP's all-reduce, a barrier) that failed
+    or timed out on this rank at ``step``: another rank stopped, hung or died."""
+    detail = " ".join(str(error).split())[:160]
+    return (f"rank {info.rank} of {info.world_size}: a collective operation at step {step} failed within "
+            f"train.dist_timeout_s={timeout_s:g} s: another rank stopped, hung or died ({detail}); "
+            "resume with --resume (torchrun --max-restarts=N restarts it by itself)")

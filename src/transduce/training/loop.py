@@ -35,7 +35,8 @@ from ..errors import CheckpointError, ConfigError, TransduceError
 from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
-from .distributed import DistInfo, barrier, init_distributed, shutdown_distributed
+from .distributed import (DistInfo, barrier, collective_failure, init_distributed, is_collective_error,
+                          shutdown_distributed)
 from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress, TensorBoardLog
@@ -443,7 +444,13 @@ class Trainer:
         window_tokens, window_t0 = 0, time.monotonic()
         while (reason := self._should_stop()) is None:
             tokens_before = self.state.tokens
-            metrics = self.train_step()
+            try:
+                metrics = self.train_step()
+            except RuntimeError as e:  # torch.distributed's errors (DistBackendError...) are RuntimeErrors
+                if not (self.dist.enabled and is_collective_error(e)):
+                    raise
+                raise TrainingError(collective_failure(self.dist, self.state.step + 1, cfg.dist_timeout_s, e)) \
+                    from None
             window_tokens += self.state.tokens - tokens_before
             step = self.state.step
             if metrics is not None and (step % cfg.log_every == 0 or step == 1):
@@ -503,7 +510,7 @@ def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData | LabelledData:
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
     """Prepare data, build or restore the trainer, train, and write the final model."""
     device = resolve_device(cfg.train.device, "train.device")
-    dist = init_distributed(device.type)
+    dist = init_distributed(device.type, cfg.train.dist_timeout_s)
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     try:
