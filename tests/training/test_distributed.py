@@ -165,3 +165,4 @@ def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
     lines = [line for line in text.splitlines() if "collective operation at step" in line]
     assert lines and lines[0].startswith("transduce train: error: rank 0 of 2:"), text[-3000:]
     assert waited < 60 and proc.returncode != 0
+
