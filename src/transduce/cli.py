@@ -82,17 +82,26 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm"],
-                   help="translation (en->de), lm: a small GPT on the German side, or mlm: a small BERT on the "
-                        "English side (default: translation)")
+    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm", "classify"],
+                   help="translation (en->de), lm: a small GPT on the German side, mlm: a small BERT on the "
+                        "English side, or classify: that BERT fine-tuned to tell the tense of a sentence, against "
+                        "the same classifier from scratch (default: translation)")
     p.add_argument("--out", default=None, help="run directory (default: runs/demo, or runs/demo_TASK)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's own)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default: the demo's own); for classify, of each of its runs")
+    p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                   help="classify: fine-tune this masked LM (a finished `demo --task mlm` model) instead of "
+                        "training one into OUT/mlm")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo, run_lm_demo, run_mlm_demo
-    if args.task == "lm":
+    from .demo import run_classify_demo, run_demo, run_lm_demo, run_mlm_demo
+    if args.init_from is not None and args.task != "classify":
+        raise ConfigError("--init-from: only demo --task classify starts from a trained model")
+    if args.task == "classify":
+        result = run_classify_demo(args.out or "runs/demo_classify", steps=args.steps, init_from=args.init_from)
+    elif args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
     elif args.task == "mlm":
         result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps)
