@@ -69,7 +69,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from .config import load_run_config
     from .data.prepare import prepare_dataset
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides).with_init_tokenizer()
     data = prepare_dataset(cfg.data, args.out, args.workers, seed=cfg.train.seed)
     m = data.manifest
     for split, entry in m["splits"].items():
@@ -241,7 +241,8 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("classify", help="label text with a classifier; with --score, print accuracy and macro-F1")
     p.add_argument("model_dir", help="model directory of a classifier (train.task classify)")
     p.add_argument("--input", default=None,
-                   help="one text a line (default: stdin); with --score, a file of text<TAB>label lines")
+                   help="one text (or text_a<TAB>text_b, a sentence pair) a line (default: stdin); with --score, "
+                        "a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
     p.add_argument("--output", default=None, help="output file for the labels, written atomically (default: stdout)")
     p.add_argument("--score", action="store_true",
                    help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
@@ -253,6 +254,7 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 def _cmd_classify(args: argparse.Namespace) -> int:
     import json
 
+    from .errors import DataError
     from .inference.classify import Classifier
     from .inference.files import atomic_output, iter_lines
     classifier = Classifier.load(args.model_dir, args.device)
@@ -260,13 +262,20 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         from .data.labelled import check_labels, read_labelled
         from .evaluation.metrics import classification_scores
         if args.input is None:
-            raise ConfigError("--score: needs --input, a file of text<TAB>label lines")
+            raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
         examples = read_labelled(args.input)
         check_labels(examples, classifier.config.labels, args.input)
         predicted = classifier.classify([t for t, _ in examples], args.batch_size)
         print(json.dumps(classification_scores(predicted, [g for _, g in examples]), indent=2))
         return 0
-    labels = classifier.classify(list(iter_lines(args.input)), args.batch_size)
+    texts = []
+    for n, line in enumerate(iter_lines(args.input), 1):
+        fields = tuple(line.split("\t"))
+        if len(fields) > 2:
+            raise DataError(f"{args.input or '<stdin>'}:{n}: expected a text or text_a<TAB>text_b; "
+                              f"got {len(fields)} fields")
+        texts.append(fields)
+    labels = classifier.classify(texts, args.batch_size)
     with atomic_output(args.output) as out:
         out.write("".join(f"{label}\n" for label in labels))
     return 0

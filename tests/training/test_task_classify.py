@@ -77,9 +77,19 @@ def test_task_is_inferred_and_its_data_checked(corpus):
 
 def test_label_files_are_checked_line_by_line(corpus, tmp_path):
     (tmp_path / "bad.tsv").write_text("a dog\tdog\nno label here\n")
-    with pytest.raises(DataError, match=r"bad.tsv:2: expected text<TAB>label$"):
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected text<TAB>label or text_a<TAB>text_b<TAB>label; "
+                                        r"got 1 field\(s\)$"):
         read_labelled(tmp_path / "bad.tsv")
-    assert read_labelled(corpus / "valid.tsv")[0] == ("the dog sees the tree", "dog")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na\tb\tc\td\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected .*; got 4 field\(s\)$"):
+        read_labelled(tmp_path / "bad.tsv")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na dog\t\tsame\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected .*; got 3 field\(s\), one empty$"):
+        read_labelled(tmp_path / "bad.tsv")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na dog\tdog\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: a single text, but line 1 is a sentence pair"):
+        read_labelled(tmp_path / "bad.tsv")
+    assert read_labelled(corpus / "valid.tsv")[0] == (("the dog sees the tree",), "dog")
     (tmp_path / "valid.tsv").write_text("the dog sees the ball\tdog\nthe cow sees the ball\tcow\n")
     with pytest.raises(DataError, match=r"valid.tsv:2: label 'cow' is not one of the 3 classes \(bird, cat, dog\)"):
         run_training(_cfg(corpus, data={"valid_src": str(tmp_path / "valid.tsv")}), tmp_path / "run")
