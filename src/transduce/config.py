@@ -203,7 +203,8 @@ class DataConfig:
     A masked LM (``train.task: mlm``) reads the source side, the encoder's: of a parallel corpus
     (set ``reverse`` for the target side), or of the same monolingual ``*_tgt`` files.
     Classification (``train.task: classify``) reads ``train_src``/``valid_src``/``test_src`` files
-    of ``text<TAB>label`` lines (:mod:`transduce.data.labelled`) with an existing tokenizer.
+    of ``text<TAB>label`` (or sentence pairs' ``text_a<TAB>text_b<TAB>label``) lines
+    (:mod:`transduce.data.labelled`) with an existing tokenizer, prepared like any corpus.
 
     ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
     and filter settings are then the ones it was prepared with (its ``manifest.json``).
