@@ -1,5 +1,7 @@
 """Config validation, YAML round trips and overrides."""
 
+from dataclasses import replace
+
 import pytest
 
 from transduce.config import (DecodeConfig, ModelConfig, RunConfig, TrainConfig, apply_overrides,
@@ -116,6 +118,17 @@ def test_mlm_demo_config_is_a_bert_shaped_masked_lm():
     demo = demo_config(steps=5, task="mlm")
     assert demo.task == "mlm" and demo.model.arch == "encoder_only" and demo.train.max_steps == 5
     assert bert_incompatibilities(demo.model) == []  # what the demo trains exports to BERT
+
+
+def test_classify_demo_config_is_the_mlm_demos_model_with_a_head():
+    from transduce.demo import demo_config
+    from transduce.export.hf_bert import bert_incompatibilities
+    mlm, cls = demo_config(task="mlm"), demo_config(steps=5, task="classify", data={"train_src": "t.tsv"},
+                                                    init_from="m")
+    assert cls.task == "classify" and cls.model.n_classes == 4 and cls.train.max_steps == 5
+    assert cls.model == replace(mlm.model, n_classes=4)  # what --init-from requires of the masked LM
+    assert cls.train.init_from == "m" and cls.data.train_src == "t.tsv" and bert_incompatibilities(cls.model) == []
+    assert demo_config(task="classify", data={"train_src": "t.tsv", "tokenizer": "m"}).train.max_steps == 300
 
 
 def test_wmt14_configs_are_the_papers_recipes_and_fail_clearly_without_their_prepared_corpus(tmp_path, monkeypatch,

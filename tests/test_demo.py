@@ -23,3 +23,25 @@ def test_mlm_demo_runs_and_reports_perplexity_and_guesses(tmp_path, capsys):
     assert "validation perplexity" in out and out.count("[MASK]") == 4 and "guessed" in out
     summary = json.loads((tmp_path / "mlm" / "demo.json").read_text())
     assert summary["steps"] == 3 and summary["val_ppl"] > 1
+
+
+@pytest.mark.slow
+def test_classify_demo_fine_tunes_and_trains_from_scratch_and_reports_both_accuracies(tmp_path, capsys):
+    assert main(["demo", "--task", "classify", "--steps", "2", "--out", str(tmp_path / "cls")]) == 0
+    out = capsys.readouterr().out
+    assert "fine-tuned from the masked LM" in out and "trained from scratch" in out and "transduce classify" in out
+    summary = json.loads((tmp_path / "cls" / "demo.json").read_text())
+    assert summary["steps"] == 2 and summary["labelled_sentences"] == 2000 and summary["test_sentences"] == 500
+    assert set(summary["test_accuracy"]) == {"pretrained", "scratch"}
+    assert all(0 <= a <= 1 for a in summary["test_accuracy"].values())
+    assert 0.4 < summary["baselines"]["majority"] < summary["baselines"]["position"] < 0.9
+    for run in ("mlm", "pretrained", "scratch"):  # the masked LM trained, both classifiers for the same steps
+        log = (tmp_path / "cls" / run / "metrics.jsonl").read_text().splitlines()
+        assert max(json.loads(line)["step"] for line in log) == 2
+    rows = (tmp_path / "cls" / "data" / "test.tsv").read_text().splitlines()
+    assert len(rows) == 500 and all(r.rsplit("\t", 1)[1] in {"present", "perfect", "future", "modal"} for r in rows)
+    # an existing masked LM is reused rather than trained again
+    assert main(["demo", "--task", "classify", "--steps", "2", "--out", str(tmp_path / "again"),
+                 "--init-from", str(tmp_path / "cls" / "mlm" / "model")]) == 0
+    assert not (tmp_path / "again" / "mlm").exists() and (tmp_path / "again" / "demo.json").is_file()
+    assert main(["demo", "--task", "lm", "--init-from", str(tmp_path / "cls" / "mlm" / "model")]) == 2

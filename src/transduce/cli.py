@@ -71,7 +71,7 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from .config import load_run_config
     from .data.prepare import prepare_dataset
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = load_run_config(args.config, args.overrides).with_init_tokenizer()
     data = prepare_dataset(cfg.data, args.out, args.workers, seed=cfg.train.seed)
     m = data.manifest
     for split, entry in m["splits"].items():
@@ -84,17 +84,26 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm"],
-                   help="translation (en->de), lm: a small GPT on the German side, or mlm: a small BERT on the "
-                        "English side (default: translation)")
+    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm", "classify"],
+                   help="translation (en->de), lm: a small GPT on the German side, mlm: a small BERT on the "
+                        "English side, or classify: that BERT fine-tuned to tell the tense of a sentence, against "
+                        "the same classifier from scratch (default: translation)")
     p.add_argument("--out", default=None, help="run directory (default: runs/demo, or runs/demo_TASK)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the demo's own)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default: the demo's own); for classify, of each of its runs")
+    p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
+                   help="classify: fine-tune this masked LM (a finished `demo --task mlm` model) instead of "
+                        "training one into OUT/mlm")
     p.set_defaults(func=_cmd_demo)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo, run_lm_demo, run_mlm_demo
-    if args.task == "lm":
+    from .demo import run_classify_demo, run_demo, run_lm_demo, run_mlm_demo
+    if args.init_from is not None and args.task != "classify":
+        raise ConfigError("--init-from: only demo --task classify starts from a trained model")
+    if args.task == "classify":
+        result = run_classify_demo(args.out or "runs/demo_classify", steps=args.steps, init_from=args.init_from)
+    elif args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
     elif args.task == "mlm":
         result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps)
@@ -243,7 +252,8 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("classify", help="label text with a classifier; with --score, print accuracy and macro-F1")
     p.add_argument("model_dir", help="model directory of a classifier (train.task classify)")
     p.add_argument("--input", default=None,
-                   help="one text a line (default: stdin); with --score, a file of text<TAB>label lines")
+                   help="one text (or text_a<TAB>text_b, a sentence pair) a line (default: stdin); with --score, "
+                        "a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
     p.add_argument("--output", default=None, help="output file for the labels, written atomically (default: stdout)")
     p.add_argument("--score", action="store_true",
                    help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
@@ -255,6 +265,7 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 def _cmd_classify(args: argparse.Namespace) -> int:
     import json
 
+    from .errors import DataError
     from .inference.classify import Classifier
     from .inference.files import atomic_output, iter_lines
     classifier = Classifier.load(args.model_dir, args.device)
@@ -262,13 +273,20 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         from .data.labelled import check_labels, read_labelled
         from .evaluation.metrics import classification_scores
         if args.input is None:
-            raise ConfigError("--score: needs --input, a file of text<TAB>label lines")
+            raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
         examples = read_labelled(args.input)
         check_labels(examples, classifier.config.labels, args.input)
         predicted = classifier.classify([t for t, _ in examples], args.batch_size)
         print(json.dumps(classification_scores(predicted, [g for _, g in examples]), indent=2))
         return 0
-    labels = classifier.classify(list(iter_lines(args.input)), args.batch_size)
+    texts = []
+    for n, line in enumerate(iter_lines(args.input), 1):
+        fields = tuple(line.split("\t"))
+        if len(fields) > 2:
+            raise DataError(f"{args.input or '<stdin>'}:{n}: expected a text or text_a<TAB>text_b; "
+                              f"got {len(fields)} fields")
+        texts.append(fields)
+    labels = classifier.classify(texts, args.batch_size)
     with atomic_output(args.output) as out:
         out.write("".join(f"{label}\n" for label in labels))
     return 0

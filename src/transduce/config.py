@@ -208,7 +208,8 @@ class DataConfig:
     A masked LM (``train.task: mlm``) reads the source side, the encoder's: of a parallel corpus
     (set ``reverse`` for the target side), or of the same monolingual ``*_tgt`` files.
     Classification (``train.task: classify``) reads ``train_src``/``valid_src``/``test_src`` files
-    of ``text<TAB>label`` lines (:mod:`transduce.data.labelled`) with an existing tokenizer.
+    of ``text<TAB>label`` (or sentence pairs' ``text_a<TAB>text_b<TAB>label``) lines
+    (:mod:`transduce.data.labelled`) with an existing tokenizer, prepared like any corpus.
 
     ``prepared``: a directory made by ``transduce prepare`` to train from; the corpus, tokenizer
     and filter settings are then the ones it was prepared with (its ``manifest.json``).
@@ -261,6 +262,11 @@ class DataConfig:
             _check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                    "is required when data.corpus=files (with data.train_src, except for a language model's "
                    "monolingual text; train.task classify reads data.train_src alone)")
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the files are text<TAB>label lines (train.task classify): ``*_src`` without ``*_tgt``."""
+        return self.corpus == "files" and self.train_src is not None and self.train_tgt is None
 
 
 @dataclass(frozen=True)
@@ -404,8 +410,10 @@ class RunConfig:
 
     def _check_classify(self) -> None:
         d = self.data
-        _check(d.corpus == "files" and d.prepared is None, "data.corpus", "train.task classify reads "
-               f"text<TAB>label files: data.corpus=files without data.prepared; got {d.corpus}")
+        if d.prepared is not None:  # a prepared classification set (checked when opened)
+            return
+        _check(d.corpus == "files", "data.corpus", "train.task classify reads text<TAB>label files "
+               f"(data.corpus=files) or a prepared classification set (data.prepared); got {d.corpus}")
         _check(d.train_src is not None, "data.train_src", "is required by train.task classify (text<TAB>label lines)")
         _check(all(getattr(d, f"{k}_tgt") is None for k in ("train", "valid", "test")), "data.train_tgt",
                "train.task classify reads its labels from the data.*_src files (text<TAB>label); set no *_tgt")
@@ -417,6 +425,14 @@ class RunConfig:
         if self.model.arch == "encoder_only" and self.model.n_classes:
             return "classify"
         return TASK_OF_ARCH[self.model.arch]
+
+    def with_init_tokenizer(self) -> "RunConfig":
+        """This config with ``train.init_from``'s tokenizer as ``data.tokenizer`` when it names no
+        other (nor ``data.prepared``): a run that starts from a model reads text as it did."""
+        d = self.data
+        if self.train.init_from is None or d.tokenizer is not None or d.prepared is not None:
+            return self
+        return replace(self, data=replace(d, tokenizer=self.train.init_from))
 
     @property
     def task(self) -> str:

@@ -3,7 +3,9 @@
 ``--task lm`` trains a small GPT (``demo_lm.yaml``) on the pair's German side instead and
 reports validation perplexity and a few generated sentences; ``--task mlm`` a small BERT
 (``demo_mlm.yaml``) on the English side, reporting validation perplexity of the masked tokens
-and its guesses for one masked token in a few test sentences.
+and its guesses for one masked token in a few test sentences; ``--task classify`` fine-tunes
+that BERT to classify toy sentences by the tense of their main clause and compares it with the
+same classifier trained from scratch.
 
 Generates the toy corpus, trains a small Transformer with the paper's recipe (post-LN,
 sinusoidal positions, shared embeddings, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) with the
@@ -82,14 +84,51 @@ class MLMDemoResult:
         return "\n".join(lines)
 
 
-DEMO_CONFIGS = {"translation": "demo.yaml", "lm": "demo_lm.yaml", "mlm": "demo_mlm.yaml"}
+@dataclass
+class ClassifyDemoResult:
+    run_dir: Path
+    accuracy: dict[str, float]    # test accuracy: "pretrained" (fine-tuned from the masked LM), "scratch"
+    baselines: dict[str, float]   # test accuracy of the majority class and of the best single word position
+    labelled: int                 # labelled training sentences
+    seconds: float
+
+    def report(self) -> str:
+        a, b = self.accuracy, self.baselines
+        lines = [f"toy sentences classified by the tense of their main clause (4 classes, {self.labelled:,} labelled "
+                 f"training sentences); held-out test accuracy:",
+                 f"  fine-tuned from the masked LM  {a['pretrained']:.3f}",
+                 f"  trained from scratch           {a['scratch']:.3f}  (the same model, data and steps)",
+                 f"  baselines: majority class {b['majority']:.3f}, best single word position "
+                 f"{b['position']:.3f}",
+                 f"{self.seconds:.0f} s in all", "",
+                 f"model: {self.run_dir / 'pretrained' / 'best'}  (try: echo 'The dog will sleep.' | "
+                 f"transduce classify {self.run_dir / 'pretrained' / 'best'})"]
+        return "\n".join(lines)
 
 
-def demo_config(steps: int | None = None, task: str = "translation") -> RunConfig:
-    """The demo's run config: ``demo.yaml`` (``demo_lm.yaml`` for the language model) shipped in
-    the package, with the step count and this machine's thread count (at most 4)."""
-    name = DEMO_CONFIGS[task]
-    d = yaml.safe_load(resources.files("transduce").joinpath(name).read_text(encoding="utf-8"))
+DEMO_CONFIGS = {"translation": "demo.yaml", "lm": "demo_lm.yaml", "mlm": "demo_mlm.yaml",
+                "classify": "demo_classify.yaml"}
+LABELLED_SENTENCES = 2000  # the classify demo's labelled training set: the first of the toy training split
+
+
+def _shipped(name: str) -> dict:
+    return yaml.safe_load(resources.files("transduce").joinpath(name).read_text(encoding="utf-8"))
+
+
+def demo_config(steps: int | None = None, task: str = "translation", data: dict | None = None,
+                init_from: str | None = None) -> RunConfig:
+    """The demo's run config: ``demo.yaml`` (``demo_lm.yaml``... for the other tasks) shipped in
+    the package, with the step count and this machine's thread count (at most 4).
+
+    ``classify``: ``demo_mlm.yaml`` with ``demo_classify.yaml``'s changes, ``data`` keys added
+    (the labelled files, the tokenizer) and ``train.init_from``.
+    """
+    d = _shipped(DEMO_CONFIGS[task])
+    if task == "classify":
+        changes, d = d, _shipped(DEMO_CONFIGS["mlm"])
+        d["model"].update(changes["model"])
+        d["data"] = {**changes["data"], **(data or {})}
+        d["train"].update(changes["train"], init_from=init_from)
     if steps is not None:
         d["train"]["max_steps"] = steps
     d["train"]["num_threads"] = min(os.cpu_count() or 1, 4)
@@ -185,6 +224,69 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
     summary = {"val_ppl": result.val_ppl, "seconds": result.seconds, "steps": trainer.state.step}
     atomic_write_text(run_dir / "demo.json", json.dumps(summary, indent=1) + "\n")
     return result
+
+
+def run_classify_demo(out: str | os.PathLike = "runs/demo_classify", steps: int | None = None,
+                      init_from: str | os.PathLike | None = None) -> ClassifyDemoResult:
+    """Classify toy sentences by the tense of their main clause: fine-tune the masked LM of
+    :func:`run_mlm_demo` (trained into ``out/mlm``, or ``init_from``, a finished one's model
+    directory) and train the same classifier from scratch, the same steps on the same
+    :data:`LABELLED_SENTENCES`; report both test accuracies. ``steps`` caps every run (the
+    masked LM's too). Finished runs in ``out`` are reused."""
+    from .atomic import atomic_write_text
+    from .data.toy import make_tense_splits
+    from .evaluation.metrics import classification_scores
+    from .inference.classify import Classifier
+    from .training.checkpoint import latest_checkpoint
+    from .training.loop import run_training
+
+    t0 = time.monotonic()
+    run_dir = Path(out)
+    mlm = Path(init_from) if init_from is not None else run_mlm_demo(run_dir / "mlm", steps).run_dir / "model"
+    toy_data = demo_config(task="mlm").data  # the masked LM's sentences, now labelled
+    splits = make_tense_splits(toy_data.toy_seed, toy_data.toy_train_size, toy_data.toy_valid_size,
+                               toy_data.toy_test_size, n_labelled=LABELLED_SENTENCES)
+    files = {}
+    (run_dir / "data").mkdir(parents=True, exist_ok=True)
+    for name, rows in splits.items():
+        files[f"{name}_src"] = str(run_dir / "data" / f"{name}.tsv")
+        atomic_write_text(files[f"{name}_src"], "".join(f"{text}\t{label}\n" for text, label in rows))
+    accuracy = {}
+    test_texts, gold = [t for t, _ in splits["test"]], [label for _, label in splits["test"]]
+    for name, start in (("pretrained", str(mlm)), ("scratch", None)):
+        cfg = demo_config(steps, "classify", data={**files, "tokenizer": str(mlm)}, init_from=start)
+        resume = latest_checkpoint(run_dir / name / "checkpoints") is not None
+        run_training(cfg, run_dir / name, resume=resume)
+        predicted = Classifier.load(run_dir / name / "best").classify(test_texts)
+        accuracy[name] = classification_scores(predicted, gold)["accuracy"]
+    baselines = position_baselines(splits["train"], splits["test"])
+    result = ClassifyDemoResult(run_dir, accuracy, baselines, len(splits["train"]), time.monotonic() - t0)
+    summary = {"test_accuracy": accuracy, "baselines": baselines, "labelled_sentences": result.labelled,
+               "test_sentences": len(gold), "steps": cfg.train.max_steps, "seconds": result.seconds}
+    atomic_write_text(run_dir / "demo.json", json.dumps(summary, indent=1) + "\n")
+    return result
+
+
+def position_baselines(train: list[tuple[str, str]], test: list[tuple[str, str]]) -> dict[str, float]:
+    """Test accuracy of two label-reading shortcuts learnt from ``train``: the majority class, and
+    the best of "the most frequent label of the word at position i" over word positions i (no
+    word past the end counts as a word). How far a task is from being read off one place."""
+    from collections import Counter, defaultdict
+
+    majority = Counter(label for _, label in train).most_common(1)[0][0]
+    best = 0.0
+    for i in range(max(len(text.split()) for text, _ in train)):
+        table: dict[str | None, Counter] = defaultdict(Counter)
+        for text, label in train:
+            table[_word(text, i)][label] += 1
+        guess = {word: c.most_common(1)[0][0] for word, c in table.items()}
+        best = max(best, sum(guess.get(_word(t, i), majority) == label for t, label in test) / len(test))
+    return {"majority": sum(label == majority for _, label in test) / len(test), "position": best}
+
+
+def _word(text: str, i: int) -> str | None:
+    words = text.split()
+    return words[i] if i < len(words) else None
 
 
 def _attention_picture(translator, sentence: str, path: Path) -> Path | None:

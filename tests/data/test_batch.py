@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from transduce.data.batch import Batch, collate
+from transduce.data.batch import Batch, collate, pad, token_types
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -50,3 +50,10 @@ def test_collate_takes_arrays_as_lists():
     assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("src", "tgt_in", "tgt_out"))
 
 
+
+
+def test_token_types_are_berts_segments():
+    """BOS a EOS is segment 0; a pair's b EOS (after the first EOS, BERT's [SEP]) segment 1; PAD 0."""
+    ids = pad([[5, 6], [5, EOS_ID, 7, 8], [9, EOS_ID, 4]], bos=True, eos=True)
+    assert ids[1].tolist() == [BOS_ID, 5, EOS_ID, 7, 8, EOS_ID]
+    assert token_types(ids).tolist() == [[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0]]

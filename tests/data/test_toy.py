@@ -134,13 +134,29 @@ def test_generation_is_deterministic_by_seed():
     assert generate_pairs(300, seed=5) != generate_pairs(300, seed=6)
 
 
-def test_german_is_a_function_of_english():
+def test_german_and_the_main_clause_tense_are_functions_of_english():
     rng = random.Random(99)
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}
     for _ in range(20000):
-        en, de = toy._sample_pair(rng)
-        assert seen.setdefault(en, de) == de, en
+        en, de, tense = toy._sample_sentence(rng)
+        assert seen.setdefault(en, (de, tense)) == (de, tense), en
     assert len(seen) > 17000
+
+
+def test_tense_splits_label_make_splits_english_side():
+    splits, tenses = make_splits(seed=3, n_train=400, n_valid=50, n_test=50), toy.make_tense_splits(
+        seed=3, n_train=400, n_valid=50, n_test=50, n_labelled=100)
+    assert [len(tenses[k]) for k in ("train", "valid", "test")] == [100, 50, 50]
+    assert [t for t, _ in tenses["train"]] == [en for en, _ in splits["train"][:100]]
+    assert [t for t, _ in tenses["test"]] == [en for en, _ in splits["test"]]
+    labels = {label for split in tenses.values() for _, label in split}
+    assert labels == set(toy.TENSE_LABELS.values())
+    by_text = dict(tenses["test"])
+    for text, label in by_text.items():  # the finite verb of a simple sentence shows the tense
+        if text.startswith("Will "):
+            assert label == "future"
+        elif text.startswith(("Can ", "Does ", "Do ")):
+            assert label == {"Can": "modal"}.get(text.split()[0], "present")
 
 
 def test_lengths_spread_from_3_to_30(corpus):

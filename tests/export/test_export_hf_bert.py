@@ -10,6 +10,7 @@ import torch
 
 from transduce.cli import main
 from transduce.config import ModelConfig
+from transduce.data.batch import pad, token_types
 from transduce.export import ExportError, export_model
 from transduce.model import EncoderOnly, save_model
 
@@ -57,13 +58,22 @@ def test_masked_lm_logits_equal_berts(tmp_path, options):
     torch.testing.assert_close(got, model.mlm_logits(model(ids, types)), rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("labels,names", [(("past", "present", "future"), ("past", "present", "future")),
+                                           ((), ("LABEL_0", "LABEL_1", "LABEL_2"))])
 @torch.no_grad()
-def test_classification_logits_equal_berts(tmp_path):
-    model_dir, model = _model_dir(tmp_path, n_classes=3)
+def test_classification_logits_and_label_names_equal_berts(tmp_path, labels, names):
+    model_dir, model = _model_dir(tmp_path, n_classes=3, labels=labels)
     report = export_model(model_dir, "hf", tmp_path / "hf")
     assert report.checks["max_class_logit_diff"] < 1e-4
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "BertForSequenceClassification"
+    assert hf.config.num_labels == 3 and hf.config.id2label == dict(enumerate(names))
+    assert hf.config.label2id == {name: i for i, name in enumerate(names)}  # model.labels, in id order
+    pairs = pad([[5, 6, 2, 7, 8], [9, 2, 10], [11, 12, 13]], bos=True, eos=True)  # BOS a EOS b EOS, and one text
+    types = token_types(pairs)
+    assert types.sum() > 0
+    got = hf(input_ids=pairs, attention_mask=(pairs != 0).long(), token_type_ids=types).logits
+    torch.testing.assert_close(got, model.classify(model(pairs, types)), rtol=0, atol=1e-4)
     ids, types = _inputs(True)
     got = hf(input_ids=ids, attention_mask=(ids != 0).long(), token_type_ids=types).logits
     torch.testing.assert_close(got, model.classify(model(ids, types)), rtol=0, atol=1e-4)

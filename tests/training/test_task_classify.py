@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from transduce.config import ModelConfig, RunConfig
+from dataclasses import replace
+
+from transduce.config import ModelConfig, RunConfig, save_yaml
 from transduce.data.batch import collate
 from transduce.cli import main
 from transduce.data.labelled import read_labelled
@@ -77,9 +79,19 @@ def test_task_is_inferred_and_its_data_checked(corpus):
 
 def test_label_files_are_checked_line_by_line(corpus, tmp_path):
     (tmp_path / "bad.tsv").write_text("a dog\tdog\nno label here\n")
-    with pytest.raises(DataError, match=r"bad.tsv:2: expected text<TAB>label$"):
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected text<TAB>label or text_a<TAB>text_b<TAB>label; "
+                                        r"got 1 field\(s\)$"):
         read_labelled(tmp_path / "bad.tsv")
-    assert read_labelled(corpus / "valid.tsv")[0] == ("the dog sees the tree", "dog")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na\tb\tc\td\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected .*; got 4 field\(s\)$"):
+        read_labelled(tmp_path / "bad.tsv")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na dog\t\tsame\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected .*; got 3 field\(s\), one empty$"):
+        read_labelled(tmp_path / "bad.tsv")
+    (tmp_path / "bad.tsv").write_text("a dog\tthe dog\tsame\na dog\tdog\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: a single text, but line 1 is a sentence pair"):
+        read_labelled(tmp_path / "bad.tsv")
+    assert read_labelled(corpus / "valid.tsv")[0] == (("the dog sees the tree",), "dog")
     (tmp_path / "valid.tsv").write_text("the dog sees the ball\tdog\nthe cow sees the ball\tcow\n")
     with pytest.raises(DataError, match=r"valid.tsv:2: label 'cow' is not one of the 3 classes \(bird, cat, dog\)"):
         run_training(_cfg(corpus, data={"valid_src": str(tmp_path / "valid.tsv")}), tmp_path / "run")
@@ -158,3 +170,126 @@ def test_classifier_resume_is_exact(corpus, tmp_path):
     a = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000008" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "checkpoints" / "step_00000008" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- sentence pairs ----------------------------------------------------------------------------
+
+def _pair_lines(n=300):
+    """(first sentence, second sentence, label), drawn at random: the label is the second sentence's animal."""
+    import random
+    rng, sentences = random.Random(0), [s for s, _ in _lines()]
+    out = []
+    for _ in range(n):
+        b = rng.choice(ANIMALS)
+        out.append((rng.choice(sentences), f"the {b} {rng.choice(VERBS)} the {rng.choice(THINGS)}", b))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus):
+    rows = _pair_lines()
+    (corpus / "pairs_train.tsv").write_text("".join(f"{a}\t{b}\t{c}\n" for a, b, c in rows[:240]))
+    (corpus / "pairs_valid.tsv").write_text("".join(f"{a}\t{b}\t{c}\n" for a, b, c in rows[240:]))
+    return corpus
+
+
+def _pair_cfg(root, **train):
+    return _cfg(root, model={"type_vocab_size": 2},
+                data={"train_src": str(root / "pairs_train.tsv"), "valid_src": str(root / "pairs_valid.tsv")}, **train)
+
+
+def test_a_pair_step_feeds_bert_token_types_to_the_model():
+    """a EOS b is read as BOS a EOS b EOS with token type 1 on b EOS: the loss is the cross-entropy of
+    the model given exactly those types (and not that of the model given none)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**MODEL, "src_vocab_size": 30, "tgt_vocab_size": 30, "n_classes": 3, "dropout": 0.0,
+                         "type_vocab_size": 2})
+    model = EncoderOnly(cfg)
+    batch = classification_batch(collate([([5, 6, 2, 7], [2]), ([8, 2, 9, 9, 9], [0])]))
+    assert batch.src.tolist() == [[1, 5, 6, 2, 7, 2, 0], [1, 8, 2, 9, 9, 9, 2]]
+    types = torch.tensor([[0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1, 1]])
+    sums = forward_backward(model, [batch], 0.0, 0, 1.0, "fp32", torch.device("cpu"))
+    want = F.cross_entropy(model.classify(model(batch.src, types)), torch.tensor([2, 0]), reduction="sum")
+    torch.testing.assert_close(sums[1], want.detach())
+    untyped = F.cross_entropy(model.classify(model(batch.src)), torch.tensor([2, 0]), reduction="sum")
+    assert not torch.allclose(sums[1], untyped)
+
+
+def test_a_pair_is_cut_longest_first(corpus):
+    from transduce.data.labelled import encode_example
+    from transduce.data.tokenizer import Tokenizer
+    tok = Tokenizer.load(corpus / "mlm" / "model")
+    a, b = "the dog sees the ball the dog sees the ball", "the cat"
+    ids_a, ids_b = tok.encode(a, "src"), tok.encode(b, "src")
+    assert encode_example(tok, (a, b), 100) == [*ids_a, 2, *ids_b]
+    room = len(ids_b) * 2 + 2
+    assert encode_example(tok, (a, b), room) == [*ids_a[:len(ids_b) + 1], 2, *ids_b]  # only the longer text cut
+    assert encode_example(tok, (a,), 3) == ids_a[:3]
+
+
+def test_a_classifier_learns_from_sentence_pairs_and_classifies_pairs(pairs, tmp_path, monkeypatch, capsys):
+    """The label is in the second sentence, the first holds a distracting animal: the classifier
+    must read the pair as two segments; `classify` takes pairs too (a file with --score, tabs on stdin)."""
+    _, metrics = run_training(_pair_cfg(pairs, max_steps=60), tmp_path / "run")
+    assert metrics["val_acc"] >= 0.9
+    model = str(tmp_path / "run" / "best")
+    assert main(["classify", model, "--input", str(pairs / "pairs_valid.tsv"), "--score"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == metrics["val_acc"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("the dog sees the ball\tthe cat has the tree\n"
+                                                 "the cat sees the ball\tthe bird likes the car\n"))
+    assert main(["classify", model]) == 0
+    assert capsys.readouterr().out.splitlines() == ["cat", "bird"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("a\tb\tc\n"))
+    assert main(["classify", model]) == 2
+    assert capsys.readouterr().err.strip().endswith("<stdin>:1: expected a text or text_a<TAB>text_b; got 3 fields")
+
+
+def test_pairs_need_two_token_types_and_every_split_one_kind_of_row(pairs, tuned, tmp_path):
+    with pytest.raises(ConfigError, match=r"^model.type_vocab_size: sentence pairs \(.*\) need two token types, "
+                                          r"as BERT's \(2\); got 0$"):
+        run_training(_cfg(pairs, data={"train_src": str(pairs / "pairs_train.tsv"), "valid_src": None}),
+                     tmp_path / "a")
+    with pytest.raises(DataError, match=r"valid.tsv:1: sentence pairs in .*pairs_train.tsv, but not here"):
+        run_training(_cfg(pairs, model={"type_vocab_size": 2}, data={"train_src": str(pairs / "pairs_train.tsv")}),
+                     tmp_path / "b")
+    with pytest.raises(ConfigError, match=r"^sentence pairs need a model with two token types .*; this one has 0$"):
+        Classifier.load(tuned[2] / "best").classify(["a dog", ("the dog", "a cat")])
+
+
+# ---- prepared on disk --------------------------------------------------------------------------
+
+def _losses(run):
+    log = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    return [(r["step"], r.get("loss"), r.get("val_loss"), r.get("val_acc")) for r in log]
+
+
+def test_prepared_classification_set_trains_as_the_raw_files_and_resumes_exactly(corpus, tmp_path, capsys):
+    """`transduce prepare` writes the labelled set once (ids, label ids, the label list); training
+    from it logs the losses a run from the raw files logs (that run prepares into RUN_DIR/prepared),
+    and a resumed run ends with the same weights."""
+    from transduce.data.prepared import PreparedData
+    init = {"init_from": str(corpus / "mlm" / "model")}
+    raw = _cfg(corpus, max_steps=8, save_every=4, eval_every=4, log_every=1, **init)
+    run_training(raw, tmp_path / "raw")
+    save_yaml(replace(raw, data=replace(raw.data, tokenizer=None)).to_dict(), tmp_path / "raw.yaml")
+    assert main(["prepare", str(tmp_path / "raw.yaml"), "--out", str(tmp_path / "data")]) == 0  # init_from's tokenizer
+    assert "prepared" in capsys.readouterr().out
+    data = PreparedData.open(tmp_path / "data")
+    assert data.labels == ("bird", "cat", "dog") and data.segments == 1 and len(data.split("train")) == 90
+    assert data.split("train").pair(0)[1].tolist() == [2]  # "the dog sees the ball": dog, class 2
+    on_disk = {"prepared": str(tmp_path / "data"), "train_src": None, "valid_src": None, "tokenizer": None,
+               "corpus": "toy"}
+    run_training(_cfg(corpus, max_steps=4, save_every=4, eval_every=4, log_every=1, data=on_disk, **init),
+                 tmp_path / "p")
+    run_training(_cfg(corpus, max_steps=8, save_every=4, eval_every=4, log_every=1, data=on_disk, **init),
+                 tmp_path / "p", resume=True)
+    assert not (tmp_path / "p" / "prepared").exists()
+    assert _losses(tmp_path / "p") == _losses(tmp_path / "raw")
+    a = load_file(str(tmp_path / "raw" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    b = load_file(str(tmp_path / "p" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    mlm = RunConfig.from_dict({"model": MODEL, "data": {"prepared": str(tmp_path / "data"), "max_len": 30},
+                               "train": TRAIN})
+    with pytest.raises(ConfigError, match=r"^data.prepared: .* holds a classification set .*; "
+                                          r"train.task mlm needs text$"):
+        run_training(mlm, tmp_path / "mlm")

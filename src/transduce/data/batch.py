@@ -95,3 +95,12 @@ def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, bos: bool = False, 
         if eos:
             out[i, bos + len(row)] = EOS_ID
     return torch.from_numpy(out)
+
+
+def token_types(ids: torch.Tensor, eos_id: int = EOS_ID, pad_id: int = PAD_ID) -> torch.Tensor:
+    """BERT's segment ids of BOS-first rows: 0 up to and including the first EOS ([SEP]), 1 after
+    it, 0 at PAD. ``BOS a EOS`` is all segment 0; a pair ``BOS a EOS b EOS`` is 0 for ``BOS a EOS``
+    and 1 for ``b EOS`` (see :mod:`transduce.data.labelled`). Shape: (B, T) -> (B, T)."""
+    eos = (ids == eos_id).long()
+    after_sep = (eos.cumsum(1) - eos) > 0                                # an EOS strictly before
+    return (after_sep & (ids != pad_id)).long()

@@ -28,11 +28,14 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.data import toy
-from transduce.data.corpus import (EncodedChunk, decode_chunks, encode_chunk, is_gzip, read_parallel_chunks,
-                                   sha256_file)
+from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, encode_chunk, is_gzip,
+                                   read_parallel_chunks, sha256_file)
+from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
@@ -303,14 +306,29 @@ def prepare_dataset(cfg: DataConfig, out: str | os.PathLike, workers: int | None
     return PreparedData.open(out)
 
 
-def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
-    t0 = time.monotonic()
-    sources = split_sources(cfg)
-    files = [(name, path) for name, source in sources.items() for path in (source.files or ())]
+def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
+    """Each input file's manifest entry (split, path, size, sha256)."""
     for _, path in files:
         is_gzip(path)  # a missing or unreadable input: its own one-line error, before any work
-    inputs = [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
-              for name, path in files]
+    return [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
+            for name, path in files]
+
+
+def _manifest(cfg: DataConfig, inputs: list, tokenizer: Tokenizer, dtype, t0: float, splits: dict,
+              **extra: Any) -> str:
+    manifest = {"format": FORMAT, "version": VERSION, "data": data_settings(cfg), "inputs": inputs,
+                "tokenizer": {"digest": tokenizer.digest(), "joint": tokenizer.joint,
+                              "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size},
+                "dtype": dtype.str, "seconds": round(time.monotonic() - t0, 2), "splits": splits, **extra}
+    return json.dumps(manifest, indent=1) + "\n"
+
+
+def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
+    if cfg.labelled:
+        return _fill_labelled(cfg, stage)
+    t0 = time.monotonic()
+    sources = split_sources(cfg)
+    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())])
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}
@@ -326,11 +344,49 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         raise DataError("the training corpus is empty")
     if splits["train"]["pairs"] == 0:
         raise DataError("no training pair survived filtering (see data.max_len / data.max_ratio)")
-    manifest = {"format": FORMAT, "version": VERSION, "data": data_settings(cfg), "inputs": inputs,
-                "tokenizer": {"digest": tokenizer.digest(), "joint": tokenizer.joint,
-                              "src_vocab_size": tokenizer.src_vocab_size, "tgt_vocab_size": tokenizer.tgt_vocab_size},
-                "dtype": dtype.str, "seconds": round(time.monotonic() - t0, 2), "splits": splits}
-    atomic_write_text(stage / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    atomic_write_text(stage / MANIFEST, _manifest(cfg, inputs, tokenizer, dtype, t0, splits))
+    os.chmod(stage / MANIFEST, 0o644)
+
+
+def _fill_labelled(cfg: DataConfig, stage: Path) -> None:
+    """A classification set (:mod:`transduce.data.labelled`): each split's example ids as its
+    source side, its label id as its target side; the labels (class id -> name) and whether the
+    rows are single texts or sentence pairs (``segments``) in the manifest. Classification sets
+    are small: encoded here, without worker processes or filtering (texts are cut to max_len)."""
+    t0 = time.monotonic()
+    paths = {name: Path(p) for name in SPLITS if (p := getattr(cfg, f"{name}_src")) is not None}
+    inputs = _inputs(list(paths.items()))
+    if cfg.tokenizer is None:
+        raise DataError("data.tokenizer: labelled text is encoded with an existing tokenizer (a pre-trained "
+                        "model's: data.tokenizer or train.init_from)")
+    tokenizer = Tokenizer.load(cfg.tokenizer)
+    tokenizer.save(stage / TOKENIZER_DIR)
+    rows = {name: read_labelled(path) for name, path in paths.items()}
+    if not rows["train"]:
+        raise DataError(f"{paths['train']}: the training corpus is empty")
+    labels = tuple(sorted({label for _, label in rows["train"]}))
+    segments = segments_of(rows["train"])
+    ids = {label: i for i, label in enumerate(labels)}
+    dtype = token_dtype(max(tokenizer.src_vocab_size, len(labels)))
+    splits = {}
+    for name in SPLITS:
+        examples = rows.get(name, [])
+        check_labels(examples, labels, paths.get(name))
+        if examples and segments_of(examples) != segments:
+            raise DataError(f"{paths[name]}:1: {'sentence pairs' if segments == 2 else 'single texts'} in "
+                            f"{paths['train']}, but not here (every split holds the same kind of row)")
+        tokens = [encode_example(tokenizer, texts, cfg.max_len) for texts, _ in examples]
+        lens = np.fromiter(map(len, tokens), np.int64, len(tokens))
+        chunk = EncodedChunk(np.fromiter((t for row in tokens for t in row), dtype, int(lens.sum())), lens,
+                             np.array([ids[label] for _, label in examples], dtype), np.ones(len(examples), np.int64),
+                             np.ones(len(examples), bool), FilterStats(kept=len(examples)))
+        writer = SplitWriter(stage, name, dtype, length_dtype(cfg.max_len), None)
+        writer.add(chunk)
+        splits[name] = writer.close()
+    logger.info("labelled %s: %s classes (%s)", "sentence pairs" if segments == 2 else "texts", len(labels),
+                ", ".join(labels[:10]))
+    atomic_write_text(stage / MANIFEST, _manifest(cfg, inputs, tokenizer, dtype, t0, splits, labels=list(labels),
+                                                  segments=segments))
     os.chmod(stage / MANIFEST, 0o644)
 
 

@@ -7,7 +7,8 @@ and a restart does not redo the encoding. The layout of ``DATA_DIR``::
     manifest.json            what was read (the data settings, each input file's sha256), what was
                              kept (filter statistics, token counts), and every file's size and sha256
     tokenizer/               the SentencePiece model(s) the ids come from
-    {split}.src.bin          the kept pairs' source ids, one pair after another, no BOS/EOS
+    {split}.src.bin          the kept pairs' source ids, one pair after another, no BOS/EOS (a classification
+                             set: each example's ids, and its label id as the target; see data/labelled.py)
     {split}.tgt.bin          (uint16 when the vocabulary fits, else uint32; little-endian)
     {split}.offsets.npy      (N + 1, 2) int64: pair i's source is src.bin[off[i, 0]:off[i + 1, 0]]
     {split}.lengths.npy      (N, 2) source and target lengths: what the batch planner reads
@@ -290,6 +291,16 @@ class PreparedData:
     @property
     def max_len(self) -> int:
         return int(self.manifest["data"]["max_len"])
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A classification set's classes in id order (each example's target is its label id); () for text pairs."""
+        return tuple(self.manifest.get("labels", ()))
+
+    @property
+    def segments(self) -> int:
+        """A classification set's texts per example: 1, or 2 for sentence pairs (``a EOS b``)."""
+        return int(self.manifest.get("segments", 1))
 
     def split(self, name: str) -> TokenPairs:
         return TokenPairs.open(self.root, name, self.dtype)

@@ -262,6 +262,7 @@ _SG_DETS = (("the", 45), ("a", 25), ("this", 8), ("my", 5), ("his", 5), ("her", 
 _PL_DETS = (("the", 35), ("bare", 20), ("this", 8), ("two", 6), ("three", 4), ("many", 5),
             ("my", 6), ("his", 4), ("her", 4), ("our", 4), ("their", 4))
 _TENSES = (("pres", 50), ("perf", 25), ("fut", 13), ("can", 12))
+TENSE_LABELS = {"pres": "present", "perf": "perfect", "fut": "future", "can": "modal"}  # make_tense_splits' classes
 _MAIN_FRAMES = frozenset({"intr", "acc", "dat", "ditr", "clause"})
 _SUB_FRAMES = _MAIN_FRAMES - {"clause"}  # no dass-clause inside another clause
 _RELATIVE_FRAMES = frozenset({"intr", "acc", "dat"})  # relative clauses stay short
@@ -633,7 +634,8 @@ def _sample_relative(rng: random.Random, head: NP) -> Clause:
     return Clause(pronoun, verb, tense, _sample_objects(rng, verb))
 
 
-def _sample_declarative(rng: random.Random) -> tuple[list[str], list[str]]:
+def _sample_declarative(rng: random.Random) -> tuple[list[str], list[str], Clause]:
+    """English words, German words and the main clause of a declarative sentence."""
     lex = lexicon()
     main = _sample_clause(rng, main=True)
     r = rng.random()
@@ -649,7 +651,7 @@ def _sample_declarative(rng: random.Random) -> tuple[list[str], list[str]]:
         if main.comp is None and r < 0.5:
             en_tail, de_tail = _sample_tail(rng, r < 0.39)
             en, de = en + en_tail, de + de_tail
-    return en + ["."], de + ["."]
+    return en + ["."], de + ["."], main
 
 
 def _sample_tail(rng: random.Random, subordinate: bool) -> tuple[list[str], list[str]]:
@@ -667,17 +669,18 @@ def _sample_tail(rng: random.Random, subordinate: bool) -> tuple[list[str], list
     return en_conj + en_clause(second), de_conj + de_main(second)
 
 
-def _sample_pair(rng: random.Random) -> tuple[str, str]:
-    """One (English, German) sentence pair of at most MAX_TOKENS tokens per side."""
+def _sample_sentence(rng: random.Random) -> tuple[str, str, str]:
+    """One (English, German) sentence pair of at most MAX_TOKENS tokens per side, and the tense
+    of its (first) main clause."""
     while True:
         if rng.random() < 0.12:
-            clause = _sample_clause(rng, main=True)
-            en, de = en_clause(clause, question=True) + ["?"], de_question(clause) + ["?"]
+            main = _sample_clause(rng, main=True)
+            en, de = en_clause(main, question=True) + ["?"], de_question(main) + ["?"]
         else:
-            en, de = _sample_declarative(rng)
+            en, de, main = _sample_declarative(rng)
         en_text, de_text = join_words(en), join_words(de)
         if count_tokens(en_text) <= MAX_TOKENS and count_tokens(de_text) <= MAX_TOKENS:
-            return en_text, de_text
+            return en_text, de_text, main.tense
 
 
 def join_words(words: list[str]) -> str:
@@ -696,29 +699,56 @@ def join_words(words: list[str]) -> str:
 
 # ---- corpus -----------------------------------------------------------------------------------
 
-def generate_pairs(n: int, seed: int) -> list[tuple[str, str]]:
-    """``n`` distinct (English, German) pairs (no English sentence repeats), from ``seed``."""
+def generate_sentences(n: int, seed: int) -> list[tuple[str, str, str]]:
+    """``n`` distinct (English, German, main-clause tense) triples (no English sentence
+    repeats), from ``seed``."""
     rng = random.Random(seed)
     seen: set[str] = set()
-    pairs: list[tuple[str, str]] = []
+    out: list[tuple[str, str, str]] = []
     attempts = 0
-    while len(pairs) < n:
+    while len(out) < n:
         attempts += 1
         if attempts > 20 * n + 1000:
             raise ValueError(f"cannot draw {n} distinct toy sentences")
-        en, de = _sample_pair(rng)
+        en, de, tense = _sample_sentence(rng)
         if en not in seen:
             seen.add(en)
-            pairs.append((en, de))
-    return pairs
+            out.append((en, de, tense))
+    return out
+
+
+def generate_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """``n`` distinct (English, German) pairs (no English sentence repeats), from ``seed``."""
+    return [(en, de) for en, de, _ in generate_sentences(n, seed)]
+
+
+def _split(items: list, n_train: int, n_valid: int) -> dict[str, list]:
+    return {"train": items[:n_train], "valid": items[n_train:n_train + n_valid], "test": items[n_train + n_valid:]}
 
 
 def make_splits(seed: int = 0, n_train: int = 20000, n_valid: int = 500, n_test: int = 500
                 ) -> dict[str, list[tuple[str, str]]]:
     """Disjoint train / valid / test splits: no English sentence occurs in two splits."""
-    pairs = generate_pairs(n_train + n_valid + n_test, seed)
-    return {"train": pairs[:n_train], "valid": pairs[n_train:n_train + n_valid],
-            "test": pairs[n_train + n_valid:]}
+    return _split(generate_pairs(n_train + n_valid + n_test, seed), n_train, n_valid)
+
+
+def make_tense_splits(seed: int = 0, n_train: int = 20000, n_valid: int = 500, n_test: int = 500,
+                      n_labelled: int | None = None) -> dict[str, list[tuple[str, str]]]:
+    """A classification task from the grammar: (English sentence, tense of its main clause).
+
+    The sentences are :func:`make_splits`' English side, the same splits; ``n_labelled`` keeps
+    only the first that many of the training split (a small labelled set beside a large
+    unlabelled one). The label is one of :data:`TENSE_LABELS`' values. It is not one word at one
+    place: the finite verb ("runs", "has", "will", "can", "does" in a question) moves with
+    the subject's length and a fronted adverbial or clause, and subordinate, coordinated and
+    relative clauses carry tenses of their own ("Because the dog will sleep, the cat runs."
+    is present).
+    """
+    rows = [(en, TENSE_LABELS[tense]) for en, _, tense in generate_sentences(n_train + n_valid + n_test, seed)]
+    splits = _split(rows, n_train, n_valid)
+    if n_labelled is not None:
+        splits["train"] = splits["train"][:n_labelled]
+    return splits
 
 
 def write_splits(out_dir: str | os.PathLike,

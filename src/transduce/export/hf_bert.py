@@ -40,15 +40,18 @@ def check_bert_compatible(cfg: ModelConfig) -> None:
 
 
 def bert_config(cfg: ModelConfig):
-    """The BertConfig of the same shape (``num_labels`` = ``n_classes`` for a classifier)."""
+    """The BertConfig of the same shape; a classifier's ``id2label`` / ``label2id`` are its
+    ``model.labels`` (a pipeline's output names), or BERT's ``LABEL_i`` for a model without them."""
     transformers = require("transformers", "export")
+    labels = cfg.labels or tuple(f"LABEL_{i}" for i in range(cfg.n_classes))
+    heads = (dict(id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
+             if cfg.n_classes else dict(num_labels=2))  # 2: BertConfig's default, unused by the masked-LM model
     return transformers.BertConfig(
         vocab_size=cfg.src_vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_encoder_layers,
         num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff, hidden_act="gelu",
         hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
         max_position_embeddings=cfg.max_positions, type_vocab_size=max(cfg.type_vocab_size, 1),
-        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_id, tie_word_embeddings=cfg.tie_output,
-        num_labels=cfg.n_classes or 2,  # 2 is BertConfig's default, unused by the masked-LM model
+        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_id, tie_word_embeddings=cfg.tie_output, **heads,
     )
 
 

@@ -8,7 +8,8 @@ from typing import Sequence
 
 import torch
 
-from ..data.batch import pad
+from ..data.batch import pad, token_types
+from ..data.labelled import encode_example
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError
 
@@ -37,17 +38,23 @@ class Classifier:
         return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device)
 
     @torch.no_grad()
-    def classify(self, texts: Sequence[str], batch_size: int = 64) -> list[str]:
-        """The predicted label of each text, in order. A text is BOS + its tokens (cut to fit
-        ``model.max_positions``) + EOS, as in training."""
+    def classify(self, texts: Sequence[str | tuple[str, ...]], batch_size: int = 64) -> list[str]:
+        """The predicted label of each text or sentence pair ``(a, b)``, in order. A text is BOS +
+        its tokens + EOS, a pair BOS + a + EOS + b + EOS with token type 1 for ``b EOS``, cut to
+        fit ``model.max_positions``, as in training."""
         cfg, room = self.config, self.config.max_positions - 2
-        rows = [self.tokenizer.encode(t, "src")[:room] for t in texts]
+        examples = [(t,) if isinstance(t, str) else tuple(t) for t in texts]
+        if any(len(e) == 2 for e in examples) and cfg.type_vocab_size < 2:
+            raise ConfigError(f"sentence pairs need a model with two token types (model.type_vocab_size >= 2); "
+                              f"this one has {cfg.type_vocab_size}")
+        rows = [encode_example(self.tokenizer, e, room) for e in examples]
         order = sorted(range(len(rows)), key=lambda i: len(rows[i]))     # similar lengths batched together
         out: list[str] = [""] * len(rows)
         for lo in range(0, len(order), batch_size):
             chunk = order[lo:lo + batch_size]
             ids = pad([rows[i] for i in chunk], cfg.pad_id, bos=True, eos=True).to(self.device)  # (B, T)
-            predicted = self.model.classify(self.model(ids)).argmax(-1)     # (B,)
+            types = token_types(ids) if cfg.type_vocab_size else None    # (B, T)
+            predicted = self.model.classify(self.model(ids, types)).argmax(-1)  # (B,)
             for i, k in zip(chunk, predicted.tolist()):
                 out[i] = cfg.labels[k]
         return out

@@ -84,8 +84,9 @@ def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator) -> Batc
 
 def classification_batch(batch: Batch) -> Batch:
     """A classification batch from a collated batch of (text, [label id]) pairs: ``src`` and
-    ``tgt_in`` both BOS + text + EOS (BOS is the position the head pools), ``tgt_out`` the (B, 1)
-    label ids, ``n_tgt_tokens`` the number of sentences (the loss normaliser)."""
+    ``tgt_in`` both BOS + text + EOS (BOS is the position the head pools; a sentence pair's text
+    is ``a EOS b``, see :mod:`transduce.data.labelled`), ``tgt_out`` the (B, 1) label ids,
+    ``n_tgt_tokens`` the number of sentences (the loss normaliser)."""
     inputs = _bos_source(batch)
     return Batch(inputs, inputs, batch.tgt_out[:, :1], batch.n_src_tokens + len(batch), len(batch))
 

@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,9 +44,6 @@ from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
 from .validation import token_lengths
-
-if TYPE_CHECKING:
-    from ..data.labelled import LabelledData
 
 logger = logging.getLogger("transduce.training")
 
@@ -110,6 +107,9 @@ class Trainer:
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
         if cfg.task == "classify":
             self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
+            if data.segments == 2 and cfg.model.type_vocab_size < 2:
+                raise ConfigError(f"model.type_vocab_size: sentence pairs ({data.root}) need two token types, "
+                                  f"as BERT's (2); got {cfg.model.type_vocab_size}")
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         self.optimizer = build_optimizer(self.model, cfg.train)
@@ -139,7 +139,8 @@ class Trainer:
     def _labels(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         """The training data's classes, as many as ``model.n_classes`` says."""
         if len(labels) != self.cfg.model.n_classes:
-            raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {self.data.root} has {len(labels)} "
+            train = next((i["path"] for i in self.data.manifest["inputs"] if i["split"] == "train"), self.data.root)
+            raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {train} has {len(labels)} "
                               f"labels ({', '.join(labels[:10])})")
         return labels
 
@@ -499,12 +500,14 @@ class Trainer:
         return metrics
 
 
-def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData | LabelledData:
-    """The prepared pairs of ``cfg.data``, or a classifier's labelled text (read, not prepared)."""
-    if cfg.task == "classify":
-        from ..data.labelled import load_labelled
-        return load_labelled(cfg.data, Tokenizer.load(cfg.data.tokenizer))
-    return prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
+    """The prepared data of ``cfg.data``: a classification set for train.task classify, else text pairs."""
+    data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
+    if bool(data.labels) != (cfg.task == "classify"):
+        held = "a classification set (text<TAB>label)" if data.labels else "text, no labels"
+        raise ConfigError(f"data.prepared: {data.root} holds {held}; train.task {cfg.task} needs "
+                          + ("a classification set" if cfg.task == "classify" else "text"))
+    return data
 
 
 def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[Trainer, dict[str, float]]:
@@ -520,8 +523,7 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if latest is not None and not resume:
             raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
                               "or choose a new --out")
-        if cfg.train.init_from is not None and cfg.data.tokenizer is None and cfg.data.prepared is None:
-            cfg = replace(cfg, data=replace(cfg.data, tokenizer=cfg.train.init_from))  # the model's own
+        cfg = cfg.with_init_tokenizer()
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from ..data.batch import Batch
+from ..data.batch import Batch, token_types
 from ..device import autocast_context
 from .encoder_tasks import classification_loss, masked_lm_loss
 from .loss import LossOutput, label_smoothed_loss, projected_label_smoothed_loss
@@ -28,12 +28,13 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
     """The states before the output projection (B, T, D) for ``batch``'s labels: the
     encoder-decoder reads source and target input, a decoder-only LM only the target input, an
-    encoder-only model only the (masked) source (see :func:`~.encoder_tasks.masked_batch`)."""
-    arch = unwrapped(model).config.arch
-    if arch == "decoder_only":
+    encoder-only model only the (masked) source (see :func:`~.encoder_tasks.masked_batch`) and,
+    with token types, their segments (a sentence pair's second is type 1)."""
+    cfg = unwrapped(model).config
+    if cfg.arch == "decoder_only":
         return model(batch.tgt_in, project=False)
-    if arch == "encoder_only":
-        return model(batch.src)
+    if cfg.arch == "encoder_only":
+        return model(batch.src, token_types(batch.src) if cfg.type_vocab_size else None)
     return model(batch.src, batch.tgt_in, project=False)
 
 

@@ -57,7 +57,7 @@ def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfi
     loss, correct = 0.0, 0
     for i in range(len(plan)):
         batch = classification_batch(pairs.batch(plan[i])).to(device)
-        logits = model.classify(model(batch.src))                        # (B, K)
+        logits = model.classify(final_states(model, batch))              # (B, K)
         loss += classification_loss(logits, batch.tgt_out[:, 0], cfg.train.label_smoothing).loss.item()
         correct += int((logits.argmax(-1) == batch.tgt_out[:, 0]).sum())
     return {"val_loss": loss / max(len(pairs), 1), "val_acc": correct / max(len(pairs), 1)}
