@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .config import EXTEND_VOCAB
 from .errors import ConfigError, TransduceError
 
 
@@ -30,11 +31,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="train the other direction: swap the config's source and target (e.g. de->en)")
     p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
                    help="start from a trained model's weights and tokenizer (same as --set train.init_from=MODEL_DIR)")
+    p.add_argument("--extend-vocab", nargs="?", type=int, const=EXTEND_VOCAB, default=None, metavar="N",
+                   help="with --init-from: add up to N subwords of the new training data the model's tokenizer "
+                        f"lacks (default {EXTEND_VOCAB} per tokenizer model), keeping every existing id and "
+                        "embedding; the grown tokenizer is written to OUT/tokenizer (same as --set "
+                        "train.extend_vocab=N). Put it after CONFIG")
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from)
+    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from,
+                      args.extend_vocab)
 
 
 def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
@@ -42,7 +49,7 @@ def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
 
 
 def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
-               reverse: bool = False, init_from: str | None = None) -> int:
+               reverse: bool = False, init_from: str | None = None, extend_vocab: int | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
     from .training import loop
@@ -54,6 +61,8 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         overrides = [*overrides, "data.reverse=true"]
     if init_from is not None:
         overrides = [*overrides, f"train.init_from={init_from}"]
+    if extend_vocab is not None:
+        overrides = [*overrides, f"train.extend_vocab={extend_vocab}"]
     loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
     return 0
 

@@ -64,6 +64,7 @@ def _typecheck(obj: Any, section: str) -> None:
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 TASKS = ("translation", "lm", "mlm", "classify")
 # encoder_only trains "classify" instead when model.n_classes >= 2 (RunConfig.task)
+EXTEND_VOCAB = 1000  # new pieces at most per tokenizer model, when --extend-vocab gives no number
 TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
 
 
@@ -296,6 +297,9 @@ class TrainConfig:
     # a trained model directory to start from (its weights and, unless data.tokenizer/prepared say
     # otherwise, its tokenizer); the model section must describe the same model but for dropouts
     init_from: str | None = None
+    # with init_from: append up to this many pieces of the new training text to the model's
+    # tokenizer, growing its embeddings (training/vocab.py); ``--extend-vocab`` alone gives EXTEND_VOCAB
+    extend_vocab: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -324,6 +328,10 @@ class TrainConfig:
                f"must be between 1 and train.keep_last ({self.keep_last})")
         _check(self.schedule == "noam" or self.lr is not None, "train.lr",
                f"is required by train.schedule={self.schedule}")
+        _check(self.extend_vocab is None or self.extend_vocab > 0, "train.extend_vocab",
+               f"must be a positive number of new pieces; got {self.extend_vocab}")
+        _check(self.extend_vocab is None or self.init_from is not None, "train.extend_vocab",
+               "needs train.init_from (--init-from MODEL_DIR): the model whose vocabulary it extends")
         _check(self.pad_multiple is None or self.pad_multiple > 0, "train.pad_multiple",
                f"must be positive; got {self.pad_multiple}")
         if self.cuda_graphs:
