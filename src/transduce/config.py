@@ -414,9 +414,7 @@ class RunConfig:
         _check(d.bpe_dropout == 0.0, "data.bpe_dropout", "is not supported by train.task classify")
 
     def _task_of_model(self) -> str:
-        if self.model.arch == "encoder_only" and self.model.n_classes:
-            return "classify"
-        return TASK_OF_ARCH[self.model.arch]
+        return model_task(self.model)
 
     @property
     def task(self) -> str:
@@ -517,6 +515,14 @@ _Dumper.add_representer(tuple, lambda dumper, value: dumper.represent_list(value
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return _build(ModelConfig, d, "model")
+
+
+def model_task(cfg: ModelConfig) -> str:
+    """What a model of ``cfg`` does: the task of its ``arch``, or classify for an encoder_only
+    model with ``n_classes``."""
+    if cfg.arch == "encoder_only" and cfg.n_classes:
+        return "classify"
+    return TASK_OF_ARCH[cfg.arch]
 
 
 def with_vocab(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:

@@ -1,5 +1,7 @@
-"""Evaluation: sacrebleu BLEU and chrF, and timed translation of a test set."""
+"""Evaluation: sacrebleu BLEU and chrF, and timed translation of a test set; perplexity of language
+models and masked LMs, accuracy and macro-F1 of classifiers."""
 
+from .heldout import accuracy, perplexity
 from .metrics import corpus_bleu, evaluate, evaluate_files, score
 
-__all__ = ["corpus_bleu", "score", "evaluate", "evaluate_files"]
+__all__ = ["corpus_bleu", "score", "evaluate", "evaluate_files", "perplexity", "accuracy"]
