@@ -259,7 +259,8 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     if args.score:
         if args.input is None:
             raise ConfigError("--score: needs --input, a file of text<TAB>label lines")
-        print(json.dumps(classifier.score_file(args.input, args.batch_size), indent=2))
+        from .evaluation.heldout import score_labelled
+        print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
         return 0
     labels = classifier.classify(list(iter_lines(args.input)), args.batch_size)
     with atomic_output(args.output) as out:

@@ -200,6 +200,8 @@ def test_extended_keeps_every_old_id(toy_pairs, tmp_path, model_type, joint):
         assert [new.encode(s, side) for s in untouched] == [old.encode(s, side) for s in untouched]
         assert all(new.decode(new.encode(s, side), side) == s for s in text[:50] + DOMAIN[:3])
     assert len(new.encode("photosynthesis chlorophyll")) < len(old.encode("photosynthesis chlorophyll"))
+    flat, lengths = new.encode_flat(src[:50] + DOMAIN[:3])  # the prepare path (a word cache) agrees
+    assert flat.tolist() == [i for row in new.encode_batch(src[:50] + DOMAIN[:3]) for i in row]
     new.save(tmp_path / "new")
     assert Tokenizer.load(tmp_path / "new").digest() == new.digest()
 

@@ -6,17 +6,21 @@ for ``train.task`` lm, mlm and classify; translation models are scored by :mod:`
   validation code's masking, :func:`~transduce.training.validation.heldout_loss`), so the figure
   depends on the seed but not on the batching;
 - classify: accuracy and macro-F1 of a ``text<TAB>label`` file
-  (:meth:`~transduce.inference.classify.Classifier.score_file`, as ``classify --score``).
+  (:func:`score_labelled`, as ``classify --score``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import TrainConfig, model_task
 from ..errors import ConfigError, DataError
+from .metrics import classification_scores
+
+if TYPE_CHECKING:
+    from ..inference.classify import Classifier
 
 DEFAULT_SEED = TrainConfig.seed  # a default run's validation masking
 _READS = {"lm": ("tgt", 1), "mlm": ("src", 2)}  # side of the tokenizer, positions beside the tokens (BOS, EOS)
@@ -73,4 +77,15 @@ def accuracy(model_dir: str | os.PathLike, path: str | os.PathLike, batch_size: 
     """A classifier's accuracy and macro-F1 on a ``text<TAB>label`` file:
     ``{"task": "classify", "accuracy", "macro_f1", "sentences"}``."""
     from ..inference.classify import Classifier
-    return {"task": "classify", **Classifier.load(model_dir, device).score_file(path, batch_size)}
+    return {"task": "classify", **score_labelled(Classifier.load(model_dir, device), path, batch_size)}
+
+
+def score_labelled(classifier: "Classifier", path: str | os.PathLike, batch_size: int = 64) -> dict[str, Any]:
+    """Accuracy, macro-F1 and sentence count of ``classifier`` on the labels of a ``text<TAB>label``
+    file (:func:`~transduce.evaluation.metrics.classification_scores`; ``classify --score``); a
+    label the model does not know is a DataError naming its line."""
+    from ..data.labelled import check_labels, read_labelled
+    examples = read_labelled(path)
+    check_labels(examples, classifier.config.labels, path)
+    predicted = classifier.classify([text for text, _ in examples], batch_size)
+    return classification_scores(predicted, [gold for _, gold in examples])

@@ -4,7 +4,7 @@ classification head); the class names are the model's ``model.labels``."""
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -51,14 +51,3 @@ class Classifier:
             for i, k in zip(chunk, predicted.tolist()):
                 out[i] = cfg.labels[k]
         return out
-
-    def score_file(self, path: str | os.PathLike, batch_size: int = 64) -> dict[str, Any]:
-        """Accuracy, macro-F1 and sentence count of the labels of a ``text<TAB>label`` file
-        (:func:`~transduce.evaluation.metrics.classification_scores`); a label the model does not
-        know is a DataError naming its line."""
-        from ..data.labelled import check_labels, read_labelled
-        from ..evaluation.metrics import classification_scores
-        examples = read_labelled(path)
-        check_labels(examples, self.config.labels, path)
-        predicted = self.classify([text for text, _ in examples], batch_size)
-        return classification_scores(predicted, [gold for _, gold in examples])

@@ -3,11 +3,14 @@ loss and accuracy."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..config import RunConfig
 from ..data.batching import token_budget_batches
 from ..data.prepared import TokenPairs
+from ..errors import DataError
 from ..model.transformer import Transformer
 from .encoder_tasks import VALID_STREAM, classification_batch, classification_loss, masked_batch, masking_generator
 from .loss import label_smoothed_loss
@@ -76,9 +79,19 @@ def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfi
 def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]], cfg: RunConfig,
                     device: torch.device) -> float:
     """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``."""
-    from ..evaluation.metrics import corpus_bleu
     from ..inference.translator import Translator
     with Translator(model, tokenizer, device=device) as translator:  # gives the training model back as it was
         hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
                                     max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
     return corpus_bleu(hyps, [t for _, t in texts])
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacrebleu corpus BLEU (default 13a tokenization, case-sensitive), 0-100: validation's one
+    number (``transduce evaluate`` reports more, :func:`transduce.evaluation.score`). Here, not in
+    :mod:`transduce.evaluation`, which scores saved models with this package's held-out loss."""
+    from sacrebleu.metrics import BLEU
+
+    if len(hyps) != len(refs):
+        raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
