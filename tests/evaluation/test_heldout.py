@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from transduce.cli import main
-from transduce.config import DecodeConfig, ModelConfig, with_vocab
+from transduce.config import DecodeConfig, ModelConfig, RunConfig, with_vocab
 from transduce.data import toy
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.errors import ConfigError
@@ -17,6 +17,7 @@ from transduce.evaluation import accuracy, perplexity
 from transduce.model import build_model, load_model
 from transduce.training.checkpoint import save_model_dir
 from transduce.training.encoder_tasks import VALID_STREAM, mask_tokens, masking_generator
+from transduce.training.loop import run_training
 
 MODELS = {
     "lm": {"arch": "decoder_only", "n_encoder_layers": 0, "n_decoder_layers": 2, "max_positions": 40,
@@ -145,3 +146,18 @@ def test_translation_needs_src_and_perplexity_needs_a_language_model(model_dir, 
                                                "by translating --src against --ref")
     with pytest.raises(ConfigError, match="perplexity is for train.task lm or mlm models; this one is translation$"):
         perplexity(model_dir, corpus / "text.txt")
+
+
+@pytest.mark.parametrize("task", ["lm", "mlm"])
+def test_evaluate_on_the_validation_file_reproduces_the_logged_val_ppl(corpus, tmp_path, task):
+    valid = (corpus / "text.txt").read_text().splitlines()[:40]
+    (tmp_path / "valid.txt").write_text("".join(f"{line}\n" for line in valid))
+    model = {"d_model": 32, "n_heads": 2, "d_ff": 64, **MODELS[task], "max_positions": 128}
+    data = {"corpus": "files", "train_tgt": str(tmp_path / "valid.txt"), "valid_tgt": str(tmp_path / "valid.txt"),
+            "tokenizer": str(corpus / "tok"), "max_tokens": 300, "max_len": 100}
+    train = {"max_steps": 2, "eval_every": 2, "save_every": 2, "seed": 4, "label_smoothing": 0.0,
+             "schedule": "constant", "lr": 1e-3, "num_threads": 1}
+    _, metrics = run_training(RunConfig.from_dict({"model": model, "data": data, "train": train}),
+                              tmp_path / "run")
+    got = perplexity(tmp_path / "run" / "model", tmp_path / "valid.txt", batch_tokens=50, seed=4)
+    assert got["perplexity"] == pytest.approx(metrics["val_ppl"], rel=1e-5)
