@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from . import progress
+from .config import EXTEND_VOCAB, DecodeConfig
 from .errors import ConfigError, TransduceError
 
 
@@ -32,11 +33,17 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="train the other direction: swap the config's source and target (e.g. de->en)")
     p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
                    help="start from a trained model's weights and tokenizer (same as --set train.init_from=MODEL_DIR)")
+    p.add_argument("--extend-vocab", nargs="?", type=int, const=EXTEND_VOCAB, default=None, metavar="N",
+                   help="with --init-from: add up to N subwords of the new training data the model's tokenizer "
+                        f"lacks (default {EXTEND_VOCAB} per tokenizer model), keeping every existing id and "
+                        "embedding; the grown tokenizer is written to OUT/tokenizer (same as --set "
+                        "train.extend_vocab=N). Put it after CONFIG")
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from)
+    return train_main(args.config, args.overrides, args.out, args.resume, args.reverse, args.init_from,
+                      args.extend_vocab)
 
 
 def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
@@ -44,7 +51,7 @@ def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
 
 
 def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
-               reverse: bool = False, init_from: str | None = None) -> int:
+               reverse: bool = False, init_from: str | None = None, extend_vocab: int | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
     from .training import loop
@@ -56,6 +63,8 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         overrides = [*overrides, "data.reverse=true"]
     if init_from is not None:
         overrides = [*overrides, f"train.init_from={init_from}"]
+    if extend_vocab is not None:
+        overrides = [*overrides, f"train.extend_vocab={extend_vocab}"]
     loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
     return 0
 
@@ -270,14 +279,10 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     from .inference.files import atomic_output, iter_lines
     classifier = Classifier.load(args.model_dir, args.device)
     if args.score:
-        from .data.labelled import check_labels, read_labelled
-        from .evaluation.metrics import classification_scores
         if args.input is None:
             raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
-        examples = read_labelled(args.input)
-        check_labels(examples, classifier.config.labels, args.input)
-        predicted = classifier.classify([t for t, _ in examples], args.batch_size)
-        print(json.dumps(classification_scores(predicted, [g for _, g in examples]), indent=2))
+        from .evaluation.heldout import score_labelled
+        print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
         return 0
     texts = []
     for n, line in enumerate(iter_lines(args.input), 1):
@@ -293,10 +298,13 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="translate a test set and print BLEU/chrF as JSON")
-    p.add_argument("model_dir", help="model directory")
-    p.add_argument("--src", required=True, help="source file, one sentence per line")
-    p.add_argument("--ref", required=True, help="reference file, aligned with --src")
+    p = sub.add_parser("evaluate", help="score a model on a test set and print JSON: a translation model's BLEU/chrF, "
+                       "a language model's perplexity, a masked LM's masked-token perplexity, a classifier's accuracy")
+    p.add_argument("model_dir", help="model directory; what it is scored on follows from its task")
+    p.add_argument("--src", default=None, help="translation: source file, one sentence per line")
+    p.add_argument("--ref", required=True,
+                   help="translation: reference file, aligned with --src; lm and mlm: the text to score, one "
+                        "sentence per line (no --src); classify: a file of text<TAB>label lines (no --src)")
     p.add_argument("--tok-ref", default=None,
                    help="lowercased Moses-tokenized references (e.g. Multi30k's *.lc.norm.tok.*): adds the "
                         "published-style tokenized BLEU 'bleu_moses_lc' (needs the moses extra)")
@@ -304,17 +312,48 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hyp-tokenized", action="store_true",
                    help="with --tok-ref: the model writes lowercased Moses-tokenized text (trained with "
                         "data.corpus=multi30k_tok); score it as it is")
+    p.add_argument("--seed", type=int, default=None,
+                   help="mlm: seeds which tokens are masked, per line (default: a default run's train.seed, "
+                        "as its validation)")
     _add_search_options(p)
     p.set_defaults(func=_cmd_evaluate)
+
+
+# evaluate's options that only translation uses: (argparse dest, flag, value that means "not given")
+_TRANSLATION_ONLY = [("src", "--src", None), ("tok_ref", "--tok-ref", None), ("lang", "--lang", None),
+                     ("hyp_tokenized", "--hyp-tokenized", False), ("beam", "--beam", None),
+                     ("lenpen", "--lenpen", None), ("max_len_a", "--max-len-a", None),
+                     ("max_len_b", "--max-len-b", None), ("stop", "--stop", None), ("precision", "--precision", "fp32"),
+                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1)]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from .evaluation import evaluate_files
-    with _load_translator(args) as translator:
-        result = evaluate_files(translator, args.src, args.ref, tok_ref_path=args.tok_ref, lang=args.lang,
-                                hyps_tokenized=args.hyp_tokenized)
+    from .config import model_task
+    from .evaluation import accuracy, evaluate_files, perplexity
+    from .model.io import load_model_config
+    task = model_task(load_model_config(args.model_dir))
+    if task == "translation":
+        if args.src is None:
+            raise ConfigError("--src: a translation model is scored by translating --src against --ref")
+        if args.seed is not None:
+            raise ConfigError("--seed: is for masked LMs (train.task mlm); this is a translation model")
+        with _load_translator(args) as translator:
+            result = evaluate_files(translator, args.src, args.ref, tok_ref_path=args.tok_ref, lang=args.lang,
+                                    hyps_tokenized=args.hyp_tokenized)
+    else:
+        unused = [flag for dest, flag, unset in _TRANSLATION_ONLY if getattr(args, dest) != unset]
+        unused += ["--seed"] if task != "mlm" and args.seed is not None else []
+        unused += ["--batch-tokens"] if task == "classify" and args.batch_tokens is not None else []
+        if unused:
+            raise ConfigError(f"{unused[0]}: not used for a train.task {task} model, which is scored on --ref alone")
+        if task == "classify":
+            result = accuracy(args.model_dir, args.ref, device=args.device)
+        else:
+            seed = {} if args.seed is None else {"seed": args.seed}
+            result = perplexity(args.model_dir, args.ref, args.batch_tokens or DecodeConfig.batch_tokens,
+                                device=args.device, **seed)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 

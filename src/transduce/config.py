@@ -64,6 +64,7 @@ def _typecheck(obj: Any, section: str) -> None:
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
 TASKS = ("translation", "lm", "mlm", "classify")
 # encoder_only trains "classify" instead when model.n_classes >= 2 (RunConfig.task)
+EXTEND_VOCAB = 1000  # new pieces at most per tokenizer model, when --extend-vocab gives no number
 TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
 
 
@@ -309,6 +310,9 @@ class TrainConfig:
     # a trained model directory to start from (its weights and, unless data.tokenizer/prepared say
     # otherwise, its tokenizer); the model section must describe the same model but for dropouts
     init_from: str | None = None
+    # with init_from: append up to this many pieces of the new training text to the model's
+    # tokenizer, growing its embeddings (training/vocab.py); ``--extend-vocab`` alone gives EXTEND_VOCAB
+    extend_vocab: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.betas, list):
@@ -338,6 +342,10 @@ class TrainConfig:
                f"must be between 1 and train.keep_last ({self.keep_last})")
         _check(self.schedule == "noam" or self.lr is not None, "train.lr",
                f"is required by train.schedule={self.schedule}")
+        _check(self.extend_vocab is None or self.extend_vocab > 0, "train.extend_vocab",
+               f"must be a positive number of new pieces; got {self.extend_vocab}")
+        _check(self.extend_vocab is None or self.init_from is not None, "train.extend_vocab",
+               "needs train.init_from (--init-from MODEL_DIR): the model whose vocabulary it extends")
         _check(self.pad_multiple is None or self.pad_multiple > 0, "train.pad_multiple",
                f"must be positive; got {self.pad_multiple}")
         if self.cuda_graphs:
@@ -422,9 +430,7 @@ class RunConfig:
         _check(d.bpe_dropout == 0.0, "data.bpe_dropout", "is not supported by train.task classify")
 
     def _task_of_model(self) -> str:
-        if self.model.arch == "encoder_only" and self.model.n_classes:
-            return "classify"
-        return TASK_OF_ARCH[self.model.arch]
+        return model_task(self.model)
 
     def with_init_tokenizer(self) -> "RunConfig":
         """This config with ``train.init_from``'s tokenizer as ``data.tokenizer`` when it names no
@@ -548,6 +554,14 @@ _Dumper.add_representer(tuple, lambda dumper, value: dumper.represent_list(value
 
 def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
     return _build(ModelConfig, d, "model")
+
+
+def model_task(cfg: ModelConfig) -> str:
+    """What a model of ``cfg`` does: the task of its ``arch``, or classify for an encoder_only
+    model with ``n_classes``."""
+    if cfg.arch == "encoder_only" and cfg.n_classes:
+        return "classify"
+    return TASK_OF_ARCH[cfg.arch]
 
 
 def with_vocab(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:

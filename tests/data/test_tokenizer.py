@@ -175,3 +175,45 @@ def test_bpe_dropout_is_seeded_lossless_and_finer(toy_pairs, toy_tokenizer):
     assert [toy_tokenizer.decode(ids, "src") for ids in a] == [toy_tokenizer.decode(ids, "src") for ids in plain]
     with pytest.raises(ValueError, match="dropout"):
         toy_tokenizer.sample_batch(texts, "src", 1.0, seed=5)
+
+
+DOMAIN = ["The chlorophyll in chloroplasts drives photosynthesis.", "Mitochondria burn glucose.",
+          "Photosynthesis makes glucose from light."] * 30
+
+
+@pytest.mark.parametrize("model_type,joint", [("bpe", True), ("bpe", False), ("unigram", True)])
+def test_extended_keeps_every_old_id(toy_pairs, tmp_path, model_type, joint):
+    src, tgt = _sides(toy_pairs[:400])
+    old = Tokenizer.train(src, tgt, tmp_path / "old", vocab_size=200, model_type=model_type, joint=joint)
+    new, added = old.extended(DOMAIN, DOMAIN, max_new=30)
+    assert 0 < added[0] <= 30 and new.src_vocab_size == old.src_vocab_size + added[0]
+    assert new.tgt_vocab_size == old.tgt_vocab_size + added[1] and new.joint == joint
+    assert new.extends(old) and not old.extends(new)
+    for side in ("src", "tgt"):
+        n = (old.src_vocab_size, old.tgt_vocab_size)[side == "tgt"]
+        assert new.pieces(range(n), side) == old.pieces(range(n), side)
+        fresh = [p.replace("\u2581", " ") for p in new.pieces(range(n, n + added[side == "tgt"]), side)]
+        # text none of the new pieces occurs in encodes exactly as before; the rest decodes the same
+        text = src if side == "src" else tgt
+        untouched = [s for s in text if not any(p in " " + new.normalize(s, side) for p in fresh)]
+        assert len(untouched) > 20
+        assert [new.encode(s, side) for s in untouched] == [old.encode(s, side) for s in untouched]
+        assert all(new.decode(new.encode(s, side), side) == s for s in text[:50] + DOMAIN[:3])
+    assert len(new.encode("photosynthesis chlorophyll")) < len(old.encode("photosynthesis chlorophyll"))
+    flat, lengths = new.encode_flat(src[:50] + DOMAIN[:3])  # the prepare path (a word cache) agrees
+    assert flat.tolist() == [i for row in new.encode_batch(src[:50] + DOMAIN[:3]) for i in row]
+    new.save(tmp_path / "new")
+    assert Tokenizer.load(tmp_path / "new").digest() == new.digest()
+
+
+def test_extended_adds_characters_first_and_nothing_for_known_text(toy_pairs, tmp_path):
+    src, tgt = _sides(toy_pairs[:400])
+    old = Tokenizer.train(src, tgt, tmp_path / "old", vocab_size=200)
+    new, (n, _) = old.extended(["Ωmega Ωmega ΩΩ"] * 20, [], max_new=1)
+    assert n == 1 and len(new.pieces([old.src_vocab_size])[0]) == 1  # the new character
+    assert UNK_ID in old.encode("Ω")
+    assert UNK_ID not in new.encode("Ω")
+    same, added = old.extended(src, tgt, max_new=100)  # the text it was trained on: the same model
+    assert added == (0, 0) and same.digest() == old.digest()
+    with pytest.raises(ConfigError, match="^train.extend_vocab: must be at least 1"):
+        old.extended(DOMAIN, DOMAIN, max_new=0)

@@ -163,13 +163,20 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
         tokenizer = Tokenizer.load(cfg.tokenizer)
         tokenizer.save(out)
         return tokenizer
-    src, tgt, n = _sample(train.text_pairs(), cfg.tokenizer_sentences, seed)
-    if n == 0:
-        raise DataError("the training corpus is empty")
+    src, tgt, n = tokenizer_sample(cfg, train, seed)
     logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
                 "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
     return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
                            seed=seed)
+
+
+def tokenizer_sample(cfg: DataConfig, train: SplitSource, seed: int) -> tuple[list[str], list[str], int]:
+    """The lines a tokenizer learns from: a seeded sample of ``data.tokenizer_sentences`` non-empty
+    lines per side of the training split, and the split's pair count (DataError if it is empty)."""
+    src, tgt, n = _sample(train.text_pairs(), cfg.tokenizer_sentences, seed)
+    if n == 0:
+        raise DataError("the training corpus is empty")
+    return src, tgt, n
 
 
 def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], list[str], int]:

@@ -28,6 +28,7 @@ import io
 import logging
 import os
 import random
+import struct
 from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -124,6 +125,42 @@ class Tokenizer:
                     "joint" if joint else "separate", model_type,
                     tok.src_vocab_size, tok.tgt_vocab_size, out_dir)
         return cls.load(out_dir)  # what later runs will see
+
+    def extended(self, src_lines: Iterable[str], tgt_lines: Iterable[str], max_new: int,
+                 seed: int = 0) -> tuple["Tokenizer", tuple[int, int]]:
+        """This tokenizer with pieces of new text appended: every old piece keeps its id.
+
+        A SentencePiece model of the same type and size is trained on the new text (as
+        :meth:`train` does: joint on both sides, or one per side); its pieces the old model lacks
+        are appended, at most ``max_new`` per model, single characters first (every longer piece
+        is built from them) then the rest best-scored first. A BPE piece's score is its merge
+        priority: the new merges rank below every old one, in the new model's order, so old
+        merges apply first; a unigram piece keeps the new model's log-probability. Text with none
+        of the new pieces in it encodes to the same ids as before.
+
+        Returns the extended tokenizer (not saved) and how many pieces each side gained.
+        """
+        if max_new < 1:
+            raise ConfigError(f"train.extend_vocab: must be at least 1 new piece; got {max_new}")
+        src, tgt = _sample_lines(src_lines, None, seed), _sample_lines(tgt_lines, None, seed)
+        if self._joint:
+            proto, n = _extend_proto(self._protos["src"], src + tgt, max_new, seed)
+            return Tokenizer(proto, name="extended joint"), (n, n)
+        (s, n_src), (t, n_tgt) = (_extend_proto(self._protos[side], lines, max_new, seed)
+                                  for side, lines in (("src", src), ("tgt", tgt)))
+        return Tokenizer(s, t, name="extended separate"), (n_src, n_tgt)
+
+    def extends(self, other: "Tokenizer") -> bool:
+        """Whether this tokenizer is ``other`` or ``other`` with pieces appended (:meth:`extended`):
+        joint alike, and every piece of ``other`` at the same id on each side."""
+        if self._joint != other._joint:
+            return False
+        for side in SIDES:
+            mine, theirs = self._sp[side], other._sp[side]
+            n = theirs.get_piece_size()
+            if mine.get_piece_size() < n or any(mine.id_to_piece(i) != theirs.id_to_piece(i) for i in range(n)):
+                return False
+        return True
 
     # ---- persistence ----------------------------------------------------------------------
 
@@ -305,6 +342,93 @@ def _run_trainer(lines: list[str], vocab_size: int, model_type: str,
         max_sentence_length=1 << 16, num_threads=_NUM_THREADS, minloglevel=2,
     )
     return buffer.getvalue()
+
+
+# ---- extending a model: its serialized ModelProto, edited as protobuf wire data ----------------
+# SentencePiece's maintainers suggest editing the model's ``pieces`` (field 1 of ModelProto, a
+# repeated SentencePiece message: piece = 1, score = 2, type = 3) to add to a trained model
+# (google/sentencepiece#121, #791). A repeated field's entries may come anywhere in the message
+# and are read in order, so appending encoded entries to the bytes appends pieces, with no
+# protobuf dependency. The model type is TrainerSpec (field 2) field 3 (1 unigram, 2 bpe).
+
+_SPM_TYPES = {1: "unigram", 2: "bpe"}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = data[i]
+        n |= (b & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if not b & 0x80:
+            return n, i
+
+
+def _fields(data: bytes) -> Iterable[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of each field of a serialized message, in order: an int
+    for varints, bytes for length-delimited and fixed-width fields."""
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(data, i)
+        elif wire == 2:
+            size, i = _read_varint(data, i)
+            value, i = data[i:i + size], i + size
+        elif wire in (1, 5):
+            width = 8 if wire == 1 else 4
+            value, i = data[i:i + width], i + width
+        else:
+            raise DataError(f"SentencePiece model: unexpected protobuf wire type {wire}")
+        yield number, wire, value
+
+
+def _model_type(proto: bytes) -> str:
+    """'bpe' or 'unigram', from the model's TrainerSpec (unigram is protobuf's default)."""
+    spec = next((v for n, w, v in _fields(proto) if n == 2 and w == 2), b"")
+    code = next((v for n, w, v in _fields(spec) if n == 3 and w == 0), 1)
+    if code not in _SPM_TYPES:
+        raise DataError(f"SentencePiece model: model type {code} cannot be extended (bpe or unigram only)")
+    return _SPM_TYPES[code]
+
+
+def _piece_entry(piece: str, score: float) -> bytes:
+    """One serialized ``ModelProto.pieces`` entry: a NORMAL piece (protobuf's default type)."""
+    text = piece.encode("utf-8")
+    body = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", score)
+    return b"\x0a" + _varint(len(body)) + body
+
+
+def _normal_pieces(sp: spm.SentencePieceProcessor) -> list[tuple[str, float]]:
+    """(piece, score) of the ordinary pieces of a model, in id order (no control/unknown/unused)."""
+    return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())
+            if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
+
+
+def _extend_proto(proto: bytes, lines: list[str], max_new: int, seed: int) -> tuple[bytes, int]:
+    """``proto`` with up to ``max_new`` pieces of a model trained on ``lines`` appended, and their
+    count (see :meth:`Tokenizer.extended`)."""
+    old = _load_proto(proto, "extended tokenizer")
+    kind = _model_type(proto)
+    new = _load_proto(_train_spm(lines, old.get_piece_size(), kind, 1.0, seed), "new text's tokenizer")
+    have = {old.id_to_piece(i) for i in range(old.get_piece_size())}
+    fresh = [(p, s) for p, s in _normal_pieces(new) if p not in have]
+    fresh.sort(key=lambda ps: (len(ps[0]) > 1, -ps[1]))  # stable: characters, then by score
+    fresh = fresh[:max_new]
+    if kind == "bpe":  # merge priority: after every old merge, in the new model's order
+        floor = min(s for _, s in _normal_pieces(old)) - 1.0
+        fresh = [(p, floor - i) for i, (p, _) in enumerate(fresh)]
+    return proto + b"".join(_piece_entry(p, s) for p, s in fresh), len(fresh)
 
 
 def _load_proto(proto: bytes, name: str) -> spm.SentencePieceProcessor:

@@ -68,17 +68,26 @@ def masking_generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
 
 
-def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator) -> Batch:
+def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator | Sequence[torch.Generator]) -> Batch:
     """A masked-LM batch from a collated batch's source side.
 
     The input is BOS + source + EOS (BOS plays [CLS], EOS [SEP]; the first position is the one a
-    classification head later pools), masked by :func:`mask_tokens`. ``src`` and ``tgt_in`` are
-    both the masked input, ``tgt_out`` the labels (PAD where not selected) and ``n_tgt_tokens``
-    the number of selected tokens: the loss normaliser (possibly 0).
+    classification head later pools), masked by :func:`mask_tokens`: the whole batch from one
+    generator (training), or each sentence from its own (held-out text: a sentence is then masked
+    the same way whatever batch it is in). ``src`` and ``tgt_in`` are both the masked input,
+    ``tgt_out`` the labels (PAD where not selected) and ``n_tgt_tokens`` the number of selected
+    tokens: the loss normaliser (possibly 0).
 
     Shape: batch.src (B, S) -> src, tgt_in, tgt_out (B, S + 1).
     """
-    inputs, labels = mask_tokens(_bos_source(batch), mask_id, generator)
+    ids = _bos_source(batch)                                             # (B, S + 1)
+    if isinstance(generator, torch.Generator):
+        inputs, labels = mask_tokens(ids, mask_id, generator)
+    else:  # row i unpadded (its n tokens: padding only follows them), masked alone
+        inputs, labels = ids.clone(), torch.full_like(ids, PAD_ID)
+        for i, (n, gen) in enumerate(zip((ids != PAD_ID).sum(1).tolist(), generator, strict=True)):
+            row_in, row_labels = mask_tokens(ids[i:i + 1, :n], mask_id, gen)   # (1, n)
+            inputs[i, :n], labels[i, :n] = row_in[0], row_labels[0]
     return Batch(inputs, inputs, labels, batch.n_src_tokens + len(batch), int((labels != PAD_ID).sum()))
 
 

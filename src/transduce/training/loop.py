@@ -44,10 +44,12 @@ from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
 from .validation import token_lengths
+from .vocab import TOKENIZER_DIR, extend_run_vocabulary, grow_vocab_rows
 
 logger = logging.getLogger("transduce.training")
 
 DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change
+VOCAB_SIZES = ("src_vocab_size", "tgt_vocab_size")  # ... and, with train.extend_vocab, these
 
 
 class TrainingError(TransduceError):
@@ -153,23 +155,33 @@ class Trainer:
         masked-LM head dropped and the classification head as initialised here."""
         saved = load_model_config(directory)
         new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
+        extend = self.cfg.train.extend_vocab is not None
         if saved.arch != self.model_cfg.arch:
             raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
                               f"this run trains model.arch={self.model_cfg.arch}")
-        if not Tokenizer.exists(directory) or Tokenizer.load(directory).digest() != self.data.tokenizer.digest():
-            raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
-                              f"prepared with (prepare with data.tokenizer={directory})")
-        free = DROPOUTS + (("n_classes", "labels") if new_head else ())
+        self._check_init_tokenizer(directory, extend)
+        free = DROPOUTS + (("n_classes", "labels") if new_head else ()) + (VOCAB_SIZES if extend else ())
         for f in fields(saved):
             if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
                                   f"this run's is {getattr(self.model_cfg, f.name)}")
         state = read_weights(directory / WEIGHTS)
+        if extend:  # new rows for the new pieces; [MASK] stays the last id
+            state = grow_vocab_rows(state, self.model, 1 if saved.arch == "encoder_only" else 0)
         if new_head:
             state = {k: v for k, v in state.items() if not k.startswith("mlm_head.")}
             state.update({k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")})
         load_state_checked(self.model, state, str(directory / WEIGHTS))
         logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
+
+    def _check_init_tokenizer(self, directory: Path, extend: bool) -> None:
+        """The run's tokenizer must be the init model's, or with train.extend_vocab extend it."""
+        init = Tokenizer.load(directory) if Tokenizer.exists(directory) else None
+        if init is not None and extend and self.data.tokenizer.extends(init):
+            return
+        if init is None or init.digest() != self.data.tokenizer.digest():
+            raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
+                              f"prepared with (prepare with data.tokenizer={directory})")
 
     def restore_intact(self, ckpt_root: Path) -> Path:
         """:meth:`restore` from the newest checkpoint under ``ckpt_root`` that reads back intact
@@ -523,6 +535,10 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if latest is not None and not resume:
             raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
                               "or choose a new --out")
+        if cfg.train.extend_vocab is not None and dist.is_main:
+            cfg = extend_run_vocabulary(cfg, run_dir)
+        elif cfg.train.extend_vocab is not None:  # made by rank 0 before the barrier below
+            cfg = replace(cfg, data=replace(cfg.data, tokenizer=str(run_dir / TOKENIZER_DIR)))
         cfg = cfg.with_init_tokenizer()
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)

@@ -3,16 +3,18 @@ loss and accuracy."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..config import RunConfig
 from ..data.batching import token_budget_batches
 from ..data.prepared import TokenPairs
+from ..errors import DataError
 from ..model.transformer import Transformer
 from .encoder_tasks import VALID_STREAM, classification_batch, classification_loss, masked_batch, masking_generator
 from .loss import label_smoothed_loss
 from .step import batch_loss, final_states, unwrapped
-
 
 
 def token_lengths(pairs: TokenPairs, task: str) -> tuple:
@@ -25,27 +27,37 @@ def token_lengths(pairs: TokenPairs, task: str) -> tuple:
     return pairs.src_lens, pairs.tgt_lens
 
 
-@torch.no_grad()
 def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
                     device: torch.device) -> tuple[float, float]:
     """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout); for a masked LM
-    per selected token, under one fixed masking of each batch (the same at every validation)."""
-    lens = token_lengths(pairs, cfg.task)
-    plan = token_budget_batches(*lens, cfg.data.max_tokens, seed=0, epoch=0, shuffle=False)
+    per selected token, under one fixed masking of each sentence (the same at every validation)."""
+    loss, nll, n = heldout_loss(model, pairs, cfg.task, cfg.data.max_tokens, cfg.train.seed, device,
+                                cfg.train.label_smoothing)
+    return loss / max(n, 1), nll / max(n, 1)
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, pairs: TokenPairs, task: str, max_tokens: int, seed: int,
+                 device: torch.device, smoothing: float = 0.0) -> tuple[float, float, int]:
+    """Summed smoothed loss and NLL of held-out ``pairs`` and the token count they are over
+    (``task`` translation or lm: every target token and EOS; mlm: the selected tokens, sentence
+    ``j`` masked by the key (seed, VALID_STREAM, 0, j)), batched by ``max_tokens``. Batching
+    does not change the sums (up to float rounding)."""
+    plan = token_budget_batches(*token_lengths(pairs, task), max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
     for i in range(len(plan)):
         batch = pairs.batch(plan[i])
-        if cfg.task == "mlm":
-            key = masking_generator(cfg.train.seed, VALID_STREAM, 0, i)
-            batch = masked_batch(batch, unwrapped(model).mask_id, key).to(device)
-            out = batch_loss(model, final_states(model, batch), batch, cfg.train.label_smoothing, model.config.pad_id)
+        if task == "mlm":
+            keys = [masking_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
+            batch = masked_batch(batch, unwrapped(model).mask_id, keys).to(device)
+            out = batch_loss(model, final_states(model, batch), batch, smoothing, model.config.pad_id)
         else:
             batch = batch.to(device)
             logits = model.output_proj(final_states(model, batch))           # (B, T, V)
-            out = label_smoothed_loss(logits, batch.tgt_out, cfg.train.label_smoothing, model.config.pad_id)
+            out = label_smoothed_loss(logits, batch.tgt_out, smoothing, model.config.pad_id)
         loss, nll, n = loss + out.loss.item(), nll + out.nll.item(), n + int(out.n_tokens)
-    return loss / max(n, 1), nll / max(n, 1)
+    return loss, nll, n
 
 
 @torch.no_grad()
@@ -67,9 +79,19 @@ def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfi
 def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]], cfg: RunConfig,
                     device: torch.device) -> float:
     """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``."""
-    from ..evaluation.metrics import corpus_bleu
     from ..inference.translator import Translator
     with Translator(model, tokenizer, device=device) as translator:  # gives the training model back as it was
         hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
                                     max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
     return corpus_bleu(hyps, [t for _, t in texts])
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacrebleu corpus BLEU (default 13a tokenization, case-sensitive), 0-100: validation's one
+    number (``transduce evaluate`` reports more, :func:`transduce.evaluation.score`). Here, not in
+    :mod:`transduce.evaluation`, which scores saved models with this package's held-out loss."""
+    from sacrebleu.metrics import BLEU
+
+    if len(hyps) != len(refs):
+        raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
