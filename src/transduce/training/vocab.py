@@ -59,7 +59,7 @@ def _new_text(cfg: RunConfig) -> tuple[list[str], list[str]]:
     text of the side(s) the task reads (as a tokenizer of its own would be trained on)."""
     if cfg.task == "classify":
         from ..data.labelled import read_labelled
-        texts = [text for text, _ in read_labelled(cfg.data.train_src)]
+        texts = [text for texts, _ in read_labelled(cfg.data.train_src) for text in texts]  # pairs: both
         return texts, texts
     from ..data.prepare import split_sources, tokenizer_sample
     src, tgt, _ = tokenizer_sample(cfg.data, split_sources(cfg.data)["train"], cfg.train.seed)
