@@ -51,7 +51,7 @@ from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
 from transduce.export.hf_bert import bert_config, bert_state_dict
 from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
-from transduce.inference.generate import GenerationConfig, generate_ids
+from transduce.inference.generate import GenerationConfig, Generator, generate_ids
 from transduce.model import DecoderOnlyLM, EncoderOnly
 from transduce.training.encoder_tasks import masked_batch
 from transduce.training.step import build_optimizer, forward_backward
@@ -218,7 +218,9 @@ def prompts(shape: dict, rows: int, length: int, seed: int = 1) -> torch.Tensor:
 
 
 def our_sampler(model: DecoderOnlyLM, ids: torch.Tensor, new: int, temperature: float) -> Callable[[], int]:
-    """``generate_ids`` (what ``Generator`` and ``transduce generate`` run); returns tokens made."""
+    """``generate_ids`` on the model as ``Generator`` prepares it (what ``transduce generate``
+    runs: oneDNN linear layers on CPU, as our translation); returns tokens made."""
+    model = Generator(model, tokenizer=None).model
     gen = GenerationConfig(max_new_tokens=new, min_new_tokens=new, temperature=temperature,
                            top_k=TOP_K if temperature else 0, batch_size=len(ids))
     g = torch.Generator().manual_seed(0)

@@ -221,9 +221,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .inference.generate import GenerationConfig, Generator
     gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
                            args.min_new_tokens)
-    generator = Generator.load(args.model_dir, args.device)
-    prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
-    texts = generator.generate(prompts, gen)
+    with Generator.load(args.model_dir, args.device) as generator:
+        prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
+        texts = generator.generate(prompts, gen)
     with atomic_output(args.output) as out:
         for text in texts:
             out.write(one_line(text) + "\n")

@@ -50,6 +50,18 @@ def test_greedy_matches_an_uncached_argmax_loop(lm_dir):
     assert got == [_uncached_greedy(model, prompts, 12)]
 
 
+def test_the_generator_prepares_its_model_and_close_restores_it(lm_dir):
+    """A Generator decodes with the model prepared as a Translator's (oneDNN on CPU): the same
+    greedy ids as the plain model; leaving the block hands back the plain model."""
+    model, prompts = load_model(lm_dir), torch.tensor([[1, 5, 9, 7], [1, 8, 6, 5]])
+    greedy = GenerationConfig(max_new_tokens=12, temperature=0)
+    want = generate_ids(model, prompts, greedy)
+    with Generator(model, Tokenizer.load(lm_dir)) as gen:
+        assert is_prepared(gen.model)
+        assert generate_ids(gen.model, prompts, greedy) == want
+    assert not is_prepared(model)
+
+
 def test_generation_stops_at_max_positions(lm_dir):
     model = load_model(lm_dir)
     got = generate_ids(model, torch.tensor([[1, 5, 9]]), GenerationConfig(max_new_tokens=100, temperature=1, seed=0),

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, DataError
-from .fast import new_cache, prepared
+from .fast import new_cache, prepare_for_decoding, prepared, restore
 from .sampling import check_sampling, filter_logits
 from .search import step_log_probs
 
@@ -107,6 +107,11 @@ class Generator:
         tokenizer: its :class:`~transduce.data.tokenizer.Tokenizer` (the target side is the LM's).
         device: "cpu", "cuda", "cuda:1" or "auto".
 
+    The model is prepared for decoding in place, as a :class:`~transduce.inference.Translator`
+    prepares its own (:func:`~transduce.inference.fast.prepare_for_decoding`: fused projections,
+    on CPU oneDNN linear layers); :meth:`close` (or leaving a ``with Generator(...)`` block) hands
+    it back as it came.
+
     Examples:
         >>> gen = Generator.load("runs/gpt_toy/model")                       # doctest: +SKIP
         >>> gen.generate(["der Hund"], GenerationConfig(temperature=0))       # doctest: +SKIP
@@ -115,9 +120,19 @@ class Generator:
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu"):
         check_decoder_only(model.config, "generate")
         self.device = resolve_device(device)
-        self.model = model.to(self.device).eval()
+        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu")
         self.tokenizer = tokenizer
         self.config = model.config
+
+    def close(self) -> None:
+        """Undo the preparation and drop the kept weight copies (see :func:`~transduce.inference.fast.restore`)."""
+        restore(self.model)
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu") -> "Generator":
