@@ -26,7 +26,7 @@ Sampling: temperature 1, top-k 50, exactly ``--new-tokens`` new tokens per promp
 (EOS forbidden until then: our ``min_new_tokens``, HF's ``min_new_tokens``).
 
 Shape (``--shape``): ``small`` is GPT-2 small's options at a size that trains on a 2-core CPU in
-about a second a step: 4 layers, d_model 256, 4 heads, FFN 1024, 8k vocabulary (our translation
+a few seconds a step: 4 layers, d_model 256, 4 heads, FFN 1024, 8k vocabulary (our translation
 benchmarks' vocabulary), 16 x 128 tokens a step. ``tiny`` is for the smoke test.
 
 Usage:
@@ -157,9 +157,9 @@ def hf_labels(labels: torch.Tensor) -> torch.Tensor:
     return labels.masked_fill(labels == PAD, -100)
 
 
-def race(systems: dict[str, Callable[[], None]], runs: int, steps: int) -> dict[str, float]:
-    """One warm-up call each, then ``runs`` interleaved rounds of ``steps`` calls; the median
-    seconds per call of each system."""
+def race(systems: dict[str, Callable[[], None]], runs: int, steps: int) -> dict[str, list[float]]:
+    """One warm-up call each, then ``runs`` interleaved rounds of ``steps`` calls; the seconds
+    per call of each system in each round."""
     for run in systems.values():
         run()
     times: dict[str, list[float]] = {name: [] for name in systems}
@@ -169,13 +169,17 @@ def race(systems: dict[str, Callable[[], None]], runs: int, steps: int) -> dict[
             for _ in range(steps):
                 run()
             times[name].append((time.perf_counter() - start) / steps)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
-def report(seconds: dict[str, float], tokens: int, unit: str) -> dict:
-    """tokens/s per system and ours / Hugging Face."""
-    out = {name: {f"{unit}_per_s": round(tokens / s, 1), "step_s": round(s, 4)} for name, s in seconds.items()}
+def report(rounds: dict[str, list[float]], tokens: int, unit: str) -> dict:
+    """Median tokens/s per system, ours / Hugging Face (of the medians, and each round's, the
+    spread a shared machine leaves), and each round's seconds."""
+    seconds = {name: statistics.median(t) for name, t in rounds.items()}
+    out: dict = {name: {f"{unit}_per_s": round(tokens / s, 1), "step_s": round(s, 4),
+                        "rounds_s": [round(x, 3) for x in rounds[name]]} for name, s in seconds.items()}
     out["ratio_ours_vs_hf"] = round(seconds["hf"] / seconds["transduce"], 3)
+    out["ratio_per_round"] = [round(h / o, 2) for o, h in zip(rounds["transduce"], rounds["hf"])]
     return out
 
 
