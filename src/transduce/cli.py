@@ -235,6 +235,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", default=None, help="prompts file, one per line (default: stdin)")
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default: 50)")
+    p.add_argument("--min-new-tokens", type=int, default=0, help="tokens to add before EOS may end one (default: 0)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
@@ -247,10 +248,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .inference.files import atomic_output, iter_lines, one_line
     from .inference.generate import GenerationConfig, Generator
-    gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size)
-    generator = Generator.load(args.model_dir, args.device)
-    prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
-    texts = generator.generate(prompts, gen)
+    gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
+                           args.min_new_tokens)
+    with Generator.load(args.model_dir, args.device) as generator:
+        prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
+        texts = generator.generate(prompts, gen)
     with atomic_output(args.output) as out:
         for text in texts:
             out.write(one_line(text) + "\n")

@@ -8,7 +8,7 @@ from inference_helpers import random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import beam_search, greedy_search
 from transduce.inference.cpu import OneDNNLinear
-from transduce.inference.fast import (PooledKVCache, PooledLayerCache, fast_attention, is_prepared,
+from transduce.inference.fast import (CACHE_CHUNK, PooledKVCache, PooledLayerCache, fast_attention, is_prepared,
                                       prepare_for_decoding, restore)
 from transduce.model.attention import LayerCache, MultiHeadAttention, scaled_dot_product_attention
 from attention_helpers import B, D, DH, H, T, _key_mask, _qkv
@@ -23,18 +23,24 @@ def test_few_query_path_matches_sdpa(t_q):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_pooled_cache_equals_the_plain_one():
-    """Appends and lazy reorders of the pooled cache give the plain cache's keys and values,
-    also past the first CACHE_CHUNK positions (the pools grow)."""
+@pytest.mark.parametrize("reorder_every", [1, 7, 0])  # beam search; rows leaving now and then; sampling
+def test_pooled_cache_equals_the_plain_one(reorder_every):
+    """Appends (a prompt of several positions, then one at a time) and lazy reorders of the
+    pooled cache give the plain cache's keys and values, past several CACHE_CHUNKs (the pools
+    grow): gathered into the other pool after a reorder, written in place without one."""
     g = torch.Generator().manual_seed(0)
     plain, pooled = LayerCache(), PooledLayerCache()
-    for step in range(20):
-        k, v = torch.randn(6, 2, 1, 3, generator=g), torch.randn(6, 2, 1, 3, generator=g)
+    rows = 6
+    for step in range(3 * CACHE_CHUNK):
+        n = 5 if step == 0 else 1
+        k, v = torch.randn(rows, 2, n, 3, generator=g), torch.randn(rows, 2, n, 3, generator=g)
         want, got = plain.append(k, v), pooled.append(k, v)
         for w, x in zip(want, got):
             assert torch.equal(w, x)
-        index = torch.randperm(6, generator=g)
-        plain, pooled = plain.reorder(index), pooled.reorder(index)
+        if reorder_every and step % reorder_every == reorder_every - 1:
+            index = torch.randperm(rows, generator=g)[:rows - (reorder_every > 1)]  # finished rows leave
+            rows = len(index)
+            plain, pooled = plain.reorder(index), pooled.reorder(index)
 
 
 def test_prepare_and_restore_keep_parameters_and_results():

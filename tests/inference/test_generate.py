@@ -10,6 +10,7 @@ from transduce.config import model_preset
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError, DataError
 from transduce.inference import GenerationConfig, Generator, Translator
+from transduce.inference.fast import is_prepared
 from transduce.inference.generate import generate_ids
 from transduce.model import DecoderOnlyLM, load_model, save_model
 
@@ -49,6 +50,18 @@ def test_greedy_matches_an_uncached_argmax_loop(lm_dir):
     assert got == [_uncached_greedy(model, prompts, 12)]
 
 
+def test_the_generator_prepares_its_model_and_close_restores_it(lm_dir):
+    """A Generator decodes with the model prepared as a Translator's (oneDNN on CPU): the same
+    greedy ids as the plain model; leaving the block hands back the plain model."""
+    model, prompts = load_model(lm_dir), torch.tensor([[1, 5, 9, 7], [1, 8, 6, 5]])
+    greedy = GenerationConfig(max_new_tokens=12, temperature=0)
+    want = generate_ids(model, prompts, greedy)
+    with Generator(model, Tokenizer.load(lm_dir)) as gen:
+        assert is_prepared(gen.model)
+        assert generate_ids(gen.model, prompts, greedy) == want
+    assert not is_prepared(model)
+
+
 def test_generation_stops_at_max_positions(lm_dir):
     model = load_model(lm_dir)
     got = generate_ids(model, torch.tensor([[1, 5, 9]]), GenerationConfig(max_new_tokens=100, temperature=1, seed=0),
@@ -73,6 +86,28 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(lm_dir):
     assert len(draws) > 1
     assert gen.generate(prompts, GenerationConfig(max_new_tokens=10, top_k=1, seed=5)) == \
         gen.generate(prompts, GenerationConfig(max_new_tokens=10, temperature=0))
+
+
+def test_min_new_tokens_forbids_eos_until_then(lm_dir):
+    """A model made to say EOS at once ends every row immediately, unless ``min_new_tokens``
+    forbids EOS for that many tokens; the generation is then left as a plain model's."""
+    model = load_model(lm_dir)
+    eos = model.config.eos_id
+    with torch.no_grad():  # the final state is always the (enlarged) EOS row of the tied output
+        model.output_proj.weight[eos] *= 5
+        model.decoder_norm.weight.zero_()
+        model.decoder_norm.bias.copy_(model.output_proj.weight[eos])
+    prompts = torch.tensor([[1, 5, 9], [1, 7, 8]])
+
+    def lengths(least):
+        gen = GenerationConfig(max_new_tokens=6, min_new_tokens=least, temperature=0)
+        return [len(row) for row in generate_ids(model, prompts, gen)]
+    assert lengths(0) == [0, 0]
+    assert lengths(4) == [4, 4]
+    assert lengths(6) == [6, 6]
+    assert not is_prepared(model)  # generation prepared the model for its own duration only
+    with pytest.raises(ConfigError, match="min_new_tokens"):
+        GenerationConfig(max_new_tokens=3, min_new_tokens=4)
 
 
 def test_bad_settings_and_inputs(lm_dir, model_dir):
@@ -101,6 +136,8 @@ def test_cli_generate(lm_dir, model_dir, tmp_path):
     assert len(lines) == 2 and lines[0].startswith("der hund")
     piped = _cli("generate", str(lm_dir), "--temperature", "0", "--max-new-tokens", "5", stdin="der hund\ndie katze\n")
     assert piped.stdout == done.stdout
+    bad = _cli("generate", str(lm_dir), "--prompt", "x", "--max-new-tokens", "2", "--min-new-tokens", "3")
+    assert bad.returncode == 2 and "min_new_tokens" in bad.stderr
     for args in (("generate", str(model_dir), "--prompt", "x"),
                  ("generate", str(lm_dir), "--prompt", "der hund " * 20)):
         bad = _cli(*args)

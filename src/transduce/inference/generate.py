@@ -19,6 +19,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, DataError
+from .fast import new_cache, prepare_for_decoding, prepared, restore
 from .sampling import check_sampling, filter_logits
 from .search import step_log_probs
 
@@ -27,7 +28,9 @@ from .search import step_log_probs
 class GenerationConfig:
     """How to continue a prompt: at most ``max_new_tokens`` tokens, greedy (``temperature`` 0)
     or sampled (``top_k`` 0 and ``top_p`` 1.0 are off), ``seed`` for a private generator (None:
-    the global RNG), ``batch_size`` prompts at a time."""
+    the global RNG), ``batch_size`` prompts at a time; EOS is forbidden for the first
+    ``min_new_tokens`` (as Hugging Face's ``min_new_tokens``; ``max_new_tokens`` too makes every
+    continuation that long, unless ``max_positions`` comes first)."""
 
     max_new_tokens: int = 50
     temperature: float = 1.0
@@ -35,10 +38,14 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int | None = None
     batch_size: int = 32
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens: must be positive; got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_new_tokens: must be in [0, max_new_tokens={self.max_new_tokens}]; "
+                              f"got {self.min_new_tokens}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size: must be positive; got {self.batch_size}")
         if self.temperature < 0:
@@ -52,19 +59,31 @@ def check_decoder_only(config: ModelConfig, what: str) -> None:
         raise ConfigError(f"{what}: needs a decoder_only model (a language model); this one is {config.arch}")
 
 
-@torch.no_grad()
+@torch.no_grad()  # generation never needs gradients (and the pooled cache forbids them)
 def generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
                  generator: torch.Generator | None = None) -> list[list[int]]:
     """Continue each row of ``prompts`` (B, P), BOS first, all of one length; returns the new ids
-    of each row (without EOS), at most ``max_new_tokens`` and never past ``max_positions``."""
+    of each row (without EOS), at most ``max_new_tokens`` and never past ``max_positions``.
+
+    The model runs prepared for decoding (:func:`~transduce.inference.fast.prepared`: projections
+    fused once, the pooled cache, few-query attention), as search does; only the last position of
+    the prompt is projected to the vocabulary.
+    """
+    with prepared(model):
+        return _generate_ids(model, prompts, gen, generator)
+
+
+def _generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
+                  generator: torch.Generator | None) -> list[list[int]]:
     cfg = model.config
     steps = min(gen.max_new_tokens, cfg.max_positions - prompts.shape[1])
-    cache = model.new_cache()
-    logits = model.decode(prompts, cache).logits[:, -1]                  # (B, V)
+    cache = new_cache(model)
+    states = model.decode(prompts, cache, project=False).states[:, -1]  # (B, D)
+    logits = model.output_proj(states)                                  # (B, V)
     done = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
     new: list[Tensor] = []
     for step in range(steps):
-        logp = step_log_probs(logits, cfg, step, 0)                       # (B, V), no PAD or BOS
+        logp = step_log_probs(logits, cfg, step, gen.min_new_tokens)      # (B, V), no PAD or BOS
         if gen.temperature == 0:
             token = logp.argmax(dim=-1)                                   # (B,)
         else:
@@ -73,7 +92,7 @@ def generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
         token = token.masked_fill(done, cfg.eos_id)
         new.append(token)
         done |= token == cfg.eos_id
-        if bool(done.all()) or step == steps - 1:
+        if step == steps - 1 or bool(done.all()):
             break
         logits = model.decode(token[:, None], cache).logits[:, -1]
     rows = torch.stack(new, dim=1).tolist() if new else [[] for _ in range(len(prompts))]
@@ -88,6 +107,11 @@ class Generator:
         tokenizer: its :class:`~transduce.data.tokenizer.Tokenizer` (the target side is the LM's).
         device: "cpu", "cuda", "cuda:1" or "auto".
 
+    The model is prepared for decoding in place, as a :class:`~transduce.inference.Translator`
+    prepares its own (:func:`~transduce.inference.fast.prepare_for_decoding`: fused projections,
+    on CPU oneDNN linear layers); :meth:`close` (or leaving a ``with Generator(...)`` block) hands
+    it back as it came.
+
     Examples:
         >>> gen = Generator.load("runs/gpt_toy/model")                       # doctest: +SKIP
         >>> gen.generate(["der Hund"], GenerationConfig(temperature=0))       # doctest: +SKIP
@@ -96,9 +120,19 @@ class Generator:
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu"):
         check_decoder_only(model.config, "generate")
         self.device = resolve_device(device)
-        self.model = model.to(self.device).eval()
+        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu")
         self.tokenizer = tokenizer
         self.config = model.config
+
+    def close(self) -> None:
+        """Undo the preparation and drop the kept weight copies (see :func:`~transduce.inference.fast.restore`)."""
+        restore(self.model)
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu") -> "Generator":

@@ -24,7 +24,7 @@ def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
 
     ``top_k=0`` and ``top_p=1.0`` disable the filters. The most probable token always survives.
     """
-    logp = torch.log_softmax(logp / temperature, dim=-1)
+    logp = torch.log_softmax(logp if temperature == 1 else logp / temperature, dim=-1)  # (x / 1 is x)
     if 0 < top_k < logp.shape[-1]:
         kth = logp.topk(top_k, dim=-1).values[:, -1:]                    # (N, 1)
         logp = logp.masked_fill(logp < kth, -math.inf)
