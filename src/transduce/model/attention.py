@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from .embeddings import RotaryEmbedding
 from .masks import causal_mask, combine, local_mask
 
@@ -75,6 +76,13 @@ def local_attention(
     t_q, t_k = q.shape[-2], k.shape[-2]
     n_rows = min(max(n_global - start, 0), t_q)  # queries that are global tokens
     spans = [(0, n_rows, 0, min(t_k, start + n_rows) if is_causal else t_k)] if n_rows else []
+    if t_q - n_rows > window and (mask is None or mask.shape[-2] == 1) and (is_causal or start + t_q <= t_k):
+        # many blocks: all at once (one kernel call instead of one per block)
+        band = _band_blocks(q[:, :, n_rows:], k, v, mask, window, n_global, is_causal, start + n_rows, dropout)
+        if not n_rows:
+            return band
+        return torch.cat([local_attention(q[:, :, :n_rows], k, v, mask, window, n_global, is_causal, start,
+                                          dropout), band], dim=2)
     for a in range(n_rows, t_q, window):
         b = min(a + window, t_q)
         if is_causal:
@@ -96,6 +104,43 @@ def local_attention(
             m = m & (mask if mask.shape[-2] == 1 else mask[..., a:b, :]).index_select(-1, k_pos)
         outs.append(scaled_dot_product_attention(q[:, :, a:b], kb, vb, m, dropout)[0])  # (B, H, b - a, Dh)
     return torch.cat(outs, dim=2)
+
+
+def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int,
+                 is_causal: bool, start: int, dropout: float) -> Tensor:
+    """:func:`local_attention` of queries none of which is global nor past the last key, as
+    one batched call: block j of W queries over its window of 3W keys (causal 2W), an unfolded
+    view of k and v, plus the global keys as extra columns.
+
+    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask (B, 1, 1, Tk) or None -> (B, H, Tq, Dh).
+    """
+    b, h, t_q, dh = q.shape
+    t_k, w, dev = k.shape[-2], window, q.device
+    nb, span = -(-t_q // w), (2 if is_causal else 3) * w
+    first, last = start - w, start - w + (nb - 1) * w + span - 1          # key positions the windows cover
+    pad = (max(0, -first), max(0, last + 1 - t_k))
+
+    def windows(x: Tensor) -> Tensor:                                      # (..., Tk, Dh) -> (..., nb, span, Dh)
+        x = F.pad(x[..., max(first, 0):last + 1, :], (0, 0) + pad)
+        return x.unfold(-2, span, w).transpose(-1, -2)
+
+    q_pos = start + torch.arange(nb * w, device=dev).view(nb, w)           # (nb, W)
+    k_pos = first + torch.arange(nb, device=dev)[:, None] * w + torch.arange(span, device=dev)  # (nb, span)
+    m = local_mask(q_pos, k_pos, w, n_global, is_causal) & ((k_pos >= n_global) & (k_pos < t_k))[:, None, :]
+    kb, vb = windows(k), windows(v)                                        # (B, H, nb, span, Dh)
+    if mask is not None:
+        keys = F.pad(mask[:, :, 0, max(first, 0):last + 1], pad, value=False)   # (B, 1, span + (nb-1) W)
+        m = m & keys.unfold(-1, span, w)[:, :, :, None, :]                 # (B, 1, nb, W, span)
+    if n_global:  # the global keys, as extra columns of every block
+        g_mask = local_mask(q_pos, torch.arange(n_global, device=dev), w, n_global, is_causal)
+        if mask is not None:
+            g_mask = g_mask & mask[:, :, :, None, :n_global]
+        kb = torch.cat([k[:, :, None, :n_global].expand(b, h, nb, -1, dh), kb], dim=-2)
+        vb = torch.cat([v[:, :, None, :n_global].expand(b, h, nb, -1, dh), vb], dim=-2)
+        m = torch.cat([g_mask.expand(*m.shape[:-1], n_global), m.expand(*g_mask.shape[:-1], span)], dim=-1)
+    qb = F.pad(q, (0, 0, 0, nb * w - t_q)).view(b, h, nb, w, dh)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=m, dropout_p=dropout)  # (B, H, nb, W, Dh)
+    return out.reshape(b, h, nb * w, dh)[:, :, :t_q]
 
 
 @dataclass(frozen=True)
@@ -241,7 +286,7 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         p = self.pattern
         if p.kind != "full" and need_weights:
-            raise ValueError(f"attention maps need full attention; this model has {p.kind} attention")
+            raise ConfigError(f"model.attention: attention maps need full attention; this model has {p.kind} attention")
         if p.kind == "local":
             out, weights = local_attention(q, k, v, mask, p.window, p.n_global, is_causal, start, dropout), None
         elif p.kind == "linformer":
@@ -261,7 +306,7 @@ class MultiHeadAttention(nn.Module):
         """
         s, max_len = k.shape[-2], self.e_proj.in_features
         if s > max_len:
-            raise ValueError(f"linformer attention spans model.max_positions={max_len} positions; got {s}")
+            raise ConfigError(f"model.max_positions: linformer attention spans {max_len} positions; got {s}")
         if mask is not None:
             keep = mask.transpose(-2, -1)                                 # (B, 1, S, 1)
             k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)

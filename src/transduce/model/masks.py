@@ -47,11 +47,11 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int, n_global: int = 0, cau
     ``window``), when j < ``n_global`` (every query sees the global tokens) or when
     i < ``n_global`` (the global tokens see every key); causal attention keeps j <= i throughout.
 
-    Shape: q_pos (Tq,) and k_pos (Tk,) positions -> (1, 1, Tq, Tk).
+    Shape: q_pos (..., Tq) and k_pos (..., Tk) positions -> (1, 1, ..., Tq, Tk).
     """
-    d = q_pos[:, None] - k_pos[None, :]                                  # (Tq, Tk)
+    d = q_pos[..., :, None] - k_pos[..., None, :]                        # (..., Tq, Tk)
     band = d.abs() <= window
-    glob = (k_pos[None, :] < n_global) | (q_pos[:, None] < n_global)
+    glob = (k_pos[..., None, :] < n_global) | (q_pos[..., :, None] < n_global)
     seen = band | glob
     if causal:
         seen = seen & (d >= 0)
