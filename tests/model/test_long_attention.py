@@ -174,7 +174,7 @@ def test_linformer_equals_its_formula():
         heads.append(weights @ (f @ v))
     ref = torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="max_positions=10"):
+    with pytest.raises(ConfigError, match="model.max_positions: linformer attention spans 10 positions; got 11"):
         attn(torch.randn(1, 11, D), torch.randn(1, 11, D))
 
 
@@ -208,7 +208,7 @@ def test_training_reduces_loss(kw):
 
 def test_attention_maps_need_full_attention():
     _, model = _pair(attention="local", attention_window=2)
-    with pytest.raises(ValueError, match="attention maps need full attention"):
+    with pytest.raises(ConfigError, match="attention maps need full attention"):
         model.encode(_batch()[0], need_weights=True)
 
 
