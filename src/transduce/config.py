@@ -90,6 +90,19 @@ class ModelConfig:
       type_vocab_size=2   BERT's token-type (segment) embeddings; 0 = none (encoder_only)
       n_classes=K         a pooled classification head over K classes instead of the masked-LM
                           head; 0 = the masked-LM head (encoder_only)
+      attention="local"   self-attention over a sliding window of ``attention_window`` positions
+                          each side (causal in the decoder), plus ``global_tokens`` (the first G
+                          positions: every query sees them, and they see every position), as
+                          Longformer (Beltagy et al., 2020, https://arxiv.org/abs/2004.05150);
+                          O(T * W) time and memory
+      attention="linformer"  encoder self-attention with keys and values projected along the
+                          sequence to ``linformer_k`` rows (Wang et al., 2020,
+                          https://arxiv.org/abs/2006.04768); the projections span ``max_positions``
+                          positions (the longest sequence this model takes). It is not causal, so
+                          decoder self-attention stays full (arch=decoder_only refuses it)
+      cross_attention="local"  encoder-decoder attention over the source positions within
+                          ``attention_window`` of the target position (for long, monotone,
+                          similar-length pairs such as documents); "full" (the paper) by default
     """
 
     arch: str = "encoder_decoder"
@@ -121,6 +134,11 @@ class ModelConfig:
     n_classes: int = 0
     output_bias: bool = False
     labels: tuple = ()  # the class names in id order, set by classification training from its data
+    attention: str = "full"
+    cross_attention: str = "full"
+    attention_window: int = 256
+    global_tokens: int = 0
+    linformer_k: int = 256
 
     def __post_init__(self) -> None:
         if isinstance(self.labels, list):
@@ -142,6 +160,7 @@ class ModelConfig:
         self._check_encoder_only()
         _check(not self.output_bias or self.arch == "encoder_decoder", "model.output_bias",
                f"needs model.arch=encoder_decoder; got arch={self.arch}")
+        self._check_attention()
         if self.positions == "rope":
             _check(self.head_dim % 2 == 0, "model.positions",
                    f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
@@ -166,6 +185,18 @@ class ModelConfig:
             return
         for k in ("embed_norm", "type_vocab_size", "n_classes", "labels"):
             _check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
+
+    def _check_attention(self) -> None:
+        _one_of(self.attention, "model.attention", ("full", "local", "linformer"))
+        _check(self.cross_attention != "linformer", "model.cross_attention",
+               "linformer applies to encoder self-attention only; use full or local")
+        _one_of(self.cross_attention, "model.cross_attention", ("full", "local"))
+        _check(self.attention_window >= 1, "model.attention_window", f"must be >= 1; got {self.attention_window}")
+        _check(self.global_tokens >= 0, "model.global_tokens", f"must be >= 0; got {self.global_tokens}")
+        _check(self.attention != "linformer" or 1 <= self.linformer_k <= self.max_positions, "model.linformer_k",
+               f"must be in [1, model.max_positions={self.max_positions}]; got {self.linformer_k}")
+        _check(not (self.attention == "linformer" and self.arch == "decoder_only"), "model.attention",
+               "linformer applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
 
     @property
     def head_dim(self) -> int:

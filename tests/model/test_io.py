@@ -15,7 +15,9 @@ def _model(**kw):
                                               n_encoder_layers=1, n_decoder_layers=1, d_ff=32), **kw}))
 
 
-@pytest.mark.parametrize("kw", [{}, dict(share_embeddings=False, tie_output=False), dict(positions="learned")])
+@pytest.mark.parametrize("kw", [{}, dict(share_embeddings=False, tie_output=False), dict(positions="learned"),
+                                dict(attention="local", cross_attention="local", attention_window=1, global_tokens=1),
+                                dict(attention="linformer", linformer_k=2, max_positions=8)])
 def test_round_trip(tmp_path, kw):
     model = _model(**kw).eval()
     save_model(model, tmp_path / "m")

@@ -226,3 +226,27 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[tensorboard\]'"):
         _trainer(tmp_path, tensorboard=True)
+
+
+@pytest.mark.parametrize("attention", [
+    {"attention": "local", "cross_attention": "local", "attention_window": 3, "global_tokens": 1},
+    {"attention": "linformer", "linformer_k": 8, "max_positions": 64},
+])
+def test_long_attention_options_train_validate_save_and_translate(tmp_path, attention):
+    """model.attention local / linformer through a whole run: steps, BLEU validation (beam
+    search on the prepared model), the saved model directory, and the Translator."""
+    from transduce.inference import Translator
+
+    cfg = RunConfig.from_dict({
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+                  **attention},
+        "data": {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 120, "max_tokens": 256},
+        "train": {"max_steps": 3, "warmup_steps": 5, "eval_every": 3, "save_every": 3},
+        "decode": {"beam": 2},
+    })
+    _, summary = loop.run_training(cfg, tmp_path)
+    assert math.isfinite(summary["val_loss"]) and "val_bleu" in summary
+    translator = Translator.load(tmp_path / "model")
+    assert {k: getattr(translator.model.config, k) for k in attention} == attention
+    assert len(translator.translate(["the dog sees the ball"])) == 1

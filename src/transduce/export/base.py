@@ -84,6 +84,10 @@ def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     from ..model import load_model
 
     model = load_model(model_dir).float().eval()
+    for key in ("attention", "cross_attention"):
+        kind = getattr(model.config, key)
+        if kind != "full":
+            raise ExportError(f"cannot export model.{key}={kind}: the exported formats run full attention only")
     if Tokenizer.exists(model_dir):
         return model, Tokenizer.load(model_dir)
     if need_tokenizer:

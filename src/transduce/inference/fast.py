@@ -55,6 +55,19 @@ def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor
     return torch.bmm(weights.view(b * h, t_q, t_k), v.reshape(b * h, t_k, dh)).view(b, h, t_q, dh)
 
 
+def repeat_shared_rows(b: int, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """k, v and a mask of Bk rows, each shared by g = B / Bk consecutive query rows (see
+    :func:`fast_attention`), repeated to B rows."""
+    b_kv = k.shape[0]
+    if b == b_kv:
+        return k, v, mask
+    g = b // b_kv
+    k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)
+    if mask is not None and mask.shape[0] == b_kv:
+        mask = mask.repeat_interleave(g, dim=0)
+    return k, v, mask
+
+
 def fast_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0,
     is_causal: bool = False, need_weights: bool = False,
@@ -83,9 +96,7 @@ def fast_attention(
             if weights is not None:
                 weights = weights.transpose(1, 2).reshape(b, h, 1, -1)
             return out, weights
-        k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)
-        if mask is not None and mask.shape[0] == b_kv:
-            mask = mask.repeat_interleave(g, dim=0)
+        k, v, mask = repeat_shared_rows(b, k, v, mask)
     if (not need_weights and not is_causal and q.device.type == "cpu" and not dropout
             and q.shape[-2] <= FEW_QUERIES):
         return _few_queries(q, k, v, mask), None
@@ -159,7 +170,10 @@ class FastAttention(MultiHeadAttention):
         return k.contiguous(), v.contiguous()
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+               need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:
+        if self.pattern.kind != "full":  # local and Linformer attention keep the model's own path
+            k, v, mask = repeat_shared_rows(q.shape[0], k, v, mask)
+            return super().attend(q, k, v, mask, is_causal, need_weights, start)
         dropout = self.dropout if self.training else 0.0
         out, weights = fast_attention(q, k, v, mask, dropout, is_causal, need_weights)
         b, _, t, _ = out.shape

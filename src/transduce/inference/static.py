@@ -66,12 +66,16 @@ GRAPHS_KEPT = 4
 
 def use_static(model: nn.Module, src: Tensor, attention: AttentionChoice | None, static: bool | None) -> bool:
     """Whether a search runs here: as ``static`` says, or by default (None) on CUDA for an
-    eval-mode :class:`~transduce.model.Transformer` when no attention maps are recorded."""
+    eval-mode :class:`~transduce.model.Transformer` of full attention when no attention maps
+    are recorded (its buffers and masks are full attention's)."""
+    full = not isinstance(model, Transformer) or model.config.attention == model.config.cross_attention == "full"
     if static is None:
         return src.device.type == "cuda" and attention is None and isinstance(model, Transformer) \
-            and not model.training
+            and not model.training and full
     if static and attention is not None:
         raise ValueError("static decoding records no attention maps; use static=False")
+    if static and not full:
+        raise ValueError("static decoding runs full attention only; use static=False for local or linformer models")
     return static
 
 

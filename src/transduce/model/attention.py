@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import ConfigError
 from .embeddings import RotaryEmbedding
-from .masks import causal_mask, combine
+from .masks import causal_mask, combine, local_mask
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
@@ -51,6 +52,110 @@ def scaled_dot_product_attention(
     weights = attention_weights(q, k, mask, is_causal)
     out = F.dropout(weights, dropout) @ v                               # (B, H, Tq, Dh)
     return out, weights
+
+
+def local_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int = 0,
+    is_causal: bool = False, start: int = 0, dropout: float = 0.0,
+) -> Tensor:
+    """Eq. 1 under :func:`~transduce.model.masks.local_mask`, in O(Tq * (W + G)) time and memory.
+
+    The queries go in blocks of ``window``; each block attends only to the keys that its band can
+    reach, [block start - W, block end + W) (causal: up to the block end), sliced out of k and v,
+    plus the ``n_global`` first keys as extra columns. Queries of global positions attend to
+    every key (whole rows, O(G * Tk)). No (Tq x Tk) tensor is ever made.
+
+    Args:
+        mask: a key mask broadcastable to (B, H, 1, Tk) (padding), or (B, H, Tq, Tk), or None.
+        start: position of the first query; keys are at positions 0..Tk-1 (with a cache, the
+            queries are the last Tq of Tk positions: ``start = Tk - Tq``). Without ``is_causal``
+            (cross-attention) a query past the last key stands at the last key's position.
+
+    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) -> (B, H, Tq, Dh).
+    """
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    n_rows = min(max(n_global - start, 0), t_q)  # queries that are global tokens
+    spans = [(0, n_rows, 0, min(t_k, start + n_rows) if is_causal else t_k)] if n_rows else []
+    if t_q - n_rows > window and (mask is None or mask.shape[-2] == 1) and (is_causal or start + t_q <= t_k):
+        # many blocks: all at once (one kernel call instead of one per block)
+        band = _band_blocks(q[:, :, n_rows:], k, v, mask, window, n_global, is_causal, start + n_rows, dropout)
+        if not n_rows:
+            return band
+        return torch.cat([local_attention(q[:, :, :n_rows], k, v, mask, window, n_global, is_causal, start,
+                                          dropout), band], dim=2)
+    for a in range(n_rows, t_q, window):
+        b = min(a + window, t_q)
+        if is_causal:
+            lo, hi = max(0, start + a - window), min(t_k, start + b)
+        else:  # (queries past the last key, in cross-attention, stand at the last key)
+            lo, hi = max(0, min(start + a, t_k - 1) - window), min(t_k, min(start + b - 1, t_k - 1) + window + 1)
+        spans.append((a, b, lo, hi))
+    outs = []
+    for a, b, lo, hi in spans:
+        g = min(n_global, lo)  # global keys left of the slice, added as extra columns
+        k_pos = torch.arange(lo, hi, device=q.device)
+        kb, vb = k[:, :, lo:hi], v[:, :, lo:hi]                          # (B, H, hi - lo, Dh)
+        if g:
+            k_pos = torch.cat([torch.arange(g, device=q.device), k_pos])
+            kb, vb = torch.cat([k[:, :, :g], kb], dim=2), torch.cat([v[:, :, :g], vb], dim=2)
+        q_pos = torch.arange(start + a, start + b, device=q.device)
+        m = local_mask(q_pos if is_causal else q_pos.clamp(max=t_k - 1), k_pos, window, n_global, is_causal)
+        if mask is not None:
+            m = m & (mask if mask.shape[-2] == 1 else mask[..., a:b, :]).index_select(-1, k_pos)
+        outs.append(scaled_dot_product_attention(q[:, :, a:b], kb, vb, m, dropout)[0])  # (B, H, b - a, Dh)
+    return torch.cat(outs, dim=2)
+
+
+def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int,
+                 is_causal: bool, start: int, dropout: float) -> Tensor:
+    """:func:`local_attention` of queries none of which is global nor past the last key, as
+    one batched call: block j of W queries over its window of 3W keys (causal 2W), an unfolded
+    view of k and v, plus the global keys as extra columns.
+
+    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask (B, 1, 1, Tk) or None -> (B, H, Tq, Dh).
+    """
+    b, h, t_q, dh = q.shape
+    t_k, w, dev = k.shape[-2], window, q.device
+    nb, span = -(-t_q // w), (2 if is_causal else 3) * w
+    first, last = start - w, start - w + (nb - 1) * w + span - 1          # key positions the windows cover
+    pad = (max(0, -first), max(0, last + 1 - t_k))
+
+    def windows(x: Tensor) -> Tensor:                                      # (..., Tk, Dh) -> (..., nb, span, Dh)
+        x = F.pad(x[..., max(first, 0):last + 1, :], (0, 0) + pad)
+        return x.unfold(-2, span, w).transpose(-1, -2)
+
+    q_pos = start + torch.arange(nb * w, device=dev).view(nb, w)           # (nb, W)
+    k_pos = first + torch.arange(nb, device=dev)[:, None] * w + torch.arange(span, device=dev)  # (nb, span)
+    m = local_mask(q_pos, k_pos, w, n_global, is_causal) & ((k_pos >= n_global) & (k_pos < t_k))[:, None, :]
+    kb, vb = windows(k), windows(v)                                        # (B, H, nb, span, Dh)
+    if mask is not None:
+        keys = F.pad(mask[:, :, 0, max(first, 0):last + 1], pad, value=False)   # (B, 1, span + (nb-1) W)
+        m = m & keys.unfold(-1, span, w)[:, :, :, None, :]                 # (B, 1, nb, W, span)
+    if n_global:  # the global keys, as extra columns of every block
+        g_mask = local_mask(q_pos, torch.arange(n_global, device=dev), w, n_global, is_causal)
+        if mask is not None:
+            g_mask = g_mask & mask[:, :, :, None, :n_global]
+        kb = torch.cat([k[:, :, None, :n_global].expand(b, h, nb, -1, dh), kb], dim=-2)
+        vb = torch.cat([v[:, :, None, :n_global].expand(b, h, nb, -1, dh), vb], dim=-2)
+        m = torch.cat([g_mask.expand(*m.shape[:-1], n_global), m.expand(*g_mask.shape[:-1], span)], dim=-1)
+    qb = F.pad(q, (0, 0, 0, nb * w - t_q)).view(b, h, nb, w, dh)
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=m, dropout_p=dropout)  # (B, H, nb, W, Dh)
+    return out.reshape(b, h, nb * w, dh)[:, :, :t_q]
+
+
+@dataclass(frozen=True)
+class AttentionPattern:
+    """Which keys a query sees: "full" (the paper), "local" (``window`` positions each side and
+    ``n_global`` global tokens, :func:`local_attention`) or "linformer" (keys and values
+    projected along the sequence to ``linformer_k`` rows by learned (k x ``max_len``) matrices;
+    Wang et al., 2020, https://arxiv.org/abs/2006.04768, Eq. 7, one E and F per layer shared
+    by the heads)."""
+
+    kind: str = "full"
+    window: int = 0
+    n_global: int = 0
+    linformer_k: int = 0
+    max_len: int = 0
 
 
 @dataclass
@@ -110,11 +215,13 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on attention weights.
         bias: whether the four projections have biases.
         rope: a rotary embedding applied to q and k (self-attention only), or None.
+        pattern: which keys each query sees (full attention by default).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: RotaryEmbedding | None = None):
+                 rope: RotaryEmbedding | None = None, pattern: AttentionPattern = AttentionPattern()):
         super().__init__()
+        self.pattern = pattern
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -122,6 +229,9 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rope = rope
+        if pattern.kind == "linformer":  # E and F of Linformer's Eq. 7, applied along the sequence
+            self.e_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
+            self.f_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -166,14 +276,38 @@ class MultiHeadAttention(nn.Module):
             if self.rope is not None:
                 q = self.rope(q, start)
             k, v = kv if kv is not None else self.project_kv(key_value, start)
-        return self.attend(q, k, v, mask, is_causal, need_weights)
+        return self.attend(q, k, v, mask, is_causal, need_weights, start)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+               need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:
         """Attention of projected heads q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh), then the
-        output projection -> (B, Tq, D) and (B, H, Tq, Tk) weights if ``need_weights``."""
+        output projection -> (B, Tq, D) and (B, H, Tq, Tk) weights if ``need_weights``.
+        ``start`` is the position of the first query (local attention's band needs it)."""
         dropout = self.dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
+        p = self.pattern
+        if p.kind != "full" and need_weights:
+            raise ConfigError(f"model.attention: attention maps need full attention; this model has {p.kind} attention")
+        if p.kind == "local":
+            out, weights = local_attention(q, k, v, mask, p.window, p.n_global, is_causal, start, dropout), None
+        elif p.kind == "linformer":
+            k, v = self.linformer_project(k, v, mask)                    # (B, H, k, Dh)
+            out, weights = scaled_dot_product_attention(q, k, v, None, dropout)
+        else:
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, -1)                      # (B, Tq, D)
         return self.out_proj(out), weights
+
+    def linformer_project(self, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """E K and F V (Linformer Eq. 7) over the first S columns of E and F; padded keys and
+        values are zeroed first, so that they add nothing and need no mask after.
+
+        Shape: k, v (B, H, S, Dh), mask (B, 1, 1, S) key mask or None -> two (B, H, k, Dh).
+        """
+        s, max_len = k.shape[-2], self.e_proj.in_features
+        if s > max_len:
+            raise ConfigError(f"model.max_positions: linformer attention spans {max_len} positions; got {s}")
+        if mask is not None:
+            keep = mask.transpose(-2, -1)                                 # (B, 1, S, 1)
+            k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
+        return self.e_proj.weight[:, :s] @ k, self.f_proj.weight[:, :s] @ v   # (k, S) @ (B, H, S, Dh)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .attention import LayerCache, MultiHeadAttention
+from .attention import AttentionPattern, LayerCache, MultiHeadAttention
 from .embeddings import RotaryEmbedding
 
 
@@ -54,13 +54,22 @@ def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> N
                 nn.init.zeros_(module.bias)
 
 
+def attention_pattern(cfg: ModelConfig, kind: str) -> AttentionPattern:
+    """The :class:`AttentionPattern` of one attention block of kind ``cfg.attention`` (or
+    ``cfg.cross_attention``); Linformer's projections span ``cfg.max_positions`` positions."""
+    if kind == "full":
+        return AttentionPattern()
+    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions)
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual block."""
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope)
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
+                                            attention_pattern(cfg, cfg.attention))
         self.ffn = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
@@ -84,13 +93,17 @@ class DecoderLayer(nn.Module):
 
     ``cross_attention=False`` leaves the middle block out (no ``cross_attn``, no ``norm2``): the
     layer of a decoder-only language model, whose only context is the prefix (GPT).
+    Self-attention is local when ``cfg.attention`` is (causal band), else full: Linformer's
+    projection mixes future positions, so it has no causal form.
     """
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias) \
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
+                                            attention_pattern(cfg, "local" if cfg.attention == "local" else "full"))
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias,
+                                             pattern=attention_pattern(cfg, cfg.cross_attention)) \
             if cross_attention else None
         self.ffn = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
@@ -117,19 +130,19 @@ class DecoderLayer(nn.Module):
         x = self._residual(x, h, self.norm1)
         cross_w = None
         if self.cross_attn is not None:
-            x, cross_w = self._cross_attention(x, memory, memory_mask, cache, need_weights)
+            x, cross_w = self._cross_attention(x, memory, memory_mask, cache, start, need_weights)
         h = self.ffn(self.norm3(x) if self.pre_norm else x)
         return self._residual(x, h, self.norm3), self_w, cross_w
 
     def _cross_attention(self, x: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: LayerCache | None,
-                         need_weights: bool) -> tuple[Tensor, Tensor | None]:
+                         start: int, need_weights: bool) -> tuple[Tensor, Tensor | None]:
         h = self.norm2(x) if self.pre_norm else x
         kv = None
         if cache is not None:
             if cache.cross_k is None:  # first step: project the encoder output once
                 cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
             kv = (cache.cross_k, cache.cross_v)
-        h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, need_weights=need_weights)
+        h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, start=start, need_weights=need_weights)
         return self._residual(x, h, self.norm2), cross_w
 
     def _self_attention(self, h: Tensor, cache: LayerCache | None, start: int, need_weights: bool):
@@ -138,6 +151,7 @@ class DecoderLayer(nn.Module):
             # real positions from seeing the pads after them, and pad positions are not scored.
             return self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
         q, k, v = self.self_attn.project_qkv(h, start)
+        # The cache keeps every position; local attention slices the last W (+ global) out of it.
         k, v = cache.append(k, v)                                         # (B, H, start+T, Dh)
         causal = h.shape[1] > 1  # a single new position may see the whole cache
-        return self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights)
+        return self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights, start=start)

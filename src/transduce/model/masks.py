@@ -38,3 +38,21 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if m is not None:
             out = m if out is None else out & m
     return out
+
+
+def local_mask(q_pos: Tensor, k_pos: Tensor, window: int, n_global: int = 0, causal: bool = False) -> Tensor:
+    """Sliding-window mask with global tokens (Longformer, Beltagy et al., 2020, Sec. 3.1).
+
+    Query position i sees key position j when |i - j| <= ``window`` (causal: 0 <= i - j <=
+    ``window``), when j < ``n_global`` (every query sees the global tokens) or when
+    i < ``n_global`` (the global tokens see every key); causal attention keeps j <= i throughout.
+
+    Shape: q_pos (..., Tq) and k_pos (..., Tk) positions -> (1, 1, ..., Tq, Tk).
+    """
+    d = q_pos[..., :, None] - k_pos[..., None, :]                        # (..., Tq, Tk)
+    band = d.abs() <= window
+    glob = (k_pos[..., None, :] < n_global) | (q_pos[..., :, None] < n_global)
+    seen = band | glob
+    if causal:
+        seen = seen & (d >= 0)
+    return seen[None, None]

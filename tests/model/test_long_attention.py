@@ -1,0 +1,226 @@
+"""Attention for long inputs: local (sliding window + global tokens) and Linformer, against full
+attention under the explicit mask and against their formulas written out."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.config import ModelConfig
+from transduce.errors import ConfigError
+from transduce.model import DecoderOnlyLM, MultiHeadAttention, Transformer
+from transduce.model.attention import AttentionPattern, local_attention
+from transduce.model.masks import causal_mask, combine, local_mask
+from attention_helpers import B, D, DH, H, _key_mask
+
+V = 40
+L = 13  # long enough for several blocks at the small windows below
+
+
+def _qkv(t_q, t_k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, t, DH, generator=g, requires_grad=True) for t in (t_q, t_k, t_k))
+
+
+def _band_reference(q, k, v, mask, window, n_global, causal, start):
+    """Full attention (F.scaled_dot_product_attention) under the explicit band + global mask
+    (non-causal queries past the last key stand at the last key)."""
+    q_pos = torch.arange(start, start + q.shape[-2])
+    q_pos = q_pos if causal else q_pos.clamp(max=k.shape[-2] - 1)
+    band = local_mask(q_pos, torch.arange(k.shape[-2]), window, n_global, causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=combine(mask, band))
+
+
+def _grads(out, tensors):
+    return torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), tensors)
+
+
+def test_local_mask_is_the_band_plus_global_rows_and_columns():
+    m = local_mask(torch.arange(6), torch.arange(6), window=1, n_global=1)[0, 0]
+    want = torch.tensor([[1, 1, 1, 1, 1, 1],
+                         [1, 1, 1, 0, 0, 0],
+                         [1, 1, 1, 1, 0, 0],
+                         [1, 0, 1, 1, 1, 0],
+                         [1, 0, 0, 1, 1, 1],
+                         [1, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(m, want)
+    causal = local_mask(torch.arange(6), torch.arange(6), window=1, n_global=1, causal=True)
+    assert torch.equal(causal, want & causal_mask(6))
+    assert torch.equal(local_mask(torch.arange(6), torch.arange(6), window=6), torch.ones(1, 1, 6, 6, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("window", [1, 2, 4])
+@pytest.mark.parametrize("n_global", [0, 1, 3])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_local_equals_full_under_the_band_mask(window, n_global, causal, padded):
+    q, k, v = _qkv(L, L)
+    mask = _key_mask(L) if padded else None
+    ours = local_attention(q, k, v, mask, window, n_global, causal)
+    ref = _band_reference(q, k, v, mask, window, n_global, causal, 0)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    for g, r in zip(_grads(ours, (q, k, v)), _grads(ref, (q, k, v))):
+        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("start,t_q,t_k,causal", [(4, 3, 7, True), (6, 1, 7, True), (5, 2, 11, False), (0, 6, 9, False),
+                                                  (0, 12, 5, False), (9, 1, 5, False)])
+def test_local_with_offset_queries(start, t_q, t_k, causal):
+    """The last queries of a cached prefix (causal) and target positions over a source (cross)."""
+    q, k, v = _qkv(t_q, t_k)
+    mask = _key_mask(t_k)
+    ours = local_attention(q, k, v, mask, 2, 1, causal, start)
+    torch.testing.assert_close(ours, _band_reference(q, k, v, mask, 2, 1, causal, start), atol=1e-6, rtol=1e-5)
+
+
+def _pair(seed=0, **kw):
+    """A full-attention Transformer and one with ``kw``, sharing every weight."""
+    base = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_heads=H, n_encoder_layers=2,
+                n_decoder_layers=2, d_ff=48, dropout=0.0, max_positions=32)
+    torch.manual_seed(seed)
+    full = Transformer(ModelConfig(**base)).eval()
+    other = Transformer(ModelConfig(**{**base, **kw})).eval()
+    missing, _ = other.load_state_dict(full.state_dict(), strict=False)
+    assert all("e_proj" in n or "f_proj" in n for n in missing)
+    return full, other
+
+
+def _batch(seed=0, b=3, s=L, t=L - 2):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (b, s), generator=g)
+    src[1, s - 4:] = 0
+    src[2, 3:] = 0
+    tgt = torch.randint(3, V, (b, t), generator=g)
+    tgt[:, 0] = 1
+    return src, tgt
+
+
+@pytest.mark.parametrize("n_global", [0, 2])
+def test_local_with_a_window_over_the_whole_length_is_full_attention(n_global):
+    full, local = _pair(attention="local", cross_attention="local", attention_window=L, global_tokens=n_global)
+    src, tgt = _batch()
+    a, b = full(src, tgt), local(src, tgt)
+    grads = zip(torch.autograd.grad(a.square().sum(), list(full.parameters())),
+                torch.autograd.grad(b.square().sum(), list(local.parameters())))
+    if n_global == 0:  # one block holding every query and key: the same kernel call, bit for bit
+        assert torch.equal(b, a)
+        assert all(torch.equal(q, p) for p, q in grads)
+    else:  # the global rows are their own block: the same math, summed in another order
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        for p, q in grads:
+            torch.testing.assert_close(q, p, atol=1e-4, rtol=1e-4)
+
+
+def _decode_step_by_step(model, src, tgt):
+    enc = model.encode(src)
+    cache, steps = model.new_cache(), []
+    for t in range(tgt.shape[1]):
+        out = model.decode(tgt[:, t:t + 1], enc, cache)
+        cache = out.cache
+        steps.append(out.logits)
+    a = model.decode(tgt[:, :3], enc, model.new_cache())  # a chunk of 3, then the rest at once
+    b = model.decode(tgt[:, 3:], enc, a.cache)
+    return torch.cat(steps, 1), torch.cat([a.logits, b.logits], 1)
+
+
+@pytest.mark.parametrize("cross", ["full", "local"])
+@pytest.mark.parametrize("n_global", [0, 2])
+def test_cached_local_decoding_equals_uncached(cross, n_global):
+    _, model = _pair(attention="local", cross_attention=cross, attention_window=2, global_tokens=n_global)
+    src, tgt = _batch()
+    with torch.no_grad():
+        whole = model(src, tgt)
+        steps, chunks = _decode_step_by_step(model, src, tgt)
+        full = _pair()[0](src, tgt)
+    torch.testing.assert_close(steps, whole, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunks, whole, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(whole, full, atol=1e-3)  # the window does cut the context
+
+
+def test_cached_local_lm_equals_uncached():
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(ModelConfig(arch="decoder_only", src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_heads=H,
+                                   n_decoder_layers=2, d_ff=48, attention="local", attention_window=3,
+                                   global_tokens=1)).eval()
+    ids = _batch()[1]
+    with torch.no_grad():
+        whole = lm(ids)
+        cache, steps = lm.new_cache(), []
+        for t in range(ids.shape[1]):
+            out = lm.decode(ids[:, t:t + 1], cache)
+            cache = out.cache
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-5, rtol=1e-4)
+
+
+def test_linformer_equals_its_formula():
+    """head_i = softmax(Q W_i^Q (E K W_i^K)^T / sqrt(d_k)) F V W_i^V (Linformer Eq. 7), with E and
+    F cut to the S columns in use and padded keys/values zeroed."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(D, H, pattern=AttentionPattern("linformer", linformer_k=4, max_len=10)).eval()
+    x = torch.randn(B, 7, D)
+    mask = _key_mask(7)
+    ours, _ = attn(x, x, mask)
+    keep = mask[:, 0, 0, :, None].float()                                  # (B, S, 1)
+    e, f = attn.e_proj.weight[:, :7], attn.f_proj.weight[:, :7]            # (k, S)
+    heads = []
+    for i in range(H):
+        cols = slice(i * DH, (i + 1) * DH)
+        q = x @ attn.q_proj.weight[cols].T + attn.q_proj.bias[cols]         # (B, S, Dh)
+        k = (x @ attn.k_proj.weight[cols].T + attn.k_proj.bias[cols]) * keep
+        v = (x @ attn.v_proj.weight[cols].T + attn.v_proj.bias[cols]) * keep
+        weights = torch.softmax(q @ (e @ k).transpose(1, 2) / math.sqrt(DH), dim=-1)  # (B, S, k)
+        heads.append(weights @ (f @ v))
+    ref = torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match="model.max_positions: linformer attention spans 10 positions; got 11"):
+        attn(torch.randn(1, 11, D), torch.randn(1, 11, D))
+
+
+@pytest.mark.parametrize("kw", [dict(attention="local", attention_window=2, global_tokens=1),
+                                dict(attention="linformer", linformer_k=5)])
+def test_source_padding_is_inert(kw):
+    """Extra padding changes nothing at the real positions (local: masked keys; Linformer: zeroed)."""
+    _, model = _pair(**kw)
+    src, tgt = _batch()
+    padded = torch.cat([src, torch.zeros(src.shape[0], 5, dtype=torch.long)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [dict(attention="local", cross_attention="local", attention_window=2, global_tokens=1),
+                                dict(attention="linformer", linformer_k=4)])
+def test_training_reduces_loss(kw):
+    _, model = _pair(**kw)
+    model.train()
+    src, tgt = _batch()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = F.cross_entropy(model(src, tgt[:, :-1]).reshape(-1, V), tgt[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.2 * losses[0]
+
+
+def test_attention_maps_need_full_attention():
+    _, model = _pair(attention="local", attention_window=2)
+    with pytest.raises(ConfigError, match="attention maps need full attention"):
+        model.encode(_batch()[0], need_weights=True)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(attention="sparse"), "model.attention: must be one of full, local, linformer"),
+    (dict(cross_attention="linformer"), "model.cross_attention: linformer applies to encoder self-attention only"),
+    (dict(attention_window=0), "model.attention_window: must be >= 1"),
+    (dict(global_tokens=-1), "model.global_tokens: must be >= 0"),
+    (dict(attention="linformer", linformer_k=2048), r"model.linformer_k: must be in \[1, model.max_positions=1024\]"),
+    (dict(attention="linformer", arch="decoder_only"), "model.attention: linformer applies to encoder self-attention"),
+])
+def test_bad_attention_options_are_one_line_errors(kw, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        ModelConfig(**{**dict(src_vocab_size=V, tgt_vocab_size=V), **kw})
+    assert "\n" not in str(e.value)
