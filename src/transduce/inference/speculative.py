@@ -144,8 +144,8 @@ class _Search:
         # the target cache holds positions 0..m-1, the draft's 0..draft_len-1 (<= m); position
         # m's token (seq[:, m]) is the next input of both
         self.m, self.draft_len = 0, 0
-        cap = self.draft.config.max_positions if self.draft.config.positions == "learned" else None
-        self.draft_cap = cap
+        draft_cfg = self.draft.config  # learned positions: the draft never decodes past its last
+        self.draft_cap = draft_cfg.max_positions if draft_cfg.positions == "learned" else None
 
     def run(self) -> SearchOutput:
         while self.rows.ids.numel():
