@@ -147,3 +147,30 @@ def test_evaluate_hyp_tokenized_reaches_the_metric(model_dir, tmp_path, capsys, 
         assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--tok-ref", str(ref),
                      "--lang", "en", *flag, *FAST]) == 0
     assert seen == [False, True]
+
+
+def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, model_dir):
+    from inference_helpers import layer_prefix_draft
+
+    draft = layer_prefix_draft(trained_dir, tmp_path / "draft")
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("the red dog runs\n\na small bird sings today\n", encoding="utf-8")
+    ref.write_text("der rot Hund läuft\n\nein klein Vogel singt heute\n", encoding="utf-8")
+    plain, fast = tmp_path / "plain.txt", tmp_path / "fast.txt"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(plain), "--beam", "1"]) == 0
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(fast), "--draft", str(draft),
+                 "--draft-tokens", "3"]) == 0
+    assert fast.read_text(encoding="utf-8") == plain.read_text(encoding="utf-8")
+    assert "of proposed tokens accepted" in capsys.readouterr().err
+    assert main(["evaluate", str(trained_dir), "--src", str(src), "--ref", str(ref), "--draft", str(draft)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["draft"]["draft_tokens"] == 4 and 0 < report["draft"]["acceptance"] <= 1
+    for argv, message in (
+            (["--beam", "4"], "--draft: speculative decoding is greedy; got --beam 4"),
+            (["--workers", "2"], "--draft: speculative decoding runs in this process"),
+            (["--draft-tokens", "0"], "--draft-tokens: must be >= 1"),
+    ):
+        assert main(["translate", str(trained_dir), "--input", str(src), "--draft", str(draft), *argv]) == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+    assert main(["translate", str(trained_dir), "--input", str(src), "--draft", str(model_dir)]) == 2
+    assert "has another tokenizer than" in capsys.readouterr().err

@@ -170,6 +170,11 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
                         "decode in this process; on a CPU, one worker per core is usually fastest)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
+    p.add_argument("--draft", default=None, metavar="DRAFT_DIR",
+                   help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
+                        "checks them in one pass; greedy (--beam 1), same output, faster")
+    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="tokens the draft proposes per step of the model (default: 4)")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
@@ -196,13 +201,29 @@ def _load_translator(args: argparse.Namespace):
     if args.workers < 0:
         raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
     ensemble = [args.model_dir, *getattr(args, "ensemble", [])]
+    if args.draft is not None and args.workers:
+        raise ConfigError("--draft: speculative decoding runs in this process; drop --workers")
+    if args.draft is not None and args.beam not in (None, 1):
+        raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
+    if args.draft is not None and len(ensemble) > 1:
+        raise ConfigError("--draft: speculative decoding checks one model's proposals; drop the extra model dirs")
     if args.workers:
         if args.device not in ("auto", "cpu"):
             raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
         if len(ensemble) > 1:
             raise ConfigError("--workers: an ensemble decodes in this process; drop --workers")
         return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
+    if args.draft is not None:
+        return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
+                               args.draft_tokens)
     return Translator.load_ensemble(ensemble, args.device, args.precision, int8, decode)
+
+
+def _draft_summary(speculation) -> dict:
+    """A translator's speculative decoding statistics (``--draft``)."""
+    s = speculation.stats
+    return {"draft_tokens": speculation.tokens, "acceptance": round(s.acceptance, 4),
+            "tokens_per_model_step": round(s.tokens_per_round, 3)}
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -224,6 +245,10 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import translate_file
     with _load_translator(args) as translator:
         translate_file(translator, args.input, args.output, prefix_path=args.prefix_file)
+        draft = _draft_summary(translator.speculation) if args.draft else None
+    if draft is not None:
+        print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
+              f"tokens per step of the model (K = {draft['draft_tokens']})", file=sys.stderr)
     return 0
 
 
@@ -344,6 +369,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         with _load_translator(args) as translator:
             result = evaluate_files(translator, args.src, args.ref, tok_ref_path=args.tok_ref, lang=args.lang,
                                     hyps_tokenized=args.hyp_tokenized)
+            if args.draft:
+                result["draft"] = _draft_summary(translator.speculation)
     else:
         unused = [flag for dest, flag, unset in _TRANSLATION_ONLY if getattr(args, dest) != unset]
         unused += ["--seed"] if task != "mlm" and args.seed is not None else []

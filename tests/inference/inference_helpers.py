@@ -18,8 +18,8 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
 def tiny_transformer(vocab: int = 40, seed: int = 0, **overrides) -> Transformer:
     torch.manual_seed(seed)
-    cfg = model_preset("tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=32, n_heads=4,
-                       n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0, **overrides)
+    shape = dict(d_model=32, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=64, dropout=0.0)
+    cfg = model_preset("tiny", src_vocab_size=vocab, tgt_vocab_size=vocab, **{**shape, **overrides})
     return Transformer(cfg).eval()
 
 
@@ -110,3 +110,19 @@ SENTENCES = [
     "a child plays with a ball", "the old man drinks tea", "she writes a long letter",
     "they eat bread and cheese",
 ]
+
+
+def layer_prefix_draft(model_dir, out_dir, n_layers: int = 1):
+    """A draft directory: the trained model with only its first ``n_layers`` decoder layers
+    (a cheap, often agreeing draft), and the model's tokenizer."""
+    import dataclasses
+
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.model import Transformer, load_model, save_model
+
+    model = load_model(model_dir)
+    draft = Transformer(dataclasses.replace(model.config, n_decoder_layers=n_layers))
+    draft.load_state_dict(model.state_dict(), strict=False)  # the deeper layers have no place
+    save_model(draft.eval(), out_dir)
+    Tokenizer.load(model_dir).save(out_dir)
+    return out_dir

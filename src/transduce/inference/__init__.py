@@ -1,5 +1,6 @@
-"""Decoding: greedy search, beam search, sampling, and the text-in text-out Translator (in this
-process, or TranslatorPool: in worker processes); Generator for decoder-only language models."""
+"""Decoding: greedy search, beam search, sampling, speculative decoding with a draft model, and
+the text-in text-out Translator (in this process, or TranslatorPool: in worker processes);
+Generator for decoder-only language models."""
 
 from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
@@ -10,10 +11,12 @@ from .pool import SearchPool, TranslatorPool
 from .sampling import sample
 from .fast import prepare_for_decoding, restore
 from .search import AttentionChoice, SearchOutput, greedy_search, length_penalty, max_lengths
+from .speculative import DraftStats, Speculation, speculative_search
 from .translator import BaseTranslator, Hypothesis, SearchSpec, Translation, Translator
 
 __all__ = [
-    "greedy_search", "beam_search", "sample", "SearchOutput", "length_penalty", "max_lengths",
+    "greedy_search", "beam_search", "sample", "speculative_search", "Speculation", "DraftStats",
+    "SearchOutput", "length_penalty", "max_lengths",
     "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",
     "SearchSpec", "Translation", "Hypothesis", "translate_file",
     "Generator", "GenerationConfig",

@@ -27,8 +27,9 @@ from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .beam import beam_search
 from .fast import prepare_for_decoding, restore
-from .sampling import check_sampling, sample
+from .sampling import check_sampling, filter_logits, sample
 from .search import AttentionChoice, SearchOutput, greedy_search, prefix_ids
+from .speculative import Speculation, check_draft, speculative_search
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,15 @@ class SearchSpec:
     top_p: float = 1.0
     seed: int | None = None
 
-    def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None) -> SearchOutput:
+    def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
+            speculation: Speculation | None = None) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
-        beginning with its row of ``prefix`` ids (-1-padded), if given."""
+        beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
+        greedy search or sampling with its draft model proposing tokens."""
+        if speculation is not None:
+            if prefix is not None:
+                raise ConfigError("prefix: forced prefixes work without a draft model (drop --draft)")
+            return self._speculative(model, src, speculation)
         if self.temperature is not None:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
@@ -99,6 +106,26 @@ class SearchSpec:
         if self.decode.beam == 1:
             return greedy_search(model, src, self.decode, self.attention, prefix=prefix)
         return beam_search(model, src, self.decode, self.attention, prefix=prefix)
+
+    def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
+        check_speculative(self.decode, self.attention)
+        if self.temperature is None:
+            return speculative_search(model, src, speculation, self.decode)
+        generator = None if self.seed is None else torch.Generator(device=src.device).manual_seed(self.seed)
+
+        def sample(logp: Tensor) -> Tensor:
+            return filter_logits(logp, self.temperature, self.top_k, self.top_p)
+
+        return speculative_search(model, src, speculation, self.decode, sample, generator)
+
+
+def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = None) -> None:
+    """A one-line ConfigError for settings speculative decoding does not do (beam search, attention)."""
+    if decode.beam != 1:
+        raise ConfigError(f"--draft: speculative decoding is greedy (or sampling); got --beam {decode.beam} "
+                          "(use --beam 1)")
+    if attention is not None:
+        raise ConfigError("--draft: speculative decoding records no attention; translate without --draft")
 
 
 def check_layer_head(config, layer: int, head: int | None, key: str = "attention layer") -> None:
@@ -256,6 +283,10 @@ class Translator(BaseTranslator):
         int8: dynamic int8 quantisation of the linear layers (CPU only).
         decode: the default decoding settings (:attr:`decode`); ``max_input_len``: longer inputs
             are cut to this many tokens, with a warning.
+        speculation: a draft model (same tokenizer) and how many tokens it proposes per step of
+            ``model``: greedy search and sampling then run as speculative decoding (same output,
+            :mod:`~transduce.inference.speculative`): ``decode``'s beam becomes 1 and a beam
+            search asked for is refused; its ``stats`` count the accepted proposals.
 
     The model is prepared for decoding in place (:func:`~transduce.inference.fast.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
@@ -265,7 +296,8 @@ class Translator(BaseTranslator):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
-                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
+                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None,
+                 speculation: Speculation | None = None):
         if model.config.arch != "encoder_decoder":
             raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
                               + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
@@ -276,10 +308,17 @@ class Translator(BaseTranslator):
             raise ConfigError(f"--int8: dynamic int8 quantisation runs on CPU only; got device {self.device} "
                               "(use --device cpu)")
         self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu", int8=int8)
+        self.speculation = speculation
+        if speculation is not None:
+            check_draft(model.config, speculation.draft.config)
+            speculation.draft = prepare_for_decoding(speculation.draft.to(self.device).eval(),
+                                                     onednn=self.device.type == "cpu", int8=int8)
         self.tokenizer = tokenizer
         self.precision = precision
         self.config = model.config
         self.decode = decode or DecodeConfig()
+        if speculation is not None:  # speculative decoding is greedy search (or sampling)
+            self.decode = replace(self.decode, beam=1)
         self.max_input_len = input_limit(self.config, self.decode.max_input_len)
 
     def close(self) -> None:
@@ -287,20 +326,32 @@ class Translator(BaseTranslator):
         :func:`~transduce.inference.fast.restore`). The translator still works afterwards, more
         slowly (each search prepares the model for its own duration)."""
         restore(self.model)
+        if self.speculation is not None:
+            restore(self.speculation.draft)
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32",
-             int8: bool = False, decode: DecodeConfig | None = None) -> "Translator":
+             int8: bool = False, decode: DecodeConfig | None = None, draft: str | os.PathLike | None = None,
+             draft_tokens: int = 4) -> "Translator":
         """Load the model, tokenizer and decoding settings of a model directory; ``decode``
-        replaces the saved settings."""
+        replaces the saved settings. ``draft``: a model directory with the same tokenizer, whose
+        model proposes ``draft_tokens`` tokens per step (speculative decoding)."""
         from ..data.tokenizer import Tokenizer
         from ..model.io import load_decode_config, load_model
 
-        if not os.path.isdir(model_dir):
-            raise CheckpointError(f"{model_dir}: model directory not found")
+        for path in (model_dir, draft):
+            if path is not None and not os.path.isdir(path):
+                raise CheckpointError(f"{path}: model directory not found")
         device = resolve_device(device)
         decode = decode or load_decode_config(model_dir)
-        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device, precision, int8, decode)
+        tokenizer = Tokenizer.load(model_dir)
+        speculation = None
+        if draft is not None:
+            if Tokenizer.load(draft).digest() != tokenizer.digest():
+                raise ConfigError(f"--draft: {draft} has another tokenizer than {model_dir}; a draft must share "
+                                  "the model's (train it with --set data.tokenizer=MODEL_DIR)")
+            speculation = Speculation(load_model(draft, device), draft_tokens)
+        return cls(load_model(model_dir, device), tokenizer, device, precision, int8, decode, speculation)
 
     @classmethod
     def load_ensemble(cls, model_dirs: Sequence[str | os.PathLike], device: str | torch.device = "cpu",
@@ -335,7 +386,7 @@ class Translator(BaseTranslator):
         for src, prefix in zip(batches, prefixes or [None] * len(batches)):
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device),
-                               None if prefix is None else prefix.to(self.device)).cpu()
+                               None if prefix is None else prefix.to(self.device), self.speculation).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
 
