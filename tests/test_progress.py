@@ -71,3 +71,11 @@ def test_cli_quiet(trained_dir, tmp_path, capsys):
     assert main(["--quiet", "translate", str(trained_dir), "--input", str(tmp_path / "in.txt")]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and captured.err == ""
+
+
+def test_prepare_reports_sentences_on_a_terminal(tmp_path, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["prepare", "--set", "data.toy_train_size=300", "--set", "data.toy_valid_size=20",
+                 "--set", "data.toy_test_size=20", "--set", "data.vocab_size=100", "--out", str(tmp_path / "p")]) == 0
+    assert "sentences 300" in terminal.getvalue()

@@ -40,6 +40,7 @@ from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VE
                                      length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
+from transduce.progress import Progress
 
 logger = logging.getLogger(__name__)
 
@@ -240,12 +241,24 @@ class _Encoder:
             self.pool.join()
 
     def run(self, source: SplitSource, writer: SplitWriter, texts: bool) -> None:
+        bar = Progress(None, unit="sentences")  # a bar on a terminal: lines read so far, rate
+
+        def add(chunk) -> None:
+            writer.add(chunk)
+            bar.advance(len(chunk.kept))
+
+        try:
+            self._run(source, add, texts)
+        finally:
+            bar.close()
+
+    def _run(self, source: SplitSource, add, texts: bool) -> None:
         chunks = _numbered(source.raw_chunks())
         head = list(islice(chunks, 2))
         if self.workers <= 1 or len(head) < 2:  # one chunk: not worth starting processes
             for src, tgt, first in chain(head, chunks):
-                writer.add(encode_chunk(src, tgt, first, source.names, self.tokenizer, self.cfg.max_len,
-                                        self.cfg.max_ratio, self.dtype, texts, threads=max(self.workers, 1)))
+                add(encode_chunk(src, tgt, first, source.names, self.tokenizer, self.cfg.max_len,
+                                 self.cfg.max_ratio, self.dtype, texts, threads=max(self.workers, 1)))
             return
         pool = self._pool()
         pending: deque = deque()
@@ -253,13 +266,13 @@ class _Encoder:
             for src, tgt, first in chain(head, chunks):
                 pending.append(pool.apply_async(_work, (src, tgt, first, source.names, texts)))
                 while len(pending) > 2 * self.workers:  # bounded: the corpus is never all in flight
-                    writer.add(pending.popleft().get())
+                    add(pending.popleft().get())
         except DataError:  # reading failed (misaligned files, corrupt gzip): errors of earlier lines first
             while pending:
                 pending.popleft().get()
             raise
         while pending:
-            writer.add(pending.popleft().get())
+            add(pending.popleft().get())
 
     def _pool(self):
         if self.pool is None:
