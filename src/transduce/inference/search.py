@@ -150,8 +150,9 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
         return topk_rows(logp, min(k, logp.shape[-1]))
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
-    forced_blocks = forced.split(rows) if forced is not None else [None] * len(range(0, states.shape[0], rows))
-    parts = [score(block, f) for block, f in zip(states.split(rows), forced_blocks)]
+    blocks = states.split(rows)
+    forced_blocks = forced.split(rows) if forced is not None else [None] * len(blocks)
+    parts = [score(block, f) for block, f in zip(blocks, forced_blocks)]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
