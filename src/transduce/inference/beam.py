@@ -241,7 +241,9 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         out = model.decode(beams.tokens[:, :, -1].reshape(n_rows, 1), enc, cache, need_weights=need_attention,
                            project=False)
         states = out.states[:, -1]                                        # (N, D)
-        forced = forced_tokens(prefix, beams.ids.repeat_interleave(beams.scores.shape[1]), step)
+        forced = forced_tokens(prefix, beams.ids, step)                   # (B,) or None: no work without a prefix
+        if forced is not None:
+            forced = forced.repeat_interleave(beams.scores.shape[1])      # (N,) each beam its sentence's
         row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced)  # (N, w)
         attn = None
         if need_attention:
