@@ -16,7 +16,7 @@ median per system and its ratio to the teacher's.
 
 Usage:
     python bench/speculative.py TEACHER_DIR --draft DRAFT_DIR --src test.en --ref test.de \\
-        [--draft-tokens 2 3 4 5 6 8] [--threads 1] [--runs 3] [--timing-lines 200]
+        [--draft-tokens 2 3 4 5 6 8] [--draft-threshold 0 0.5] [--threads 1] [--runs 3] [--timing-lines 200]
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", required=True)
     p.add_argument("--ref", required=True)
     p.add_argument("--draft-tokens", type=int, nargs="+", default=[2, 3, 4, 5, 6, 8])
+    p.add_argument("--draft-threshold", type=float, nargs="+", default=[0.0],
+                   help="the draft stops proposing below this probability (0: never); each with each K")
     p.add_argument("--batch-tokens", type=int, default=1, help="source tokens per batch (default 1: one sentence)")
     p.add_argument("--pass-batch-tokens", type=int, default=4096, help="batch budget of the full pass")
     p.add_argument("--threads", type=int, default=1)
@@ -62,8 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     systems = {"teacher": Translator.load(args.model_dir, decode=decode),
                "draft": Translator.load(args.draft, decode=decode)}
     for k in args.draft_tokens:
-        systems[f"speculative K={k}"] = Translator.load(args.model_dir, decode=decode, draft=args.draft,
-                                                        draft_tokens=k)
+        for threshold in args.draft_threshold:
+            name = f"speculative K={k}" + (f" P={threshold:g}" if threshold else "")
+            systems[name] = Translator.load(args.model_dir, decode=decode, draft=args.draft, draft_tokens=k,
+                                            draft_threshold=threshold)
     load_before = os.getloadavg()[0]
     outputs, results = {}, {}
     for name, tr in systems.items():  # one full pass each: outputs, BLEU, identity

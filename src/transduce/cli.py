@@ -174,7 +174,10 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
                         "checks them in one pass; greedy (--beam 1), same output, faster")
     p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
-                   help="tokens the draft proposes per step of the model (default: 4)")
+                   help="tokens the draft proposes per step of the model, at most (default: 4)")
+    p.add_argument("--draft-threshold", type=float, default=0.0, metavar="P",
+                   help="the draft stops proposing in a step once its latest token's probability is below P "
+                        "(default: 0, always K tokens); same output")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
@@ -215,14 +218,15 @@ def _load_translator(args: argparse.Namespace):
         return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
     if args.draft is not None:
         return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
-                               args.draft_tokens)
+                               args.draft_tokens, args.draft_threshold)
     return Translator.load_ensemble(ensemble, args.device, args.precision, int8, decode)
 
 
 def _draft_summary(speculation) -> dict:
     """A translator's speculative decoding statistics (``--draft``)."""
     s = speculation.stats
-    return {"draft_tokens": speculation.tokens, "acceptance": round(s.acceptance, 4),
+    return {"draft_tokens": speculation.tokens, "draft_threshold": speculation.threshold,
+            "acceptance": round(s.acceptance, 4),
             "tokens_per_model_step": round(s.tokens_per_round, 3)}
 
 

@@ -111,8 +111,28 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("k", [1, 2])
-def test_speculative_sampling_draws_from_the_models_distribution(k):
+@pytest.mark.parametrize("threshold", [0.3, 0.9])
+def test_a_draft_stopping_below_its_threshold_keeps_the_output(threshold):
+    model, draft = tiny_transformer(VOCAB, seed=0), tiny_transformer(VOCAB, seed=1, n_decoder_layers=1)
+    src = random_sources([5, 3, 9, 1, 7, 2], VOCAB, seed=0)
+    decode = DecodeConfig(max_len_a=1.0, max_len_b=6)
+    spec = Speculation(draft, 8, threshold=threshold)
+    _assert_same(greedy_search(model, src, decode), speculative_search(model, src, spec, decode))
+    full = Speculation(draft, 8)
+    speculative_search(model, src, full, decode)
+    # the draft stopped early in some rounds: fewer proposals per round than K
+    assert spec.stats.proposed / spec.stats.rounds < full.stats.proposed / full.stats.rounds
+    assert spec.stats.acceptance > full.stats.acceptance  # the unsure proposals were the rejected ones
+
+
+def test_a_threshold_outside_0_1_is_refused():
+    with pytest.raises(ConfigError, match="--draft-threshold"):
+        Speculation(tiny_transformer(VOCAB, seed=0), 4, threshold=1.0)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("k, threshold", [(1, 0.0), (2, 0.0), (3, 0.5)])
+def test_speculative_sampling_draws_from_the_models_distribution(k, threshold):
     vocab, rows, temperature = 8, 6000, 0.8
     # untied output layers give two spread-out, different distributions over 25 two-token starts
     model = tiny_transformer(vocab, seed=6, tie_output=False)
@@ -120,7 +140,7 @@ def test_speculative_sampling_draws_from_the_models_distribution(k):
     src = random_sources([3], vocab, seed=6)
     decode = DecodeConfig(max_len_a=0.0, max_len_b=3, min_len=3)  # three tokens, no EOS
     sample = lambda logp: filter_logits(logp, temperature)  # noqa: E731
-    spec = Speculation(draft, k)
+    spec = Speculation(draft, k, threshold=threshold)
     out = speculative_search(model, src.expand(rows, -1), spec, decode, sample, torch.Generator().manual_seed(0))
     pairs, exact = _two_token_probs(model, src, temperature)
     index = {tuple(p.tolist()): i for i, p in enumerate(pairs)}
@@ -131,13 +151,15 @@ def test_speculative_sampling_draws_from_the_models_distribution(k):
     # the test can tell: the same counts are far from the draft's own distribution
     assert _chi_square(counts, _two_token_probs(draft, src, temperature)[1]) > 500
     assert 0.2 < spec.stats.acceptance < 0.9
+    if threshold:  # rows stopped offering early: the exactness above held with unequal offers
+        assert spec.stats.proposed < 0.9 * spec.stats.rounds * k
 
 
 @torch.inference_mode()
 def test_stats_count_rounds_and_tokens():
     model = tiny_transformer(VOCAB, seed=8)
     src = random_sources([4], VOCAB, seed=8)
-    spec = Speculation(model, 3, DraftStats())
+    spec = Speculation(model, 3, stats=DraftStats())
     out = speculative_search(model, src, spec, DecodeConfig(max_len_a=0.0, max_len_b=9, min_len=9))
     assert int(out.lengths[0, 0]) == 9 and EOS not in out.hypothesis(0)[:-1]
     assert spec.stats.tokens == 9 and spec.stats.rounds == 3  # 4 + 4 + 1 tokens

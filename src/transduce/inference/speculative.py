@@ -22,6 +22,7 @@ Legend: N active rows, K proposals per round, D d_model, V target vocabulary.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -58,16 +59,26 @@ class DraftStats:
 
 @dataclass
 class Speculation:
-    """A draft model with the target's vocabulary and special ids, K (``tokens``) proposals per
-    round, and the statistics of the searches run with it (see :func:`check_draft`)."""
+    """A draft model with the target's vocabulary and special ids, at most K (``tokens``)
+    proposals per round, and the statistics of the searches run with it (see :func:`check_draft`).
+
+    ``threshold``: a row stops offering proposals in a round after one whose probability (the
+    draft's own, after filtering when sampling) is below it, and the draft stops when every row
+    has; 0 always offers K. A draft unsure of its token is likely to be rejected, and a rejected
+    proposal costs a draft step for nothing. The output does not depend on it: each position
+    after the last offer is the model's own choice (greedy) or draw (sampling), and whether a
+    position is offered depends only on the tokens before it."""
 
     draft: Seq2Seq
     tokens: int = 4
+    threshold: float = 0.0
     stats: DraftStats = field(default_factory=DraftStats)
 
     def __post_init__(self) -> None:
         if self.tokens < 1:
             raise ConfigError(f"--draft-tokens: must be >= 1; got {self.tokens}")
+        if not 0.0 <= self.threshold < 1.0:
+            raise ConfigError(f"--draft-threshold: must be in [0, 1); got {self.threshold}")
 
 
 def check_draft(target_config, draft_config) -> None:
@@ -129,6 +140,7 @@ class _Search:
     def __init__(self, model: Seq2Seq, src: Tensor, speculation: Speculation, decode: DecodeConfig,
                  sample: Filter | None, generator: torch.Generator | None):
         self.model, self.draft, self.k = model, speculation.draft, speculation.tokens
+        self.log_threshold = math.log(speculation.threshold) if speculation.threshold > 0 else None
         self.stats, self.decode, self.sample, self.generator = speculation.stats, decode, sample, generator
         cfg = self.cfg = model.config
         b, device = src.shape[0], src.device
@@ -159,33 +171,45 @@ class _Search:
         k = min(self.k, int(self.rows.limit.max()) - 1 - m)   # no proposals past the longest limit
         if self.draft_cap is not None:
             k = min(k, self.draft_cap - m)
-        proposals, draft_logp = self.propose(k)                                    # (N, k), (N, k, V)
+        proposals, draft_logp, offered = self.propose(k)                           # (N, k'), (N, k', V), (N,)
+        k = proposals.shape[1]                                                     # k' <= k: the draft may stop early
         fed = torch.cat([self.rows.seq[:, m:m + 1], proposals], dim=1)             # (N, k+1)
         states = self.model.decode(fed, self.enc, self.cache, project=False).states  # (N, k+1, D)
         logp = self.scores(self.model, states, m)                                  # (N, k+1, V)
-        tokens, agreed = self.verify(proposals, draft_logp, logp)                  # (N, k+1), (N,)
-        self.commit(tokens, logp.gather(2, tokens[:, :, None]).squeeze(2), agreed, k)
+        tokens, agreed = self.verify(proposals, draft_logp, offered, logp)         # (N, k+1), (N,)
+        self.commit(tokens, logp.gather(2, tokens[:, :, None]).squeeze(2), agreed, offered, k)
 
-    def propose(self, k: int) -> tuple[Tensor, Tensor | None]:
-        """k draft tokens per row, and (when sampling) the draft's filtered log-probs of each step."""
+    def propose(self, k: int) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Up to k draft tokens per row, (when sampling) the draft's filtered log-probs of each
+        step, and how many of them each row offers: a row stops offering after a token less
+        probable than the threshold, the batch's draft stops when every row has."""
         seq, m = self.rows.seq, self.m
         fed = seq[:, self.draft_len:m + 1]                                         # (N, m+1-draft_len)
         tokens, logps = [], []
+        offered = torch.zeros(seq.shape[0], dtype=torch.long, device=seq.device)   # (N,)
+        sure = torch.ones(seq.shape[0], dtype=torch.bool, device=seq.device)       # (N,) still offering
         for j in range(k):
             states = self.draft.decode(fed, self.draft_enc, self.draft_cache, project=False).states[:, -1:]
             logp = self.scores(self.draft, states, m + j)[:, 0]                    # (N, V)
             if self.sample is None:
-                token = logp.argmax(dim=-1)
+                token_logp, token = logp.max(dim=-1)
             else:
                 logp = self.sample(logp)
                 token = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(1)
+                token_logp = logp.gather(1, token[:, None]).squeeze(1)
                 logps.append(logp)
             tokens.append(token)
             fed = token[:, None]
-        if k:
-            self.draft_len = m + k
+            offered += sure
+            if self.log_threshold is not None:
+                sure &= token_logp >= self.log_threshold
+                if not bool(sure.any()):
+                    break
+        if tokens:
+            self.draft_len = m + len(tokens)
         empty = seq.new_empty(seq.shape[0], 0)
-        return (torch.stack(tokens, dim=1) if tokens else empty), (torch.stack(logps, dim=1) if logps else None)
+        return ((torch.stack(tokens, dim=1) if tokens else empty), (torch.stack(logps, dim=1) if logps else None),
+                offered)
 
     def scores(self, model: Seq2Seq, states: Tensor, step: int) -> Tensor:
         """The model's step log-probabilities (:func:`step_log_probs`) of consecutive positions
@@ -197,28 +221,30 @@ class _Search:
         return torch.stack([step_log_probs(model.output_proj(states[:, j]), self.cfg, step + j, self.decode.min_len)
                             for j in range(t)], dim=1)
 
-    def verify(self, proposals: Tensor, draft_logp: Tensor | None, logp: Tensor) -> tuple[Tensor, Tensor]:
-        """Each row's output tokens for the positions of this round and how many proposals it
-        accepted; the tokens after the first rejection are the target's choice there, then unused.
+    def verify(self, proposals: Tensor, draft_logp: Tensor | None, offered: Tensor, logp: Tensor
+               ) -> tuple[Tensor, Tensor]:
+        """Each row's output tokens for the positions of this round and how many of the proposals
+        it offered it accepted; the tokens after the first rejection (or the last offer) are the
+        target's choice there, then unused.
 
-        Shape: proposals (N, k), draft_logp (N, k, V) or None, logp (N, k+1, V)
+        Shape: proposals (N, k), draft_logp (N, k, V) or None, offered (N,), logp (N, k+1, V)
         -> tokens (N, k+1), accepted (N,).
         """
         n, k = proposals.shape
         if self.sample is None:
             best = logp.argmax(dim=-1)                                             # (N, k+1)
             agreed = (proposals == best[:, :k]).long().cumprod(dim=1).sum(dim=1)
-            return best, agreed
+            return best, torch.minimum(agreed, offered)
         p = self.sample(logp.reshape(n * (k + 1), -1)).view(n, k + 1, -1).exp()   # (N, k+1, V)
         q = draft_logp.exp() if k else p[:, :0]                                    # (N, k, V)
         p_d = p[:, :k].gather(2, proposals[:, :, None]).squeeze(2)                 # (N, k)
         q_d = q.gather(2, proposals[:, :, None]).squeeze(2)
         u = torch.rand(n, k, generator=self.generator, device=p.device)
-        agreed = (u * q_d < p_d).long().cumprod(dim=1).sum(dim=1)                  # u < p/q
+        agreed = torch.minimum((u * q_d < p_d).long().cumprod(dim=1).sum(dim=1), offered)  # u < p/q
         rows = torch.arange(n, device=p.device)
-        # at the first rejection sample from norm(max(0, p - q)); after k acceptances from p
+        # at the first rejection sample from norm(max(0, p - q)); after all offers accepted from p
         residual = p[rows, agreed].clone()                                          # (N, V)
-        rejected = agreed < k
+        rejected = agreed < offered
         residual[rejected] = (residual[rejected] - q[rows[rejected], agreed[rejected]]).clamp(min=0)
         residual[residual.sum(dim=1) <= 0] = p[rows, agreed][residual.sum(dim=1) <= 0]  # p == q: rounding
         last = torch.multinomial(residual, 1, generator=self.generator).squeeze(1)  # (N,)
@@ -226,7 +252,7 @@ class _Search:
         tokens[rows, agreed] = last
         return tokens, agreed
 
-    def commit(self, tokens: Tensor, token_logp: Tensor, agreed: Tensor, k: int) -> None:
+    def commit(self, tokens: Tensor, token_logp: Tensor, agreed: Tensor, offered: Tensor, k: int) -> None:
         """Write the accepted tokens, drop the rows that ended, advance the rest together."""
         rows, m, eos = self.rows, self.m, self.cfg.eos_id
         n_rows = tokens.shape[0]
@@ -249,7 +275,7 @@ class _Search:
         self.out_lengths[rows.ids[done]] = m + count[done]
         rows.seq[:, m + 1:m + k + 2] = tokens
         self.stats.rounds += n_rows
-        self.stats.proposed += n_rows * k
+        self.stats.proposed += int(offered.sum())
         self.stats.accepted += int(torch.where(done, torch.minimum(agreed, count), agreed).sum())
         self.stats.tokens += int(count.sum())
         if bool(done.all()):

@@ -332,10 +332,11 @@ class Translator(BaseTranslator):
     @classmethod
     def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32",
              int8: bool = False, decode: DecodeConfig | None = None, draft: str | os.PathLike | None = None,
-             draft_tokens: int = 4) -> "Translator":
+             draft_tokens: int = 4, draft_threshold: float = 0.0) -> "Translator":
         """Load the model, tokenizer and decoding settings of a model directory; ``decode``
         replaces the saved settings. ``draft``: a model directory with the same tokenizer, whose
-        model proposes ``draft_tokens`` tokens per step (speculative decoding)."""
+        model proposes up to ``draft_tokens`` tokens per step (speculative decoding), stopping
+        early below ``draft_threshold`` (:class:`~transduce.inference.speculative.Speculation`)."""
         from ..data.tokenizer import Tokenizer
         from ..model.io import load_decode_config, load_model
 
@@ -350,7 +351,7 @@ class Translator(BaseTranslator):
             if Tokenizer.load(draft).digest() != tokenizer.digest():
                 raise ConfigError(f"--draft: {draft} has another tokenizer than {model_dir}; a draft must share "
                                   "the model's (train it with --set data.tokenizer=MODEL_DIR)")
-            speculation = Speculation(load_model(draft, device), draft_tokens)
+            speculation = Speculation(load_model(draft, device), draft_tokens, threshold=draft_threshold)
         return cls(load_model(model_dir, device), tokenizer, device, precision, int8, decode, speculation)
 
     @classmethod
