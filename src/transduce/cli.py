@@ -159,7 +159,9 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
     p.add_argument("--max-len-b", type=int, default=None, help="(default B=50)")
-    p.add_argument("--batch-tokens", type=int, default=None, help="source tokens per batch (default: 4096)")
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="tokens per batch: source tokens when translating, text tokens when evaluate scores an "
+                        "lm or mlm model (default: 4096)")
     p.add_argument("--stop", default=None, choices=["k_finished", "best_finished"],
                    help="when beam search ends a sentence: once K hypotheses finished (fairseq, default), "
                         "or once the best extension ended (CTranslate2; exact with --lenpen 0)")
