@@ -203,13 +203,16 @@ def proc_stat(pid: int) -> list[str]:
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS (kB) and Threads from /proc/PID/status, and the open file descriptors; {} if gone."""
+    """VmRSS (kB) and Threads from /proc/PID/status, and the open file descriptors; {} if gone
+    (or a zombie: a killed worker not yet reaped has no VmRSS)."""
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return {}
     values = dict(line.split(":", 1) for line in lines if ":" in line)
+    if "VmRSS" not in values:
+        return {}
     return {"rss_kb": int(values["VmRSS"].split()[0]), "threads": int(values["Threads"]), "fds": fds}
 
 
@@ -222,11 +225,14 @@ def health(url: str) -> dict | None:
 
 # ---------------------------------------------------------------------------------- monitors
 
-def sampler(server: Server, t0: float, stop: threading.Event, samples: list[dict]) -> None:
+def sampler(server: Server, t0: float, stop: threading.Event, samples: list[dict], errors: list[str]) -> None:
     """Every SAMPLE_EVERY_S: the main process's RSS, threads and fds, each worker's RSS, and the
-    restarts /health reports."""
+    restarts /health reports. A failure to sample is counted in the report, not fatal."""
     while not stop.wait(SAMPLE_EVERY_S):
-        samples.append(sample(server, t0))
+        try:
+            samples.append(sample(server, t0))
+        except Exception as e:  # noqa: BLE001 - reported as monitor_errors
+            errors.append(f"sampler: {type(e).__name__}: {e}")
 
 
 def sample(server: Server, t0: float) -> dict:
@@ -237,11 +243,11 @@ def sample(server: Server, t0: float) -> dict:
             "workers_rss_kb": {p: v for p, v in rss.items() if v is not None}, "restarts": workers.get("restarts")}
 
 
-def killer(server: Server, every: float, t0: float, stop: threading.Event, kills: list[dict]) -> None:
-    """SIGKILL a worker every ``every`` seconds, the workers in turn; only a pid /health names
-    that is a child of the server (never another process)."""
+def killer(server: Server, every: float, t0: float, end: float, stop: threading.Event, kills: list[dict]) -> None:
+    """SIGKILL a worker every ``every`` seconds until ``end``, the workers in turn; only a pid
+    /health names that is a child of the server (never another process)."""
     n = 0
-    while not stop.wait(max(0.0, t0 + every * (n + 1) - time.monotonic())):
+    while t0 + every * (n + 1) < end and not stop.wait(max(0.0, t0 + every * (n + 1) - time.monotonic())):
         n += 1
         pids = ((health(server.url) or {}).get("workers") or {}).get("pids") or []
         pid = pids[n % len(pids)] if pids else None
@@ -289,13 +295,14 @@ def rss_check(rows: list[dict]) -> dict:
             "spread_pct": round(100 * spread, 2)}
 
 
-def report(outcomes: list[Outcome], samples: list[dict], kills: list[dict], minutes: float, left: int) -> dict:
+def report(outcomes: list[Outcome], samples: list[dict], kills: list[dict], minutes: float, left: int,
+           monitor_errors: tuple[str, ...] = ()) -> dict:
     n_minutes = max(1, -(-int(round(minutes * 60)) // 60))
     rows = []
     for m in range(n_minutes):
         last = m == n_minutes - 1
         in_m = [o for o in outcomes if int(o.t // 60) == m or (last and o.t >= 60 * m)]
-        rows.append(minute_row(m + 1, in_m, [s for s in samples if int(s["t"] // 60) <= m]))
+        rows.append(minute_row(m + 1, in_m, [s for s in samples if last or int(s["t"] // 60) <= m]))
     answered = [o for o in outcomes if o.status is not None]
     codes = Counter(o.status for o in answered)
     bad_5xx = {str(c): n for c, n in codes.items() if c >= 500 and c != 503}
@@ -310,7 +317,8 @@ def report(outcomes: list[Outcome], samples: list[dict], kills: list[dict], minu
               "failures": dict(Counter(o.failure for o in outcomes if o.failure)),
               "valid_p50_ms": percentile_ms(valid_ok, 50), "valid_p99_ms": percentile_ms(valid_ok, 99),
               "kills": sum(k["killed"] for k in kills), "restarts": restarts,
-              "health_failures": sum(not s["health_ok"] for s in samples), "processes_left": left}
+              "health_failures": sum(not s["health_ok"] for s in samples), "processes_left": left,
+              "monitor_errors": list(monitor_errors)}
     goal = {"no_lost_or_hung": {"pass": lost == 0 and hung == 0, "lost": lost, "hung": hung},
             "no_5xx_but_503": {"pass": not bad_5xx, "other_5xx": bad_5xx, "503": codes.get(503, 0)},
             "rss_flat": rss_check(rows),
@@ -330,6 +338,7 @@ def soak(args: argparse.Namespace) -> dict:
         outcomes: list[Outcome] = []
         samples: list[dict] = []
         kills: list[dict] = []
+        errors: list[str] = []
         stop = threading.Event()
         threads: list[threading.Thread] = []
         left = None
@@ -339,9 +348,11 @@ def soak(args: argparse.Namespace) -> dict:
             threads = [threading.Thread(target=client_loop, daemon=True, name=f"soak-client-{i}",
                                         args=(server.url, args.timeout, SEED + i, limits, sentences, t0, stop,
                                               outcomes)) for i in range(args.clients)]
-            threads.append(threading.Thread(target=sampler, args=(server, t0, stop, samples), daemon=True))
+            threads.append(threading.Thread(target=sampler, args=(server, t0, stop, samples, errors),
+                                            daemon=True))
             if args.kill_every > 0:
-                threads.append(threading.Thread(target=killer, args=(server, args.kill_every, t0, stop, kills),
+                end = t0 + 60 * args.minutes
+                threads.append(threading.Thread(target=killer, args=(server, args.kill_every, t0, end, stop, kills),
                                                 daemon=True))
             for t in threads:
                 t.start()
@@ -356,7 +367,7 @@ def soak(args: argparse.Namespace) -> dict:
                 samples.append(sample(server, t0))
             left = server.stop()
             log = server.log.read_text(errors="replace")
-        result = report(outcomes, samples, kills, args.minutes, left)
+        result = report(outcomes, samples, kills, args.minutes, left, tuple(errors))
         result["server_log"] = log_summary(log)
     result["settings"] = {"minutes": args.minutes, "clients": args.clients, "kill_every_s": args.kill_every,
                           "workers": args.workers, "threads_per_worker": args.threads,

@@ -31,7 +31,7 @@ def test_a_short_soak_with_a_killed_worker_loses_nothing(trained_dir, tmp_path, 
     assert goal["no_5xx_but_503"]["pass"], goal
     assert totals["by_kind"]["valid"].get("200", 0) > 0
     assert set(totals["by_kind"]["oversized"]) <= {"413"} and set(totals["by_kind"]["malformed"]) <= {"422"}
-    assert totals["processes_left"] == 0 and result["server_log"]["tracebacks"] == 0
+    assert totals["processes_left"] == 0 and result["server_log"]["tracebacks"] == 0 and not totals["monitor_errors"]
     assert code == 0 and result["pass"]
 
 
