@@ -420,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         else None
     try:
         result = soak(args)
+    except KeyboardInterrupt:
+        print("soak: interrupted; the server and its workers were stopped", file=sys.stderr)
+        return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
