@@ -1,11 +1,11 @@
 """Long inputs, the quality side: full vs local vs Linformer attention at equal training time.
 
 The task (a generated "lookup", Longformer's reason for global tokens in miniature): a text of
-``--length`` words over 16 filler letters ``a..p`` holds one marker ``Q`` and sixteen value
-letters, four each of ``A B C D``; the label is the value right after the marker. The answer
-occurs three more times elsewhere and each other value four times, so every value appears
-exactly four times: counting letters says nothing, and only "which value follows ``Q``" (a
-binding of two neighbours, then a read-out at the [CLS] position) answers.
+``--length`` words over 16 filler letters ``a..p`` holds one marker ``Q`` followed by a value
+letter ``A B C D``; the label is that value. By default (``--copies 0``) it is the text's only
+value letter, a needle to find. ``--copies c`` makes it harder: every value letter occurs exactly
+c times, so counting letters says nothing and only "which value follows ``Q``" (a binding of
+two neighbours, then a read-out at the [CLS] position) answers.
 
 Why the three attention kinds should differ, and where:
 
@@ -16,12 +16,12 @@ Why the three attention kinds should differ, and where:
   So ``local`` can learn the near half and must guess on the far half (25%, four classes),
   while ``full`` can learn both.
 - ``local`` with one global token (``model.global_tokens=1``: position 0 sees and is seen by
-  every position, as Longformer's [CLS]) can read the far half in its last layer: the binding
-  itself is local (neighbours), only the read-out is long.
+  every position, as Longformer's [CLS]) can read the far half: the read-out is long, the
+  binding of ``--copies`` is local (neighbours).
 - ``linformer`` projects keys and values along the sequence to k rows (k << length) by learned
   matrices: every query sees k mixtures of positions, not positions. Finding one marker among
-  hundreds, and the neighbour of that marker, is what such a mixture blurs; its near and far
-  halves should fare alike (it has no notion of near), well or badly.
+  hundreds is what such a mixture blurs. It has no window, so its near/far split is not a reach
+  limit; but its projections are per position, so it may learn some positions before others.
 
 Each variant trains through ``run_training`` (``train.task: classify``, ``model.arch:
 encoder_only``) for the same ``train.max_minutes``, one thread each, all variants at the same
@@ -31,7 +31,7 @@ optimizer steps, training examples, tokens and tokens/s (input tokens, BOS and E
 all texts have one length, so there is no padding; over the trainer's own clock).
 
 Usage:
-    python bench/long_task.py [--minutes 5] [--length 512] [--window 32] [--layers 2]
+    python bench/long_task.py [--minutes 5] [--length 512] [--window 32] [--layers 2] [--copies 0]
                               [--variants full,local,local_global,linformer] [--out runs/long_task]
 """
 
