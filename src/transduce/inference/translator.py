@@ -337,20 +337,15 @@ class Translator(BaseTranslator):
         replaces the saved settings. ``draft``: a model directory with the same tokenizer, whose
         model proposes up to ``draft_tokens`` tokens per step (speculative decoding), stopping
         early below ``draft_threshold`` (:class:`~transduce.inference.speculative.Speculation`)."""
-        from ..data.tokenizer import Tokenizer
         from ..model.io import load_decode_config, load_model
 
-        for path in (model_dir, draft):
-            if path is not None and not os.path.isdir(path):
-                raise CheckpointError(f"{path}: model directory not found")
+        others = [] if draft is None else [draft]
+        tokenizer = _shared_tokenizer(model_dir, others, "--draft: ", "a draft must share the model's (train it "
+                                     "with --set data.tokenizer=MODEL_DIR)")
         device = resolve_device(device)
         decode = decode or load_decode_config(model_dir)
-        tokenizer = Tokenizer.load(model_dir)
         speculation = None
         if draft is not None:
-            if Tokenizer.load(draft).digest() != tokenizer.digest():
-                raise ConfigError(f"--draft: {draft} has another tokenizer than {model_dir}; a draft must share "
-                                  "the model's (train it with --set data.tokenizer=MODEL_DIR)")
             speculation = Speculation(load_model(draft, device), draft_tokens, threshold=draft_threshold)
         return cls(load_model(model_dir, device), tokenizer, device, precision, int8, decode, speculation)
 
@@ -361,20 +356,13 @@ class Translator(BaseTranslator):
         """A Translator over the :class:`~transduce.inference.ensemble.Ensemble` of the models in
         ``model_dirs`` (one tokenizer for all; a one-line error otherwise), with the first
         directory's decoding settings unless ``decode`` is given. One directory: :meth:`load`."""
-        from ..data.tokenizer import Tokenizer
         from ..model.io import load_decode_config, load_model
         from .ensemble import Ensemble
 
         if len(model_dirs) == 1:
             return cls.load(model_dirs[0], device, precision, int8, decode)
-        for d in model_dirs:
-            if not os.path.isdir(d):
-                raise CheckpointError(f"{d}: model directory not found")
+        tokenizer = _shared_tokenizer(model_dirs[0], model_dirs[1:], "", "an ensemble needs one tokenizer")
         device = resolve_device(device)
-        tokenizer = Tokenizer.load(model_dirs[0])
-        for d in model_dirs[1:]:
-            if Tokenizer.load(d).digest() != tokenizer.digest():
-                raise ConfigError(f"{d}: its tokenizer is not {model_dirs[0]}'s (an ensemble needs one tokenizer)")
         ensemble = Ensemble([load_model(d, device) for d in model_dirs])
         return cls(ensemble, tokenizer, device, precision, int8, decode or load_decode_config(model_dirs[0]))
 
@@ -389,6 +377,21 @@ class Translator(BaseTranslator):
                 out = spec.run(self.model, src.to(self.device),
                                None if prefix is None else prefix.to(self.device), self.speculation).cpu()
             yield out  # outside the block: the caller does not run in inference mode
+
+
+def _shared_tokenizer(model_dir: str | os.PathLike, others: Sequence[str | os.PathLike], flag: str, why: str):
+    """The tokenizer of ``model_dir``, after a one-line error unless every directory exists and
+    each of ``others`` has the same one (``flag`` prefixes that error, ``why`` ends it)."""
+    from ..data.tokenizer import Tokenizer
+
+    for path in (model_dir, *others):
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path}: model directory not found")
+    tokenizer = Tokenizer.load(model_dir)
+    for path in others:
+        if Tokenizer.load(path).digest() != tokenizer.digest():
+            raise ConfigError(f"{flag}{path} has another tokenizer than {model_dir}; {why}")
+    return tokenizer
 
 
 def input_limit(config, max_input_len: int) -> int:
