@@ -170,6 +170,10 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
                         "decode in this process; on a CPU, one worker per core is usually fastest)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
+                        "workers' speed is measured) counts as a hung worker, which is replaced and the batch "
+                        "retried once (default: 120)")
     p.add_argument("--draft", default=None, metavar="DRAFT_DIR",
                    help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
                         "checks them in one pass; greedy (--beam 1), same output, faster")
@@ -196,10 +200,14 @@ def _load_translator(args: argparse.Namespace):
     """The Translator the search options ask for: in this process, or a pool of CPU workers."""
     from .errors import ConfigError
     from .inference import Translator, TranslatorPool
+    from .inference.pool import WORKER_TIMEOUT_S
     int8 = getattr(args, "int8", False)
     decode = decode_settings(args)
     if args.workers < 0:
         raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
+    if args.worker_timeout is not None and not (args.workers and args.worker_timeout > 0):
+        raise ConfigError(f"--worker-timeout: must be > 0 seconds, with --workers; got {args.worker_timeout:g}"
+                          f"{'' if args.workers else ' without --workers'}")
     ensemble = [args.model_dir, *getattr(args, "ensemble", [])]
     if args.draft is not None and args.workers:
         raise ConfigError("--draft: speculative decoding runs in this process; drop --workers")
@@ -212,7 +220,8 @@ def _load_translator(args: argparse.Namespace):
             raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
         if len(ensemble) > 1:
             raise ConfigError("--workers: an ensemble decodes in this process; drop --workers")
-        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
+        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode,
+                                   WORKER_TIMEOUT_S if args.worker_timeout is None else args.worker_timeout)
     if args.draft is not None:
         return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
                                args.draft_tokens)
@@ -351,7 +360,8 @@ _TRANSLATION_ONLY = [("src", "--src", None), ("tok_ref", "--tok-ref", None), ("l
                      ("hyp_tokenized", "--hyp-tokenized", False), ("beam", "--beam", None),
                      ("lenpen", "--lenpen", None), ("max_len_a", "--max-len-a", None),
                      ("max_len_b", "--max-len-b", None), ("stop", "--stop", None), ("precision", "--precision", "fp32"),
-                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1)]
+                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1),
+                     ("worker_timeout", "--worker-timeout", None)]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -479,6 +489,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; with --workers: per worker, default 1)")
     p.add_argument("--workers", type=int, default=0,
                    help="decode on the CPU in N worker processes, each batch spread over them (default: 0)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
+                        "workers' speed is measured) counts as a hung worker: the workers are replaced and the "
+                        "batch retried once, else answered 503 (default: 120)")
     p.add_argument("--api-key-file", default=None,
                    help="a file holding the API key that POST requests must send as 'Authorization: Bearer KEY' "
                         "(default: $TRANSDUCE_API_KEY if set, else no key)")
@@ -508,8 +522,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,
                                       workers=args.workers, api_key=_api_key(args.api_key_file),
-                                      max_per_client=args.max_per_client))
+                                      max_per_client=args.max_per_client,
+                                      **_given(worker_timeout_s=args.worker_timeout)))
     return 0
+
+
+def _given(**values):
+    """The keyword arguments that were given (not None): the others keep their one default."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
