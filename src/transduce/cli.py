@@ -454,6 +454,26 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_rehash(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rehash", help="accept an intentional edit of a model directory's config.yaml: record its "
+                       "new sha256 (loading checks it)")
+    p.add_argument("model_dir", help="model or checkpoint directory whose config.yaml you edited")
+    p.set_defaults(func=_cmd_rehash)
+
+
+def _cmd_rehash(args: argparse.Namespace) -> int:
+    from .checksums import EDITABLE, record
+    from .model.io import load_decode_config, load_model_config
+    directory = Path(args.model_dir)
+    if not (directory / EDITABLE).is_file():
+        raise ConfigError(f"{directory}: no {EDITABLE} here (give a model or checkpoint directory)")
+    record(directory, [EDITABLE])
+    load_model_config(directory)  # the edit must still be a valid config
+    load_decode_config(directory)
+    print(f"recorded the sha256 of {directory / EDITABLE}")
+    return 0
+
+
 def _add_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
                        "transduce model (verified)")
@@ -569,6 +589,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_import(sub)
     _add_info(sub)
+    _add_rehash(sub)
     _add_serve(sub)
     return parser
 

@@ -246,6 +246,9 @@ def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translato
         assert (p.pool.restarts, p.pool.hangs) == (1, 1) and not _alive(stopped)
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
         assert p.pool.restarts == 1
+        last = p.pool.pids[0]
+        os.kill(last, signal.SIGSTOP)  # close() kills a stopped worker after the deadline: never waits for ever
+    assert not _alive(last)
 
 
 def test_a_batch_that_hangs_the_new_worker_too_is_lost_not_waited_on(model_dir):
