@@ -265,39 +265,27 @@ class SearchPool:
             self._restart()
             futures = [self._executor.submit(_search, *job) for job in jobs]
         retried = -1  # the batch whose search was resubmitted after a worker died or hung
-        i = 0
-        # When a batch was last answered: a busy worker answers within its batch's deadline, so
-        # none answering within the longest deadline of those outstanding means one is hung.
-        answered = time.monotonic()
+        i, answered = 0, time.monotonic()
         try:
             while i < len(jobs):
-                if not futures[i].done():
-                    pending = [f for f in futures[i:] if not f.done()]
-                    limit = max(d for f, d in zip(futures[i:], deadlines[i:]) if not f.done())
-                    done, _ = wait(pending, timeout=max(0.0, answered + limit - time.monotonic()),
-                                   return_when=FIRST_COMPLETED)
-                    if done:
-                        answered = time.monotonic()
-                        continue
-                    lost = "did not answer within {:g} s".format(limit)
-                else:
+                hang, answered = _await(futures[i:], deadlines[i:], answered)
+                if hang is None:
                     try:
                         seconds, result = futures[i].result()
                     except BrokenProcessPool:
-                        lost = "died"
+                        pass
                     else:
                         self._rate = max(self._rate, seconds / _positions(batches[i], spec))
                         yield _unpack(result)
                         i += 1
                         continue
-                hung = lost != "died"
                 if retried == i:  # it broke or hung the new workers too: a poison batch, not bad luck
-                    if hung:  # the pool must not stay stuck for the next call
+                    if hang is not None:  # the pool must not stay stuck for the next call
                         self._restart(hung=True)
-                    raise WorkerLost(f"a decoding worker {lost} twice on the same batch") from None
-                self._restart(hung)
+                    raise WorkerLost(f"a decoding worker {hang or 'died'} twice on the same batch") from None
+                self._restart(hung=hang is not None)
                 retried = i
-                futures[i:] = [self._executor.submit(_search, *job) if not _answered(f) else f
+                futures[i:] = [f if _answered(f) else self._executor.submit(_search, *job)
                                for f, job in zip(futures[i:], jobs[i:])]
                 answered = time.monotonic()
         finally:
@@ -320,6 +308,22 @@ class SearchPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _await(futures: list[Future], deadlines: list[float], answered: float) -> tuple[str | None, float]:
+    """Wait until ``futures[0]`` is done: (None, when a batch was last answered); or, if none of
+    those outstanding is answered within the longest of their deadlines since ``answered``, a
+    worker is hung: (why, ``answered``). A busy worker answers within its batch's deadline, so
+    the time between two answers never exceeds the longest deadline of the batches outstanding."""
+    while not futures[0].done():
+        pending = [(f, d) for f, d in zip(futures, deadlines) if not f.done()]
+        limit = max(d for _, d in pending)
+        done, _ = wait([f for f, _ in pending], timeout=max(0.0, answered + limit - time.monotonic()),
+                       return_when=FIRST_COMPLETED)
+        if not done:
+            return f"did not answer within {limit:g} s", answered
+        answered = time.monotonic()
+    return None, answered
 
 
 def _answered(future: Future) -> bool:
