@@ -179,7 +179,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
-        """Load a tokenizer saved by :meth:`save`; a missing or corrupt one raises DataError."""
+        """Load a tokenizer saved by :meth:`save`; a missing or unreadable one raises DataError, a
+        file that does not match its recorded checksum CheckpointError (see transduce.checksums)."""
         root = Path(directory)
         for name in (META_FILE, JOINT_MODEL, *SIDE_MODELS.values()):
             verify(root, name)  # a flipped byte: CheckpointError naming the file (see transduce.checksums)
