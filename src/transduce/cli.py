@@ -172,6 +172,10 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
                    help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
                         "decode in this process; on a CPU, one worker per core is usually fastest)")
     p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
+                        "workers' speed is measured) counts as a hung worker, which is replaced and the batch "
+                        "retried once (default: 120)")
     p.add_argument("--draft", default=None, metavar="DRAFT_DIR",
                    help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
                         "checks them in one pass; greedy (--beam 1), same output, faster")
@@ -201,10 +205,14 @@ def _load_translator(args: argparse.Namespace):
     """The Translator the search options ask for: in this process, or a pool of CPU workers."""
     from .errors import ConfigError
     from .inference import Translator, TranslatorPool
+    from .inference.pool import WORKER_TIMEOUT_S
     int8 = getattr(args, "int8", False)
     decode = decode_settings(args)
     if args.workers < 0:
         raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
+    if args.worker_timeout is not None and not (args.workers and args.worker_timeout > 0):
+        raise ConfigError(f"--worker-timeout: must be > 0 seconds, with --workers; got {args.worker_timeout:g}"
+                          f"{'' if args.workers else ' without --workers'}")
     ensemble = [args.model_dir, *getattr(args, "ensemble", [])]
     if args.draft is not None and args.workers:
         raise ConfigError("--draft: speculative decoding runs in this process; drop --workers")
@@ -217,7 +225,8 @@ def _load_translator(args: argparse.Namespace):
             raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
         if len(ensemble) > 1:
             raise ConfigError("--workers: an ensemble decodes in this process; drop --workers")
-        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode)
+        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode,
+                                   WORKER_TIMEOUT_S if args.worker_timeout is None else args.worker_timeout)
     if args.draft is not None:
         return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
                                args.draft_tokens, args.draft_threshold)
@@ -357,7 +366,8 @@ _TRANSLATION_ONLY = [("src", "--src", None), ("tok_ref", "--tok-ref", None), ("l
                      ("hyp_tokenized", "--hyp-tokenized", False), ("beam", "--beam", None),
                      ("lenpen", "--lenpen", None), ("max_len_a", "--max-len-a", None),
                      ("max_len_b", "--max-len-b", None), ("stop", "--stop", None), ("precision", "--precision", "fp32"),
-                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1)]
+                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1),
+                     ("worker_timeout", "--worker-timeout", None)]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -450,6 +460,26 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_rehash(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rehash", help="accept an intentional edit of a model directory's config.yaml: record its "
+                       "new sha256 (loading checks it)")
+    p.add_argument("model_dir", help="model or checkpoint directory whose config.yaml you edited")
+    p.set_defaults(func=_cmd_rehash)
+
+
+def _cmd_rehash(args: argparse.Namespace) -> int:
+    from .checksums import EDITABLE, record
+    from .model.io import load_decode_config, load_model_config
+    directory = Path(args.model_dir)
+    if not (directory / EDITABLE).is_file():
+        raise ConfigError(f"{directory}: no {EDITABLE} here (give a model or checkpoint directory)")
+    record(directory, [EDITABLE])
+    load_model_config(directory)  # the edit must still be a valid config
+    load_decode_config(directory)
+    print(f"recorded the sha256 of {directory / EDITABLE}")
+    return 0
+
+
 def _add_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
                        "transduce model (verified)")
@@ -485,6 +515,10 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; with --workers: per worker, default 1)")
     p.add_argument("--workers", type=int, default=0,
                    help="decode on the CPU in N worker processes, each batch spread over them (default: 0)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
+                        "workers' speed is measured) counts as a hung worker: the workers are replaced and the "
+                        "batch retried once, else answered 503 (default: 120)")
     p.add_argument("--api-key-file", default=None,
                    help="a file holding the API key that POST requests must send as 'Authorization: Bearer KEY' "
                         "(default: $TRANSDUCE_API_KEY if set, else no key)")
@@ -514,8 +548,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,
                                       workers=args.workers, api_key=_api_key(args.api_key_file),
-                                      max_per_client=args.max_per_client))
+                                      max_per_client=args.max_per_client,
+                                      **_given(worker_timeout_s=args.worker_timeout)))
     return 0
+
+
+def _given(**values):
+    """The keyword arguments that were given (not None): the others keep their one default."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
@@ -555,6 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_import(sub)
     _add_info(sub)
+    _add_rehash(sub)
     _add_serve(sub)
     return parser
 

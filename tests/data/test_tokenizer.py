@@ -5,7 +5,8 @@ import pytest
 from transduce.data.corpus import read_lines
 from transduce.data.tokenizer import (BOS_ID, EOS_ID, JOINT_MODEL, META_FILE, PAD_ID, SIDE_MODELS,
                                       UNK_ID, Tokenizer)
-from transduce.errors import ConfigError, DataError
+from transduce.checksums import MANIFEST
+from transduce.errors import CheckpointError, ConfigError, DataError
 
 
 def _sides(pairs):
@@ -58,7 +59,7 @@ def test_train_save_load(toy_pairs, tmp_path, model_type, joint):
     assert tok.src_vocab_size == tok.tgt_vocab_size == 300
     names = {p.name for p in (tmp_path / "tok").iterdir()}
     expected = {JOINT_MODEL} if joint else set(SIDE_MODELS.values())
-    assert names == expected | {META_FILE}
+    assert names == expected | {META_FILE, MANIFEST}
     assert Tokenizer.exists(tmp_path / "tok")
     loaded = Tokenizer.load(tmp_path / "tok")
     assert loaded.joint is joint
@@ -116,11 +117,23 @@ def test_load_missing_directory(tmp_path):
 
 
 def test_load_corrupt_model(toy_tokenizer, tmp_path):
+    """One flipped byte in the model file is a one-line error naming it (the checksum recorded
+    when it was saved), not a tokenizer that segments differently."""
     toy_tokenizer.save(tmp_path)
+    data = bytearray((tmp_path / JOINT_MODEL).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp_path / JOINT_MODEL).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"spm.model: corrupt: it does not match the checksum") as info:
+        Tokenizer.load(tmp_path)
+    assert "\n" not in str(info.value)
+    (tmp_path / MANIFEST).unlink()  # saved before checksums were recorded: still loads
     (tmp_path / JOINT_MODEL).write_bytes(b"this is not a sentencepiece model")
     with pytest.raises(DataError, match="not a valid SentencePiece model") as info:
         Tokenizer.load(tmp_path)
     assert "\n" not in str(info.value)
+    toy_tokenizer.save(tmp_path / "old")
+    (tmp_path / "old" / MANIFEST).unlink()
+    assert Tokenizer.load(tmp_path / "old").digest() == toy_tokenizer.digest()
 
 
 def test_load_missing_side_model(toy_pairs, tmp_path):
@@ -135,6 +148,9 @@ def test_load_missing_side_model(toy_pairs, tmp_path):
 def test_load_corrupt_metadata(toy_tokenizer, tmp_path):
     toy_tokenizer.save(tmp_path)
     (tmp_path / META_FILE).write_text("joint: [unclosed\n")
+    with pytest.raises(CheckpointError, match=r"tokenizer.yaml: corrupt: it does not match the checksum"):
+        Tokenizer.load(tmp_path)
+    (tmp_path / MANIFEST).unlink()  # saved before checksums were recorded: the parser's error
     with pytest.raises(DataError, match="tokenizer.yaml"):
         Tokenizer.load(tmp_path)
 

@@ -5,12 +5,14 @@ Markov "model" whose token distributions we choose. (A uniquely named module rat
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from transduce.config import model_preset
+from transduce.inference import SearchSpec
 from transduce.model import Transformer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -126,3 +128,13 @@ def layer_prefix_draft(model_dir, out_dir, n_layers: int = 1):
     save_model(draft.eval(), out_dir)
     Tokenizer.load(model_dir).save(out_dir)
     return out_dir
+
+
+@dataclass(frozen=True)
+class HangingSpec(SearchSpec):
+    """A search that never ends: a stand-in for an endless loop in a decoding worker (a worker
+    process imports it from here, as the test module put this directory on its sys.path)."""
+
+    def run(self, model, src, prefix=None, speculation=None):
+        while True:
+            time.sleep(0.1)

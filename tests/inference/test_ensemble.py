@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from inference_helpers import BOS, EOS, random_sources, tiny_transformer
+from transduce.checksums import record
 from transduce.cli import main
 from transduce.config import DecodeConfig, model_preset
 from transduce.errors import ConfigError
@@ -106,6 +107,7 @@ def test_translator_and_cli(trained_dir, tmp_path, capsys):
     (tmp_path / "other" / "tokenizer.yaml").write_text("joint: false\n")
     shutil.copy(tmp_path / "other" / "spm.model", tmp_path / "other" / "spm.src.model")
     shutil.copy(tmp_path / "other" / "spm.model", tmp_path / "other" / "spm.tgt.model")
+    record(tmp_path / "other", ["tokenizer.yaml", "spm.src.model", "spm.tgt.model"])  # made so on purpose
     assert main(["translate", str(trained_dir), str(tmp_path / "other"), "--input", str(tmp_path / "in.txt")]) == 2
     err = capsys.readouterr().err
     assert "one tokenizer" in err and err.count("\n") == 1

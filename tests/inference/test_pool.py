@@ -98,6 +98,8 @@ def test_pool_errors_are_one_line(model_dir, tmp_path):
         TranslatorPool.load(tmp_path / "missing")
     with pytest.raises(ConfigError, match="workers"):
         TranslatorPool.load(model_dir, workers=0)
+    with pytest.raises(ConfigError, match="timeout"):
+        TranslatorPool.load(model_dir, timeout_s=0)
     with pytest.raises(ConfigError, match="precision"):
         TranslatorPool.load(model_dir, precision="fp8")
     # A model directory whose weights are damaged: the workers' load error reaches the caller.
@@ -145,7 +147,9 @@ def test_cli_workers_write_what_one_process_writes(model_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,message", [(["--workers", "-1"], "--workers: must be >= 0"),
                                           (["--workers", "2", "--device", "cuda"], "decode on the CPU"),
-                                          (["--workers", "1", "--worker-threads", "0"], "threads must be >= 1")])
+                                          (["--workers", "1", "--worker-threads", "0"], "threads must be >= 1"),
+                                          (["--workers", "1", "--worker-timeout", "0"], "must be > 0 seconds"),
+                                          (["--worker-timeout", "5"], "without --workers")])
 def test_cli_worker_options_are_checked(model_dir, capsys, argv, message):
     from transduce.cli import main
 
@@ -218,3 +222,50 @@ def test_a_killed_worker_is_replaced_and_its_batches_answered(model_dir, transla
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
         assert p.pool.restarts == 1 and set(p.pool.pids).isdisjoint(before)
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want  # and keeps working
+
+
+def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translator):
+    """SIGSTOP the worker: its batch is not answered within the deadline, so the pool kills it
+    (without waiting on it), starts a new one and resubmits: the Translator's results, and the
+    next call is served."""
+    import os
+    import signal
+
+    from transduce.inference.pool import SLOW_FACTOR
+
+    want = translator.translate(TEXTS, beam=2, max_len_b=6)
+    with TranslatorPool.load(model_dir, workers=1, timeout_s=1.5) as p:
+        assert p.pool._deadline(1e9) == 1.5  # no speed measured yet
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
+        # A slow but healthy worker is not taken for a hung one: a batch's deadline grows with
+        # its size (searched positions) at SLOW_FACTOR times the slowest speed measured.
+        assert p.pool._rate > 0 and p.pool._deadline(1e9) == pytest.approx(SLOW_FACTOR * p.pool._rate * 1e9)
+        stopped = p.pool.pids[0]
+        os.kill(stopped, signal.SIGSTOP)
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
+        assert (p.pool.restarts, p.pool.hangs) == (1, 1) and not _alive(stopped)
+        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
+        assert p.pool.restarts == 1
+        last = p.pool.pids[0]
+        os.kill(last, signal.SIGSTOP)  # close() kills a stopped worker after the deadline: never waits for ever
+    assert not _alive(last)
+
+
+def test_a_batch_that_hangs_the_new_worker_too_is_lost_not_waited_on(model_dir):
+    """A batch whose search never ends hangs the restarted worker as well: WorkerLost (a 503 in
+    the server), the stuck worker is replaced, and the next call is served."""
+    from inference_helpers import HangingSpec
+    from transduce.inference.pool import WorkerLost
+
+    src = torch.tensor([[5, 6, 7, 2]])
+    spec = SearchSpec(DecodeConfig(beam=2, max_len_b=4))
+    with SearchPool(model_dir, workers=1, timeout_s=1.0) as pool:
+        with pytest.raises(WorkerLost, match="did not answer within 1 s twice on the same batch"):
+            list(pool.map([src], HangingSpec()))
+        assert (pool.restarts, pool.hangs) == (2, 2)
+        got = next(pool.map([src], spec))
+    from transduce.model import load_model
+
+    with torch.inference_mode():
+        assert torch.equal(got.tokens, spec.run(load_model(model_dir), src).tokens)
+

@@ -5,6 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from transduce.config import ModelConfig
+from transduce.checksums import record
 from transduce.errors import CheckpointError
 from transduce.model import Transformer, load_model, save_model
 
@@ -60,6 +61,7 @@ def test_corrupt_foreign_and_missing(tmp_path):
     with pytest.raises(CheckpointError, match="not a transduce checkpoint"):
         load_model(tmp_path / "m")
     (tmp_path / "m" / "config.yaml").write_text("model: {d_model: 15, n_heads: 2}")
+    record(tmp_path / "m", ["config.yaml"])  # an edit on purpose (else the checksum catches it first)
     with pytest.raises(CheckpointError, match="model.d_model"):
         load_model(tmp_path / "m")
 
@@ -80,6 +82,7 @@ def test_decoding_settings_are_saved_loaded_and_checked(tmp_path):
     config = yaml.safe_load((tmp_path / "new" / "config.yaml").read_text())
     config["decode"]["beam"] = 0
     (tmp_path / "new" / "config.yaml").write_text(yaml.safe_dump(config))
+    record(tmp_path / "new", ["config.yaml"])
     with pytest.raises(ConfigError, match=r"config.yaml: decode.beam: must be positive"):
         load_decode_config(tmp_path / "new")
 

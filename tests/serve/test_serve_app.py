@@ -132,13 +132,14 @@ def test_timeouts_and_failures_are_answered(trained_dir):
 
 @pytest.mark.slow
 def test_worker_processes_serve_the_same_answers(trained_dir):
-    """``serve --workers 2``: each batch spread over two processes; answers as one process gives."""
+    """``serve --workers 2``: each batch spread over two processes; answers as one process gives,
+    also after a worker is killed (SIGKILL) and after the workers hang (SIGSTOP)."""
     from server_helpers import BackgroundServer
     from transduce.serve import ServeConfig, create_app, load_service
 
     sentences = [s for s, _ in toy_pairs(24, seed=5)]
     want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
-    service = load_service(trained_dir, ServeConfig(workers=2, batch_wait_ms=20.0))
+    service = load_service(trained_dir, ServeConfig(workers=2, batch_wait_ms=20.0, worker_timeout_s=2.0))
     with BackgroundServer(create_app(service)) as server:
         def ask(batch):
             r = httpx.post(server.url + "/translate", json={"sentences": batch, "beam": 3}, timeout=30)
@@ -153,6 +154,11 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
         with ThreadPoolExecutor(4) as pool:
             after = list(pool.map(ask, [sentences[i: i + 4] for i in range(0, 24, 4)]))
         healed = httpx.get(server.url + "/health").json()["workers"]
+        for pid in healed["pids"]:  # hung workers (SIGSTOP): replaced once their batch's deadline passes
+            os.kill(pid, signal.SIGSTOP)
+        stopped = ask(sentences[:4])
+        unstuck = httpx.get(server.url + "/health").json()["workers"]
+        following = ask(sentences[4:8])
     service.close()
     assert [status for status, _ in answers] == [200] * 6
     assert [t for _, body in answers for t in body["translations"]] == [want[s] for s in sentences]
@@ -161,6 +167,10 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
     assert [status for status, _ in after] == [200] * 6
     assert [t for _, body in after for t in body["translations"]] == [want[s] for s in sentences]
     assert healed["restarts"] == 1 and set(healed["pids"]).isdisjoint(health["pids"])
+    assert healed["hangs"] == 0 and healed["timeout_s"] == 2.0
+    assert stopped == (200, {"translations": [want[s] for s in sentences[:4]]})
+    assert (unstuck["restarts"], unstuck["hangs"]) == (2, 1) and set(unstuck["pids"]).isdisjoint(healed["pids"])
+    assert following == (200, {"translations": [want[s] for s in sentences[4:8]]})
 
 
 def test_defaults_and_missing_extra():
@@ -172,6 +182,8 @@ def test_defaults_and_missing_extra():
     for bad in (dict(workers=-1), dict(workers=2, device="cuda")):
         with pytest.raises(ConfigError, match="serve.workers"):
             ServeConfig(**bad)
+    with pytest.raises(ConfigError, match="serve.worker_timeout_s"):
+        ServeConfig(workers=2, worker_timeout_s=0)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
         require("transduce_no_such_package", "serve")
 

@@ -166,3 +166,53 @@ def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
     assert lines and lines[0].startswith("transduce train: error: rank 0 of 2:"), text[-3000:]
     assert waited < 60 and proc.returncode != 0
 
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_bitwise(tmp_path):
+    """torchrun --max-restarts 1: SIGKILL rank 1 mid-run; the agent restarts both ranks, which
+    resume from the last checkpoint (a first attempt with --resume and no checkpoint starts
+    afresh) and end with the weights of an uninterrupted run, bit for bit (each rank restores
+    its own RNG state: their dropout streams differ)."""
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    cfg = {
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 150, "max_tokens": 256},
+        "train": {"max_steps": 12, "save_every": 2, "eval_every": 100000, "log_every": 1, "eval_bleu": False,
+                  "num_threads": 1},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def torchrun(out: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *extra,
+                "-m", "transduce", "train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / out)]
+
+    whole = subprocess.run(torchrun("whole"), capture_output=True, text=True, env=env, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    log = open(tmp_path / "log.txt", "w")
+    proc = subprocess.Popen(torchrun("killed", "--max-restarts", "1") + ["--resume"], stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "killed" / "checkpoints" / "step_00000002").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank1 = _rank_pid(proc.pid, 1)
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGKILL)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    text = (tmp_path / "log.txt").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "resumed from" in text, text[-3000:]  # killed before the end, and restarted
+    want = load_file(str(tmp_path / "whole" / "model" / "model.safetensors"))
+    got = load_file(str(tmp_path / "killed" / "model" / "model.safetensors"))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

@@ -38,6 +38,7 @@ import sentencepiece as spm
 import yaml
 
 from transduce.atomic import atomic_write_bytes
+from transduce.checksums import record, verify
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
@@ -168,19 +169,21 @@ class Tokenizer:
         """Write the model file(s) and ``tokenizer.yaml`` into ``out_dir`` (atomically per file)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if self._joint:
-            atomic_write_bytes(out / JOINT_MODEL, self._protos["src"])
-        else:
-            for side in SIDES:
-                atomic_write_bytes(out / SIDE_MODELS[side], self._protos[side])
+        models = [JOINT_MODEL] if self._joint else [SIDE_MODELS[side] for side in SIDES]
+        for name, proto in zip(models, (self._protos["src"], self._protos["tgt"])):
+            atomic_write_bytes(out / name, proto)
         meta = {"joint": self._joint, "src_vocab_size": self.src_vocab_size,
                 "tgt_vocab_size": self.tgt_vocab_size, "normalization": NORMALIZATION_RULE}
         atomic_write_bytes(out / META_FILE, yaml.safe_dump(meta, sort_keys=False).encode("utf-8"))
+        record(out, [*models, META_FILE])  # checksums.sha256: loading checks them
 
     @classmethod
     def load(cls, directory: str | os.PathLike) -> "Tokenizer":
-        """Load a tokenizer saved by :meth:`save`; a missing or corrupt one raises DataError."""
+        """Load a tokenizer saved by :meth:`save`; a missing or unreadable one raises DataError, a
+        file that does not match its recorded checksum CheckpointError (see transduce.checksums)."""
         root = Path(directory)
+        for name in (META_FILE, JOINT_MODEL, *SIDE_MODELS.values()):
+            verify(root, name)  # a flipped byte: CheckpointError naming the file (see transduce.checksums)
         joint = _read_meta(root / META_FILE)
         if joint:
             return cls(_read_model(root / JOINT_MODEL), name=str(root / JOINT_MODEL))

@@ -28,7 +28,7 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -54,6 +54,14 @@ MIN_BATCH_TOKENS = 2048
 # how often it checks that its parent is still alive.
 START_TIMEOUT_S = 300.0
 PARENT_POLL_S = 0.5
+
+# A batch not answered within its deadline means a hung worker (SIGSTOP, an endless loop, a
+# deadlock): the deadline is the larger of WORKER_TIMEOUT_S and SLOW_FACTOR times what the batch
+# should take at the slowest speed the pool has measured (seconds per searched position), so a
+# slow but healthy worker, or a large batch on a big model, is given what it needs once the pool
+# has seen a batch of that model.
+WORKER_TIMEOUT_S = 120.0
+SLOW_FACTOR = 10.0
 
 # This worker process's Translator, or the error that loading it raised (set once by
 # _init_worker, in the worker; the parent's copy stays empty).
@@ -137,16 +145,28 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None) -> tuple[_Packed | None, ...]:
+def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None
+            ) -> tuple[float, tuple[_Packed | None, ...]]:
+    """Search one batch in a worker: (seconds it took, the packed SearchOutput)."""
     if "error" in _WORKER:
         raise _WORKER["error"]
     translator = _WORKER["translator"]
+    start = time.perf_counter()
     with torch.inference_mode(), translator.autocast():
-        return _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor()))
+        out = _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor()))
+    return time.perf_counter() - start, out
+
+
+def _positions(src: Tensor, spec: SearchSpec) -> float:
+    """What a search of the (B, S) batch ``src`` costs, in positions searched: sentences x beam x
+    the longest output allowed (the measure the pool's deadlines scale with)."""
+    beam = spec.decode.beam if spec.temperature is None else 1
+    return src.shape[0] * beam * (spec.decode.max_len_a * src.shape[1] + spec.decode.max_len_b + 1)
 
 
 class WorkerLost(TransduceError):
-    """Decoding workers died again after a restart: the batch is not answered (a server says 503)."""
+    """Decoding workers died or hung again after a restart: the batch is not answered (a server
+    says 503)."""
 
 
 class SearchPool:
@@ -158,23 +178,32 @@ class SearchPool:
         threads: torch threads in each worker.
         precision: "fp32", or "bf16" CPU autocast in the workers.
         int8: dynamic int8 quantisation of the workers' linear layers.
+        timeout_s: the least time a batch may take before its worker counts as hung (see
+            ``WORKER_TIMEOUT_S``; a batch's deadline grows with its size once the pool has
+            measured its speed).
 
     The workers are started and have loaded the model when the constructor returns (a model
     that cannot be loaded raises its one-line error here); ``pids`` are their process ids.
     :meth:`close` stops them; a worker whose parent dies without closing ends by itself. A
     worker that dies (SIGKILL, out of memory) takes the pool down with it (``concurrent.futures``
-    breaks the whole pool), so :meth:`map` starts a new pool (``restarts`` counts them) and
-    resubmits the batches not yet answered, once: a batch that breaks the new pool too raises
+    breaks the whole pool), and one that stops answering (SIGSTOP, an endless loop) holds its
+    batch for ever; either way :meth:`map` kills the old workers, starts a new pool
+    (``restarts`` counts them, ``hangs`` those for a hung worker) and resubmits the batches not
+    yet answered, once: a batch that breaks or hangs the new pool too raises
     :class:`WorkerLost`. Nothing is lost silently and nothing hangs.
     """
 
     def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
-                 precision: str = "fp32", int8: bool = False):
+                 precision: str = "fp32", int8: bool = False, timeout_s: float = WORKER_TIMEOUT_S):
         if workers < 1 or threads < 1:
             raise ConfigError(f"workers and threads must be >= 1; got workers={workers}, threads={threads}")
+        if not timeout_s > 0:
+            raise ConfigError(f"worker timeout: must be > 0 seconds; got {timeout_s}")
         check_precision(precision)
-        self.workers = workers
-        self.restarts = 0
+        self.workers, self.timeout_s = workers, float(timeout_s)
+        self.restarts = self.hangs = 0
+        self.pids: list[int] = []
+        self._rate = 0.0  # the slowest seconds per searched position measured so far
         self._init = (str(model_dir), threads, precision, int8)
         self._open()
         logger.info("%d decoding worker(s) ready, %d thread(s) each", workers, threads)
@@ -190,11 +219,19 @@ class SearchPool:
             self.close()
             raise
 
-    def _restart(self) -> None:
-        """A worker died (killed, out of memory): replace the whole broken pool with a new one."""
+    def _processes(self) -> list[multiprocessing.Process]:
+        """This pool's live worker processes."""
+        return [p for p in multiprocessing.active_children() if p.pid in self.pids]
+
+    def _restart(self, hung: bool = False) -> None:
+        """A worker died (killed, out of memory) or hung: kill the old workers, without waiting
+        on them, and replace the whole pool with a new one."""
         self.restarts += 1
-        logger.warning("a decoding worker process died; starting %d new one(s) (restart %d)",
-                       self.workers, self.restarts)
+        self.hangs += hung
+        logger.warning("a decoding worker process %s; starting %d new one(s) (restart %d)",
+                       f"did not answer within {self.timeout_s:g} s" if hung else "died", self.workers, self.restarts)
+        for process in self._processes():
+            process.kill()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._open()
 
@@ -211,45 +248,87 @@ class SearchPool:
             raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
         self.pids = sorted(f.result() for f in futures)
 
+    def _deadline(self, positions: float) -> float:
+        """Seconds a batch of ``positions`` may take (see ``WORKER_TIMEOUT_S``)."""
+        return max(self.timeout_s, SLOW_FACTOR * self._rate * positions)
+
     def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None
             ) -> Iterator[SearchOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
         (each with its forced-prefix ids, if given)."""
         prefixes = prefixes or [None] * len(batches)
         jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p)) for src, p in zip(batches, prefixes)]
+        deadlines = [self._deadline(_positions(src, spec)) for src in batches]
         try:
             futures = [self._executor.submit(_search, *job) for job in jobs]
         except BrokenProcessPool:  # a worker died between calls
             self._restart()
             futures = [self._executor.submit(_search, *job) for job in jobs]
-        retried = -1  # the batch whose search was resubmitted after a worker died
-        i = 0
+        retried = -1  # the batch whose search was resubmitted after a worker died or hung
+        i, answered = 0, time.monotonic()
         try:
             while i < len(jobs):
-                try:
-                    result = futures[i].result()
-                except BrokenProcessPool:
-                    if retried == i:  # it broke the new workers too: a poison batch, not bad luck
-                        raise WorkerLost("a decoding worker died twice on the same batch (out of memory?)") from None
-                    self._restart()
-                    retried = i
-                    futures[i:] = [self._executor.submit(_search, *job) for job in jobs[i:]]
-                    continue
-                yield _unpack(result)
-                i += 1
+                hang, answered = _await(futures[i:], deadlines[i:], answered)
+                if hang is None:
+                    try:
+                        seconds, result = futures[i].result()
+                    except BrokenProcessPool:
+                        pass
+                    else:
+                        self._rate = max(self._rate, seconds / _positions(batches[i], spec))
+                        yield _unpack(result)
+                        i += 1
+                        continue
+                if retried == i:  # it broke or hung the new workers too: a poison batch, not bad luck
+                    if hang is not None:  # the pool must not stay stuck for the next call
+                        self._restart(hung=True)
+                    raise WorkerLost(f"a decoding worker {hang or 'died'} twice on the same batch") from None
+                self._restart(hung=hang is not None)
+                retried = i
+                futures[i:] = [f if _answered(f) else self._executor.submit(_search, *job)
+                               for f, job in zip(futures[i:], jobs[i:])]
+                answered = time.monotonic()
         finally:
             for future in futures:
                 future.cancel()
 
     def close(self) -> None:
-        """Stop the workers (waits for running searches)."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers: running searches are given their deadline, then killed."""
+        processes = self._processes()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        end = time.monotonic() + self.timeout_s
+        for process in processes:
+            process.join(max(0.0, end - time.monotonic()))
+            if process.is_alive():  # hung: it would keep its parent waiting for ever
+                process.kill()
+                process.join(5.0)
 
     def __enter__(self) -> "SearchPool":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _await(futures: list[Future], deadlines: list[float], answered: float) -> tuple[str | None, float]:
+    """Wait until ``futures[0]`` is done: (None, when a batch was last answered); or, if none of
+    those outstanding is answered within the longest of their deadlines since ``answered``, a
+    worker is hung: (why, ``answered``). A busy worker answers within its batch's deadline, so
+    the time between two answers never exceeds the longest deadline of the batches outstanding."""
+    while not futures[0].done():
+        pending = [(f, d) for f, d in zip(futures, deadlines) if not f.done()]
+        limit = max(d for _, d in pending)
+        done, _ = wait([f for f, _ in pending], timeout=max(0.0, answered + limit - time.monotonic()),
+                       return_when=FIRST_COMPLETED)
+        if not done:
+            return f"did not answer within {limit:g} s", answered
+        answered = time.monotonic()
+    return None, answered
+
+
+def _answered(future: Future) -> bool:
+    """Whether ``future`` holds a worker's answer (not an error from a broken pool)."""
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 class TranslatorPool(BaseTranslator):
@@ -262,12 +341,13 @@ class TranslatorPool(BaseTranslator):
 
     Args:
         model_dir: the model directory (the parent loads only its config and tokenizer).
-        workers, threads, precision, int8: as :class:`SearchPool`.
+        workers, threads, precision, int8, timeout_s: as :class:`SearchPool`.
         decode: the default decoding settings (default: the model directory's saved ones).
     """
 
     def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
-                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None):
+                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None,
+                 timeout_s: float = WORKER_TIMEOUT_S):
         from ..data.tokenizer import Tokenizer
         from ..model.io import load_decode_config, load_model_config
 
@@ -276,13 +356,14 @@ class TranslatorPool(BaseTranslator):
         self.decode = decode or load_decode_config(model_dir)
         self.max_input_len = input_limit(self.config, self.decode.max_input_len)
         self.precision = precision
-        self.pool = SearchPool(model_dir, workers, threads, precision, int8)
+        self.pool = SearchPool(model_dir, workers, threads, precision, int8, timeout_s)
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1, precision: str = "fp32",
-             int8: bool = False, decode: DecodeConfig | None = None) -> "TranslatorPool":
+             int8: bool = False, decode: DecodeConfig | None = None, timeout_s: float = WORKER_TIMEOUT_S
+             ) -> "TranslatorPool":
         """The same as the constructor; named like :meth:`Translator.load`."""
-        return cls(model_dir, workers, threads, precision, int8, decode)
+        return cls(model_dir, workers, threads, precision, int8, decode, timeout_s)
 
     def close(self) -> None:
         self.pool.close()

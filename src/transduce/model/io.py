@@ -4,6 +4,7 @@ Weights are stored in safetensors (never pickles). Tied matrices are stored once
 first name that refers to them. The header records a sha256 of the tensors; loading checks it,
 the format marker, names and shapes, and raises :class:`~transduce.errors.CheckpointError` with
 a one-line explanation of any mismatch, so a flipped bit is an error, never a wrong model.
+``config.yaml`` is checked against ``checksums.sha256`` (see :mod:`transduce.checksums`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path
+from ..checksums import record, verify
 from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError, one_line
 from .encoder_only import EncoderOnly
@@ -107,6 +109,7 @@ def save_model(model: torch.nn.Module, directory: str | os.PathLike, decode: Dec
     if decode is not None:
         config["decode"] = dataclasses.asdict(decode)
     save_yaml(config, directory / CONFIG)
+    record(directory, [CONFIG])
     return directory
 
 
@@ -116,6 +119,7 @@ def load_decode_config(directory: str | os.PathLike) -> DecodeConfig:
     path = Path(directory) / CONFIG
     if not path.is_file():
         raise CheckpointError(f"{directory}: model directory not found")
+    verify(directory, CONFIG)
     section = read_yaml(path).get("decode")
     if section is None:
         return DecodeConfig()
@@ -129,6 +133,7 @@ def load_model_config(directory: str | os.PathLike) -> ModelConfig:
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: model directory not found")
+    verify(directory, CONFIG)
     d = read_yaml(directory / CONFIG)
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
         raise CheckpointError(f"{directory / CONFIG}: has no 'model' section")

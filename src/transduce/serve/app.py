@@ -14,7 +14,7 @@ page asks for the key); ``max_per_client`` caps one client address's requests in
 
 Errors are JSON ``{"error": "..."}``: 413 for a body, a sentence list or a sentence over the
 limits, 422 for malformed or invalid requests, 503 when the queue is full (or decoding workers
-died twice on a batch), 504 when a request waits longer than ``request_timeout_s``, 500 if a
+died or hung twice on a batch), 504 when a request waits longer than ``request_timeout_s``, 500 if a
 batch fails; the server keeps serving.
 FastAPI and uvicorn are optional (``pip install 'transduce[serve]'``) and imported lazily.
 """
@@ -30,7 +30,7 @@ from importlib import resources
 from typing import Any, Hashable
 
 from ..errors import ConfigError, TransduceError, require
-from ..inference.pool import WorkerLost
+from ..inference.pool import WORKER_TIMEOUT_S, WorkerLost
 from ..inference.search import AttentionChoice
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
@@ -56,6 +56,7 @@ class ServeConfig:
     device: str = "cpu"
     threads: int | None = None
     workers: int = 0
+    worker_timeout_s: float = WORKER_TIMEOUT_S  # a batch unanswered this long means a hung worker (see inference.pool)
     api_key: str | None = field(default=None, repr=False)  # required as "Authorization: Bearer KEY"
     max_per_client: int | None = None  # requests one client address may have in flight (429 beyond)
 
@@ -72,6 +73,8 @@ class ServeConfig:
         if self.workers < 0 or (self.workers and self.device not in ("cpu", "auto")):
             raise ConfigError(f"serve.workers: must be >= 0, and worker processes decode on the CPU; "
                               f"got workers={self.workers}, device={self.device!r}")
+        if not self.worker_timeout_s > 0:
+            raise ConfigError(f"serve.worker_timeout_s: must be positive; got {self.worker_timeout_s}")
         if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
 
@@ -130,7 +133,9 @@ def load_service(model_dir: str | os.PathLike, cfg: ServeConfig) -> TranslationS
     from ..inference.translator import Translator
 
     if cfg.workers:
-        return TranslationService(TranslatorPool.load(model_dir, cfg.workers, cfg.threads or 1, int8=cfg.int8), cfg)
+        pool = TranslatorPool.load(model_dir, cfg.workers, cfg.threads or 1, int8=cfg.int8,
+                                   timeout_s=cfg.worker_timeout_s)
+        return TranslationService(pool, cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     return TranslationService(Translator.load(model_dir, cfg.device, int8=cfg.int8), cfg)
@@ -313,7 +318,8 @@ def create_app(service: TranslationService, title: str = "transduce"):
     @app.get("/health")
     async def health():
         pool = getattr(service.translator, "pool", None)
-        workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts}
+        workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts,
+                                             "hangs": pool.hangs, "timeout_s": pool.timeout_s}
         return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
                 "workers": workers,
                 "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,

@@ -3,7 +3,8 @@
 A checkpoint is a directory ``checkpoints/step_00001000/`` that is also a loadable model
 directory (``config.yaml``, ``model.safetensors``, tokenizer files) plus the training state:
 ``trainer.pt`` (optimizer, RNG and grad-scaler state; read with ``weights_only=True``) and
-``state.json`` (step, data position, counters). It is written under a temporary name and
+``state.json`` (step, data position, counters), with the sha256 of its files in ``checksums.sha256``
+(see :mod:`transduce.checksums`). It is written under a temporary name and
 renamed into place, then ``checkpoints/latest`` is atomically pointed at it: a kill during a
 save leaves the previous checkpoint, and the pointer to it, intact.
 """
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from ..atomic import atomic_dir, atomic_write_text
+from ..checksums import record, verify_all
 from ..config import DecodeConfig
 from ..errors import CheckpointError, one_line
 from ..model.io import load_model_config, read_weights, save_model, save_weights
@@ -58,6 +60,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: A
         torch.save(trainer_state, tmp / "trainer.pt")
         digest = hashlib.sha256((tmp / "trainer.pt").read_bytes()).hexdigest()
         (tmp / "state.json").write_text(json.dumps({**info, TRAINER_DIGEST: digest}, indent=1))
+        record(tmp, ["state.json"])
 
     path = write_dir_atomically(ckpt_root / f"step_{step:08d}", fill)
     atomic_write_text(ckpt_root / "latest", path.name + "\n")
@@ -93,7 +96,9 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """Weights, trainer state (optimizer, RNG...) and info of a checkpoint directory."""
+    """Weights, trainer state (optimizer, RNG...) and info of a checkpoint directory, every file
+    checked against its checksum (CheckpointError naming a damaged one)."""
+    verify_all(path)  # config.yaml, tokenizer files, state.json (see transduce.checksums)
     weights = read_weights(path / "model.safetensors")
     try:
         info = json.loads((path / "state.json").read_text())
@@ -126,8 +131,12 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     averaged = {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
 
     def fill(tmp: Path) -> None:
+        verify_all(paths[0])
+        copied = []
         for f in Path(paths[0]).iterdir():  # config and tokenizer files
             if f.is_file() and f.suffix in (".yaml", ".model", ".json") and f.name != "state.json":
                 shutil.copy2(f, tmp / f.name)
+                copied.append(f.name)
+        record(tmp, copied)
         save_weights(averaged, tmp / "model.safetensors")
     return write_dir_atomically(Path(out), fill)

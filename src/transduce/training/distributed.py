@@ -41,8 +41,23 @@ def init_distributed(device_kind: str, timeout_s: float = 600.0) -> DistInfo:
         backend = "nccl" if device_kind == "cuda" else "gloo"
         if device_kind == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, store=_attempt_store(info, timeout), rank=info.rank,
+                                world_size=world, timeout=timeout)
     return info
+
+
+def _attempt_store(info: DistInfo, timeout: timedelta) -> dist.Store:
+    """torchrun's rendezvous store, its keys prefixed with the restart attempt.
+
+    torchrun's agent keeps one store for all the restarts of ``--max-restarts``, and the process
+    group's keys (each rank's gloo address) are the same in every attempt: a restarted rank could
+    read a dead rank's address from the attempt before and fail to connect ("connectFullMesh
+    failed ... Connection refused"), or not, depending on which rank writes first. A prefix per
+    attempt (``TORCHELASTIC_RESTART_COUNT``) keeps the attempts apart."""
+    store, _, _ = next(dist.rendezvous("env://", info.rank, info.world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"transduce/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def shutdown_distributed() -> None:
@@ -53,6 +68,15 @@ def shutdown_distributed() -> None:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def all_gather_object(info: DistInfo, obj: object) -> list:
+    """Every rank's ``obj``, in rank order (``[obj]`` when run alone); every rank must call it."""
+    if not info.enabled:
+        return [obj]
+    gathered: list = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def is_collective_error(error: BaseException) -> bool:

@@ -35,8 +35,8 @@ from ..errors import CheckpointError, ConfigError, TransduceError
 from ..model.io import WEIGHTS, build_model, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoints, load_checkpoint,
                          save_checkpoint, save_model_dir)
-from .distributed import (DistInfo, barrier, collective_failure, init_distributed, is_collective_error,
-                          shutdown_distributed)
+from .distributed import (DistInfo, all_gather_object, barrier, collective_failure, init_distributed,
+                          is_collective_error, shutdown_distributed)
 from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress, TensorBoardLog
@@ -213,21 +213,38 @@ class Trainer:
         load_optimizer_state(self.optimizer, trainer_state["optimizer"])
         if self.graphed is not None:
             self.graphed.reset()  # new optimizer state tensors: graphs captured before would miss them
-        torch.set_rng_state(trainer_state["rng_cpu"])
-        if "rng_cuda" in trainer_state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(trainer_state["rng_cuda"])
+        rng = {"cpu": trainer_state["rng_cpu"], "cuda": trainer_state.get("rng_cuda")}  # rank 0's
+        ranks = trainer_state.get("rng_ranks")  # every rank's, so each continues its own dropout stream
+        if ranks is not None and len(ranks) == self.dist.world_size:
+            rng = ranks[self.dist.rank]
+        torch.set_rng_state(rng["cpu"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
         if self.scaler is not None and "scaler" in trainer_state:
             self.scaler.load_state_dict(trainer_state["scaler"])
         self.state = TrainState(**info["train_state"])
         logger.info("resumed from %s (step %d, epoch %d)", path, self.state.step, self.state.epoch)
 
     def save(self) -> Path | None:
-        """Write a checkpoint (rank 0 only)."""
+        """Write a checkpoint (rank 0 writes it; every rank calls this, giving its RNG state)."""
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        try:
+            # Ranks draw different dropout masks (batches of different shapes), so their RNG
+            # states differ: a resume restores each its own, to continue bitwise as if never stopped.
+            ranks = all_gather_object(self.dist, rng)
+        except RuntimeError as e:
+            if not is_collective_error(e):
+                raise
+            raise TrainingError(collective_failure(self.dist, self.state.step, self.cfg.train.dist_timeout_s, e)) \
+                from None
         if not self.dist.is_main:
             return None
-        trainer_state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng_cpu": torch.get_rng_state()}
+        trainer_state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng_cpu": rng["cpu"],
+                                         "rng_ranks": ranks}
         if self.device.type == "cuda":
-            trainer_state["rng_cuda"] = torch.cuda.get_rng_state(self.device)
+            trainer_state["rng_cuda"] = rng["cuda"]
         if self.scaler is not None:
             trainer_state["scaler"] = self.scaler.state_dict()
         state = replace(self.state, elapsed=self.elapsed())
