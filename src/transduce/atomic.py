@@ -20,16 +20,28 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     """Yield a temporary path in ``path``'s directory; it replaces ``path`` if the block succeeds.
 
     The directory must exist. ``suffix`` lets writers that infer a format from the name (e.g.
-    matplotlib's ``savefig``) see the right extension.
+    matplotlib's ``savefig``) see the right extension. The file gets the mode of the one it
+    replaces, or a new file's (0666 less the umask), not the temporary's private 0600.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits a file written at ``path`` should have."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
