@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -106,6 +107,16 @@ def test_torchrun_train_then_resume_on_one_process(tmp_path):
     assert (run / "model" / "model.safetensors").is_file()
 
 
+def _rank1_once_saved(proc: subprocess.Popen, run_dir, wait_s: float = 240) -> int:
+    """The pid of rank 1 of torchrun ``proc``, once ``run_dir`` holds the step-2 checkpoint."""
+    deadline = time.monotonic() + wait_s
+    while not (run_dir / "checkpoints" / "step_00000002").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rank1 = _rank_pid(proc.pid, 1)
+    assert rank1 is not None
+    return rank1
+
+
 def _rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the torchrun worker with RANK=rank among ``parent``'s descendants."""
     import glob
@@ -129,7 +140,6 @@ def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
     """SIGSTOP rank 1 mid-training: rank 0's next all-reduce gives up after train.dist_timeout_s
     and it exits with one line naming itself and the step."""
     import signal
-    import time
 
     cfg = {
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
@@ -146,11 +156,7 @@ def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     rank1 = None
     try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "run" / "checkpoints" / "step_00000002").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        rank1 = _rank_pid(proc.pid, 1)
-        assert rank1 is not None
+        rank1 = _rank1_once_saved(proc, tmp_path / "run")
         os.kill(rank1, signal.SIGSTOP)
         stopped_at = time.monotonic()
         while time.monotonic() - stopped_at < 120 and "collective operation" not in (tmp_path / "log.txt").read_text():
@@ -175,7 +181,6 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_bitwise(tmp_path):
     afresh) and end with the weights of an uninterrupted run, bit for bit (each rank restores
     its own RNG state: their dropout streams differ)."""
     import signal
-    import time
 
     from safetensors.torch import load_file
 
@@ -199,12 +204,7 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_bitwise(tmp_path):
     proc = subprocess.Popen(torchrun("killed", "--max-restarts", "1") + ["--resume"], stdout=log,
                             stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 240
-        while not (tmp_path / "killed" / "checkpoints" / "step_00000002").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        rank1 = _rank_pid(proc.pid, 1)
-        assert rank1 is not None
-        os.kill(rank1, signal.SIGKILL)
+        os.kill(_rank1_once_saved(proc, tmp_path / "killed"), signal.SIGKILL)
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
