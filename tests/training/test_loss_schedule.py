@@ -51,35 +51,42 @@ def test_label_smoothed_loss_gradient_equals_autograd_of_torch_cross_entropy(eps
 
 @pytest.mark.parametrize("chunk", [1, 5, 512])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_projected_loss_equals_projection_then_loss(chunk, eps):
-    """Output projection and loss fused, by blocks of rows: value and gradients (hidden states
-    and the projection weight) equal F.linear then F.cross_entropy."""
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_projected_loss_equals_projection_then_loss(chunk, eps, with_bias):
+    """Output projection and loss fused, by blocks of rows: value and gradients (hidden states,
+    the projection weight and its bias, model.output_bias) equal F.linear then F.cross_entropy."""
     from transduce.training.loss import projected_label_smoothed_loss
     torch.manual_seed(2)
     hidden = torch.randn(3, 7, 16, dtype=torch.float64)
     weight = torch.randn(50, 16, dtype=torch.float64)
+    bias = torch.randn(50, dtype=torch.float64) if with_bias else None
     target = torch.randint(1, 50, (3, 7))
     target[1, 4:] = 0
     h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk)
+    b1, b2 = (None, None) if bias is None else (bias.clone().requires_grad_(), bias.clone().requires_grad_())
+    out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk, bias=b1)
     (out.loss * 0.37).backward()
-    ref = F.cross_entropy(F.linear(h2, w2).reshape(-1, 50), target.reshape(-1), label_smoothing=eps,
+    ref = F.cross_entropy(F.linear(h2, w2, b2).reshape(-1, 50), target.reshape(-1), label_smoothing=eps,
                           ignore_index=0, reduction="sum")
     (ref * 0.37).backward()
     torch.testing.assert_close(out.loss, ref, rtol=1e-12, atol=1e-12)
     assert out.n_tokens == 18
-    torch.testing.assert_close(out.nll, F.cross_entropy(F.linear(hidden, weight).reshape(-1, 50), target.reshape(-1),
-                                                        ignore_index=0, reduction="sum"))
+    torch.testing.assert_close(out.nll, F.cross_entropy(F.linear(hidden, weight, bias).reshape(-1, 50),
+                                                        target.reshape(-1), ignore_index=0, reduction="sum"))
     torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-10, atol=1e-12)
+    if with_bias:
+        torch.testing.assert_close(b1.grad, b2.grad, rtol=1e-10, atol=1e-12)
     assert bool((h1.grad[1, 4:] == 0).all())  # pad positions get no gradient
     with torch.no_grad():  # evaluation: no gradient work, same value
-        torch.testing.assert_close(projected_label_smoothed_loss(hidden, weight, target, eps, 0).loss, ref.detach())
+        torch.testing.assert_close(projected_label_smoothed_loss(hidden, weight, target, eps, 0, bias=bias).loss,
+                                   ref.detach())
 
 @pytest.mark.parametrize("chunk", [4, 1000])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
-def test_projected_loss_under_bf16_autocast_matches_autocast_projection_then_loss(chunk, eps):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_projected_loss_under_bf16_autocast_matches_autocast_projection_then_loss(chunk, eps, with_bias):
     """Under bf16 autocast (the training path on GPUs) the fused loss equals what autocast gives
     F.linear then the loss, within bf16 precision, and both are near the float64 truth; pad
     rows get no gradient, the nll has no host sync (a device tensor), and a block's gradient
@@ -93,17 +100,22 @@ def test_projected_loss_under_bf16_autocast_matches_autocast_projection_then_los
     h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     h3, w3 = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    bias = torch.randn(300) if with_bias else None
+    b1, b2, b3 = (None,) * 3 if bias is None else (bias.clone().requires_grad_(), bias.clone().requires_grad_(),
+                                                    bias.double().requires_grad_())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk)
-        ref = label_smoothed_loss(F.linear(h2, w2), target, eps, pad_id=0)
+        out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=chunk, bias=b1)
+        ref = label_smoothed_loss(F.linear(h2, w2, b2), target, eps, pad_id=0)
     (out.loss * 0.5).backward()
     (ref.loss * 0.5).backward()
-    (label_smoothed_loss(F.linear(h3, w3), target, eps, pad_id=0).loss * 0.5).backward()
+    (label_smoothed_loss(F.linear(h3, w3, b3), target, eps, pad_id=0).loss * 0.5).backward()
     assert out.loss.dtype == torch.float32 and h1.grad.dtype == w1.grad.dtype == torch.float32
     assert int(out.n_tokens) == 32
     torch.testing.assert_close(out.loss, ref.loss, rtol=2e-3, atol=1e-2)
     torch.testing.assert_close(out.nll, ref.nll, rtol=2e-3, atol=1e-2)
-    for mine, theirs, truth in ((h1.grad, h2.grad, h3.grad), (w1.grad, w2.grad, w3.grad)):
+    pairs = [(h1.grad, h2.grad, h3.grad), (w1.grad, w2.grad, w3.grad)] + ([(b1.grad, b2.grad, b3.grad)] if with_bias
+                                                                         else [])
+    for mine, theirs, truth in pairs:
         scale = truth.abs().max().item()
         assert (mine - theirs).abs().max().item() < 0.02 * scale
         assert (mine.double() - truth).abs().max().item() < 0.02 * scale

@@ -51,9 +51,9 @@ def test_padding_to_a_bucket_and_dummy_rows_change_neither_loss_nor_gradients(pr
     assert (got - want).norm() <= tol * want.norm()  # all gradients together: some nearly cancel to 0
 
 
-def test_an_output_bias_is_trained_through_the_unfused_loss():
+def test_an_output_bias_is_trained_through_the_fused_loss():
     """model.output_bias (imported Marian models): the step's loss is F.cross_entropy with label
-    smoothing over the biased logits, and the bias gets its gradient."""
+    smoothing over the biased logits (the fused projection + loss), and the bias gets its gradient."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
                                     dropout=0.0, src_vocab_size=60, tgt_vocab_size=60, output_bias=True))

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..device import autocast_dtype
@@ -128,16 +129,17 @@ def _run_block(logits: Tensor, target: Tensor, smoothing: float) -> tuple[Tensor
         return _low_precision_block(logits, target, smoothing)
 
 
-def _blocks_fp32(hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, chunk: int,
-                 grad_h: Tensor | None, grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
+def _blocks_fp32(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, keep: Tensor,
+                 smoothing: float, chunk: int, grad_h: Tensor | None, grad_w: Tensor | None,
+                 grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
     """The float32 blocks of :class:`_ProjectedSmoothedCrossEntropy`: the sums of the NLL and of
-    the smoothing term; writes the gradients (not yet scaled) into ``grad_h``/``grad_w``."""
+    the smoothing term; writes the gradients (not yet scaled) into ``grad_h``/``grad_w``/``grad_b``."""
     v = weight.shape[0]
     nll = hidden.new_zeros(())
     smooth = hidden.new_zeros(())
     for s in range(0, hidden.shape[0], chunk):
         h, t, k = hidden[s:s + chunk], target[s:s + chunk], keep[s:s + chunk]
-        logp = torch.log_softmax(h @ weight.T, dim=-1)                     # (c, V)
+        logp = torch.log_softmax(F.linear(h, weight, bias), dim=-1)         # (c, V)
         block_nll, block_smooth = _nll_and_smooth(logp, t, k)
         nll += block_nll
         smooth += block_smooth
@@ -148,24 +150,30 @@ def _blocks_fp32(hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, s
                 torch.mm(g, weight, out=grad_h[s:s + chunk])
             if grad_w is not None:
                 grad_w.addmm_(g.T, h)
+            if grad_b is not None:
+                grad_b += g.sum(dim=0)
     return nll, smooth
 
 
-def _blocks_mixed(hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, chunk: int,
-                  dtype: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None) -> tuple[Tensor, Tensor]:
+def _blocks_mixed(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, keep: Tensor,
+                  smoothing: float, chunk: int, dtype: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None,
+                  grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
     """:func:`_blocks_fp32` in mixed precision (see :class:`_ProjectedSmoothedCrossEntropy`)."""
     w = weight.to(dtype)
+    b = None if bias is None else bias.to(dtype)
     nll = hidden.new_zeros((), dtype=torch.float32)
     smooth = hidden.new_zeros((), dtype=torch.float32)
     for s in range(0, hidden.shape[0], chunk):
         h, t, k = hidden[s:s + chunk].to(dtype), target[s:s + chunk], keep[s:s + chunk]
-        block_nll, block_smooth, g = _run_block(h @ w.T, t, smoothing)  # g (c, V) in dtype
+        block_nll, block_smooth, g = _run_block(F.linear(h, w, b), t, smoothing)  # g (c, V) in dtype
         nll += (block_nll * k).sum()
         smooth += (block_smooth * k).sum()
         if grad_h is not None:
             grad_h[s:s + chunk] = (g @ w) * k.unsqueeze(-1)
         if grad_w is not None:
             grad_w += (g.T @ (h * k.unsqueeze(-1).to(dtype))).float()
+        if grad_b is not None:
+            grad_b += (k.to(dtype) @ g).float()
     return nll, smooth
 
 
@@ -185,38 +193,38 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
     to ``dtype`` for the two gradient matmuls, d weight accumulated in float32; the pad rows are
     masked on the (c, D) side (d hidden rows, hidden rows) instead of the (c, V) side.
 
-    Shape: hidden (N, D), weight (V, D), target (N,), keep (N,) float (1 = counted, 0 = pad)
-    -> the sums of the smoothed loss and of the NLL (scalars).
+    Shape: hidden (N, D), weight (V, D), bias (V,) or None, target (N,), keep (N,) float
+    (1 = counted, 0 = pad) -> the sums of the smoothed loss and of the NLL (scalars).
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float,
-                chunk: int, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
-        want_h, want_w = ctx.needs_input_grad[:2]
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, keep: Tensor,
+                smoothing: float, chunk: int, dtype: torch.dtype | None) -> tuple[Tensor, Tensor]:
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if want_h else None
         grad_w = torch.zeros_like(weight) if want_w else None
+        grad_b = torch.zeros_like(bias) if want_b else None
         if dtype is None:
-            nll, smooth = _blocks_fp32(hidden, weight, target, keep, smoothing, chunk, grad_h, grad_w)
+            nll, smooth = _blocks_fp32(hidden, weight, bias, target, keep, smoothing, chunk, grad_h, grad_w, grad_b)
         else:
             with torch.autocast(hidden.device.type, enabled=False):  # the dtypes are chosen by hand
-                nll, smooth = _blocks_mixed(hidden, weight, target, keep, smoothing, chunk, dtype, grad_h, grad_w)
-        ctx.save_for_backward(grad_h, grad_w)
+                nll, smooth = _blocks_mixed(hidden, weight, bias, target, keep, smoothing, chunk, dtype, grad_h,
+                                            grad_w, grad_b)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
         return (1.0 - smoothing) * nll + smoothing * smooth, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor) -> tuple:
         # The NLL is for reporting: the wrapper returns it detached, so its gradient is ignored
         # (checking that it is zero would cost a host sync every step).
-        grad_h, grad_w = ctx.saved_tensors
-        return (None if grad_h is None else grad_h * grad_loss, None if grad_w is None else grad_w * grad_loss,
-                None, None, None, None, None)
+        return (*(None if g is None else g * grad_loss for g in ctx.saved_tensors), None, None, None, None, None)
 
 
 def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor, smoothing: float,
-                                  pad_id: int, chunk: int | None = None) -> LossOutput:
-    """:func:`label_smoothed_loss` of ``hidden @ weight.T`` without storing those logits.
+                                  pad_id: int, chunk: int | None = None, bias: Tensor | None = None) -> LossOutput:
+    """:func:`label_smoothed_loss` of ``hidden @ weight.T (+ bias)`` without storing those logits.
 
-    The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight), ...)``
+    The same value and gradients as ``label_smoothed_loss(F.linear(hidden, weight, bias), ...)``
     (see :class:`_ProjectedSmoothedCrossEntropy`): in float32, or in mixed precision when
     called under bf16/fp16 autocast (as the model's forward is), matching what autocast gives
     the unfused pair within that precision. The NLL is for reporting (no gradient). ``chunk``
@@ -225,7 +233,7 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
     kernel launches and small blocks would leave a GPU idle. No host synchronisation.
 
     Shape: hidden (B, T, D) (the decoder output before the output projection), weight (V, D),
-    target (B, T).
+    target (B, T), bias (V,) (``model.output_bias``) or None.
     """
     keep = target != pad_id                                             # (B, T)
     rows = hidden.reshape(-1, hidden.shape[-1])
@@ -233,6 +241,6 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
     if chunk is None:
         chunk = 256 if rows.device.type == "cpu" else max(64, BLOCK_ELEMENTS // weight.shape[0])
     keep_f = keep.reshape(-1).to(torch.float32 if dtype is not None else rows.dtype)
-    loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, target.reshape(-1), keep_f, smoothing, chunk,
-                                                     dtype)
+    loss, nll = _ProjectedSmoothedCrossEntropy.apply(rows, weight, bias, target.reshape(-1), keep_f, smoothing,
+                                                     chunk, dtype)
     return LossOutput(loss, nll.detach(), keep.sum())

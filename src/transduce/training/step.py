@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..data.batch import Batch, token_types
 from ..device import autocast_context
 from .encoder_tasks import classification_loss, masked_lm_loss
-from .loss import LossOutput, label_smoothed_loss, projected_label_smoothed_loss
+from .loss import LossOutput, projected_label_smoothed_loss
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -47,9 +47,8 @@ def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: 
         return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
     if inner.config.arch == "encoder_only":
         return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
-    if inner.output_proj.bias is not None:  # model.output_bias (imported Marian models): unfused
-        return label_smoothed_loss(inner.output_proj(hidden), batch.tgt_out, smoothing, pad_id)
-    return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id)
+    return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
+                                         bias=inner.output_proj.bias)
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
