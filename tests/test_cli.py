@@ -149,7 +149,7 @@ def test_evaluate_hyp_tokenized_reaches_the_metric(model_dir, tmp_path, capsys, 
     assert seen == [False, True]
 
 
-def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, model_dir):
+def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, caplog, model_dir):
     from inference_helpers import layer_prefix_draft
 
     draft = layer_prefix_draft(trained_dir, tmp_path / "draft")
@@ -162,6 +162,12 @@ def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, mode
                  "--draft-tokens", "3"]) == 0
     assert fast.read_text(encoding="utf-8") == plain.read_text(encoding="utf-8")
     assert "of proposed tokens accepted" in capsys.readouterr().err
+    assert "pays one sentence at a time" in caplog.text  # batched: said once, not silently slow
+    caplog.clear()
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(fast), "--draft", str(draft),
+                 "--batch-tokens", "1", "--draft-threshold", "0.5"]) == 0
+    assert fast.read_text(encoding="utf-8") == plain.read_text(encoding="utf-8")
+    assert "pays one sentence" not in caplog.text
     assert main(["evaluate", str(trained_dir), "--src", str(src), "--ref", str(ref), "--draft", str(draft)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["draft"]["draft_tokens"] == 4 and 0 < report["draft"]["acceptance"] <= 1

@@ -228,6 +228,11 @@ def _load_translator(args: argparse.Namespace):
         return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode,
                                    WORKER_TIMEOUT_S if args.worker_timeout is None else args.worker_timeout)
     if args.draft is not None:
+        if decode.batch_tokens > 1:
+            logging.getLogger("transduce.inference").warning(
+                "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "
+                "decoding pays one sentence at a time (--batch-tokens 1); for a file's throughput, batched greedy "
+                "search without --draft is faster (BENCHMARKS.md, \"Speculative decoding\")")
         return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
                                args.draft_tokens, args.draft_threshold)
     return Translator.load_ensemble(ensemble, args.device, args.precision, int8, decode)
