@@ -268,7 +268,8 @@ def test_local_attention_takes_the_fused_kernel(causal, n_global):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_local_attention_keeps_o_of_t_for_the_backward_pass(causal):
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_local_attention_keeps_o_of_t_for_the_backward_pass(causal, key_mask):
     """What autograd keeps is the q, k, v buffers, the output, the log-sum-exp and a few (W x
     span) masks: no weights per block and (one sequence, no padding) no mask per block."""
     t, w = 512, 16
@@ -280,9 +281,12 @@ def test_local_attention_keeps_o_of_t_for_the_backward_pass(causal):
         return x
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        local_attention(q, k, v, None, w, 0, causal)
+        mask = torch.ones(1, 1, 1, t, dtype=torch.bool) if key_mask else None  # nothing padded
+        local_attention(q, k, v, mask, w, 0, causal)
     for x in (q, k, v):
         storages.pop(x.untyped_storage().data_ptr(), None)
+    if key_mask:
+        storages.pop(mask.untyped_storage().data_ptr(), None)
     span, floats = (2 if causal else 3) * w, 4
     budget = 4 * (t + 2 * w) * H * DH + 3 * w * span + (t + 2 * w) * H   # buffers + out, masks, lse
     assert sum(storages.values()) <= budget * floats

@@ -118,13 +118,17 @@ def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: i
     sentences are one overlapping strided view (block i's window starts i*W rows in): no copy
     per window, and the (B * n) blocks are the batch of the fused kernel, whose memory for the
     backward pass is O(T) (it keeps the log-sum-exp, not the weights). Blocks that only carry a
-    halo are computed and dropped. Without global keys and without dropout the kernel is flash.
+    halo are computed and dropped. SDPA's fused CPU kernels refuse dropout on the weights
+    (``model.attention_dropout`` > 0): then SDPA takes its math kernel, which keeps them.
 
     Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask (B, 1, 1, Tk) or None -> (B, H, Tq, Dh).
     """
     b, h, t_q, dh = q.shape
     t_k, w, dev = k.shape[-2], window, q.device
     nb, span = -(-t_q // w), (2 if is_causal else 3) * w
+    if (b == 1 and mask is not None and not n_global and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling() and bool(mask.all())):
+        mask = None  # (the encoder passes a key mask even where nothing is padded: see below)
     before = int(start > 0)                             # a block of keys before the first query
     after = int(not is_causal and start + nb * w < t_k)  # a block of keys past the last query block
     n = before + nb + after
