@@ -144,31 +144,42 @@ def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: i
     lo, hi = max(first, 0), min(first + n * w, t_k)
     # window of block i (all sentences) = buffer rows i*W .. i*W + span, i.e. key positions
     # first + (i mod n - 1) * W + 0..span-1 of its sentence (the W rows of zeros in front)
-    kb = flat(k, lo, hi, lo - first, w).unfold(0, span, w)[:b * n].permute(0, 1, 3, 2)  # (B*n, H, span, Dh)
-    vb = flat(v, lo, hi, lo - first, w).unfold(0, span, w)[:b * n].permute(0, 1, 3, 2)
+    k_buf, v_buf = flat(k, lo, hi, lo - first, w), flat(v, lo, hi, lo - first, w)
+
+    def windows(buf: Tensor, a: int, c: int) -> Tensor:
+        """The key windows of blocks a..c, a strided view of ``buf`` -> (c - a, H, span, Dh).
+        (A view of the rows they cover, not a slice of all windows: the backward pass of a
+        slice would build a gradient for every window.)"""
+        return buf[a * w:(c - 1) * w + span].unfold(0, span, w).permute(0, 1, 3, 2)
+
     qb = flat(q, 0, t_q, before * w, 0).view(b * n, w, h, dh).transpose(1, 2)             # (B*n, H, W, Dh)
 
+    # The band is the same (W x span) pattern in every block (query i sits at window row W + i);
+    # blocks differ only in which window keys exist (positions in [G, Tk), not padded)
+    band = local_mask(torch.arange(w, device=dev) + w, torch.arange(span, device=dev), w, 0, is_causal)[0, 0]
     blk = torch.arange(n, device=dev) - before                             # block index of each buffer block
-    q_pos = start + blk[:, None] * w + torch.arange(w, device=dev)          # (n, W)
-    k_pos = q_pos[:, :1] - w + torch.arange(span, device=dev)               # (n, span)
-    m = local_mask(q_pos, k_pos, w, n_global, is_causal)[0, 0] & ((k_pos >= n_global) & (k_pos < t_k))[:, None, :]
-    real = ((blk >= 0) & (blk < nb))[:, None, None]                          # halo-only blocks: see anything
-    m = m | ~real                                                           # (n, W, span)
+    k_pos = start + (blk[:, None] - 1) * w + torch.arange(span, device=dev)  # (n, span)
+    halo = ((blk < 0) | (blk >= nb))[:, None]                              # halo-only blocks: see anything
+    keys = ((k_pos >= n_global) & (k_pos < t_k) | halo).repeat(b, 1)       # (B*n, span)
     if mask is not None:  # key padding, per sentence: its positions in the same windows
-        keys = mask.reshape(b, t_k)
-        keys = F.pad(keys[:, lo:hi], (lo - first, first + n * w - hi), value=False)  # (B, n * W)
-        keys = F.pad(keys.reshape(-1), (w, w), value=False).unfold(0, span, w)[:b * n]  # (B*n, span)
-        m = (m.repeat(b, 1, 1) & (keys[:, None, :] | ~real.repeat(b, 1, 1)))
-    else:
-        m = m.repeat(b, 1, 1)                                               # (B*n, W, span)
-    if n_global:  # the global keys, as extra columns of every block
-        g_mask = local_mask(q_pos, torch.arange(n_global, device=dev), w, n_global, is_causal)[0, 0] | ~real
-        g_mask = g_mask.repeat(b, 1, 1)                                     # (B*n, W, G)
+        pad_keys = F.pad(mask.reshape(b, t_k)[:, lo:hi], (lo - first, first + n * w - hi), value=False)
+        pad_keys = F.pad(pad_keys.reshape(-1), (w, w), value=False).unfold(0, span, w)[:b * n]  # (B*n, span)
+        keys = keys & (pad_keys | halo.repeat(b, 1))
+    g_keys = None
+    if n_global:  # the global keys, as extra columns of every block (band queries see them all)
+        g_keys = torch.ones(b * n, n_global, dtype=torch.bool, device=dev)
         if mask is not None:
-            g_mask = g_mask & mask.reshape(b, 1, 1, t_k)[..., :n_global].repeat_interleave(n, 0).view(b * n, 1, -1)
+            g_keys = mask.reshape(b, t_k)[:, :n_global].repeat_interleave(n, 0) | halo.repeat(b, 1)
         kg, vg = (x[:, :, :n_global].repeat_interleave(n, 0) for x in (k, v))  # (B*n, H, G, Dh)
-        kb, vb = torch.cat([kg, kb], dim=-2), torch.cat([vg, vb], dim=-2)
-        m = torch.cat([g_mask, m], dim=-1)
+        kb, vb = torch.cat([kg, windows(k_buf, 0, b * n)], dim=-2), torch.cat([vg, windows(v_buf, 0, b * n)], dim=-2)
+
+    def block_mask(a: int, c: int) -> Tensor:
+        """The mask of buffer blocks a..c -> (c - a, 1, W, [G +] span)."""
+        m = band & keys[a:c, None, :]                                      # (c - a, W, span)
+        if g_keys is not None:
+            m = torch.cat([g_keys[a:c, None, :].expand(-1, w, -1), m], dim=-1)
+        return m[:, None]
+
     # One sequence, no padding, no global keys: the blocks whose windows lie inside [0, Tk) all
     # have the same band, so they share one (W x span) mask instead of one each (the fused
     # kernel keeps its mask, as floats, for the backward pass: 3x the size of q otherwise)
@@ -179,8 +190,13 @@ def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: i
         if i1 > i0:
             groups = [(a, c, shared) for a, c, shared in ((before, i0, False), (i0, i1, True),
                                                           (i1, before + nb, False)) if c > a]
-    outs = [F.scaled_dot_product_attention(qb[a:c], kb[a:c], vb[a:c], dropout_p=dropout,
-                                           attn_mask=(m[a:a + 1] if shared else m[a:c])[:, None])
+    def kv(a: int, c: int) -> tuple[Tensor, Tensor]:
+        if n_global:  # (one group, all blocks)
+            return kb, vb
+        return windows(k_buf, a, c), windows(v_buf, a, c)
+
+    outs = [F.scaled_dot_product_attention(qb[a:c], *kv(a, c), dropout_p=dropout,
+                                           attn_mask=band[None, None] if shared else block_mask(a, c))
             for a, c, shared in groups]                                    # (blocks, H, W, Dh)
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
     skip = (before - groups[0][0]) * w                                     # rows of dropped halo blocks
