@@ -21,7 +21,10 @@ tokens/s and peak memory against length.
 Usage:
     python bench/length_scaling.py [--lengths 16,32,...,16384] [--paths sdpa,local,linformer]
         [--budget 4096] [--steps 3] [--rounds 1] [--threads 2] [--window 256] [--linformer-k 256]
-        [--timeout SECONDS] [--plot length_scaling.png]
+        [--warmup 1] [--timeout SECONDS] [--plot length_scaling.png] [--merge EARLIER.json ...]
+
+``--merge`` adds the rows of earlier runs (e.g. the longest lengths, run with ``--warmup 0``
+because one step there takes minutes) to this run's table, ratios and plot.
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ def attention_options(path: str, window: int, linformer_k: int) -> dict:
 
 
 def point(length: int, budget: int, steps: int, path: str, device: str, window: int = 256,
-          linformer_k: int = 256) -> dict:
-    """One measurement in this process: median tokens/s over ``steps`` after one warm-up step."""
+          linformer_k: int = 256, warmup: int = 1) -> dict:
+    """One measurement in this process: median tokens/s over ``steps`` after ``warmup`` steps."""
     import torch
 
     import transduce.model.attention as attention
@@ -90,14 +93,14 @@ def point(length: int, budget: int, steps: int, path: str, device: str, window: 
         opt.zero_grad(set_to_none=True)
 
     times = []
-    for i in range(steps + 1):
+    for i in range(steps + warmup):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        if i:
+        if i >= warmup:
             times.append(time.perf_counter() - t0)
     if dev.type == "cuda":
         peak = torch.cuda.max_memory_allocated(dev) / 2**20
@@ -112,7 +115,7 @@ def point(length: int, budget: int, steps: int, path: str, device: str, window: 
 def _run_point(args: argparse.Namespace, length: int, path: str) -> dict:
     cmd = [sys.executable, __file__, "--point", f"{length},{path}", "--budget", str(args.budget),
            "--steps", str(args.steps), "--threads", str(args.threads), "--device", args.device,
-           "--window", str(args.window), "--linformer-k", str(args.linformer_k)]
+           "--window", str(args.window), "--linformer-k", str(args.linformer_k), "--warmup", str(args.warmup)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -179,6 +182,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="16,32,64,128,256,512,1024,2048,4096,8192,16384")
     ap.add_argument("--budget", type=int, default=4096, help="tokens per batch (each side)")
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first (0: the first step is timed)")
     ap.add_argument("--rounds", type=int, default=1, help="sweeps, paths interleaved; medians reported")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--paths", default="sdpa,local,linformer")
@@ -186,6 +190,8 @@ def main() -> int:
     ap.add_argument("--linformer-k", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point before it is given up")
     ap.add_argument("--plot", default=None, help="also draw tokens/s and peak memory into this PNG")
+    ap.add_argument("--merge", nargs="*", default=[], metavar="JSON",
+                    help="earlier outputs of this script whose rows join this run's (table, ratios, plot)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--point", default=None, help=argparse.SUPPRESS)  # "LENGTH,PATH": run one point here
     args = ap.parse_args()
@@ -195,9 +201,10 @@ def main() -> int:
     if args.point:
         length, path = args.point.split(",")
         print(json.dumps(point(int(length), args.budget, args.steps, path, args.device, args.window,
-                               args.linformer_k)))
+                               args.linformer_k, args.warmup)))
         return 0
-    lengths, paths = [int(x) for x in args.lengths.split(",")], args.paths.split(",")
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else []
+    paths = args.paths.split(",")
     runs: dict[tuple[int, str], list[dict]] = {}
     for _ in range(args.rounds):
         for length in lengths:
@@ -205,14 +212,22 @@ def main() -> int:
                 runs.setdefault((length, path), []).append(_run_point(args, length, path))
                 print(json.dumps(runs[length, path][-1]), file=sys.stderr)
     rows = [medians(r) for r in runs.values()]
+    for name in args.merge:
+        with open(name, encoding="utf-8") as f:
+            earlier = json.load(f)
+        rows += [{**r, "from": name, "steps": earlier["steps"], "warmup": earlier.get("warmup", 1)}
+                 for r in earlier["rows"] if (r["length"], r["path"]) not in runs]
+    rows.sort(key=lambda r: r["length"])
+    paths = list(dict.fromkeys(paths + [r["path"] for r in rows]))
     if args.plot:
         plot(rows, args.plot)
     print(json.dumps({
         "benchmark": "length_scaling", "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, {args.device}",
-        "shape": SHAPE, "budget_tokens": args.budget, "steps": args.steps, "rounds": args.rounds,
+        "shape": SHAPE, "budget_tokens": args.budget, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
         "window": args.window, "linformer_k": args.linformer_k, "rows": rows,
         "ratios": [x for p in paths if p != "sdpa" for x in ratios(rows, p)],
+        "ratios_vs_math": [x for p in paths if p not in ("sdpa", "math") for x in ratios(rows, p, "math")],
     }, indent=1))
     return 0
 

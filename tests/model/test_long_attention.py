@@ -224,3 +224,69 @@ def test_bad_attention_options_are_one_line_errors(kw, message):
     with pytest.raises(ConfigError, match=message) as e:
         ModelConfig(**{**dict(src_vocab_size=V, tgt_vocab_size=V), **kw})
     assert "\n" not in str(e.value)
+
+
+def _qkv_b(b, t_q, t_k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, H, t, DH, generator=g, requires_grad=True) for t in (t_q, t_k, t_k))
+
+
+@pytest.mark.parametrize("b,padded", [(1, False), (1, True), (3, False), (3, True)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("start,t_q,t_k", [(0, 29, 29), (0, 32, 32), (0, 8, 8), (5, 19, 24), (0, 17, 30), (3, 9, 40)])
+def test_fused_blocks_equal_the_band_mask_forward_and_gradients(b, padded, causal, start, t_q, t_k):
+    """The 4-D blocked path (one sequence: a mask shared by the inner blocks, separate edge blocks;
+    several: a mask per block) against full attention under the explicit band mask."""
+    if causal and start + t_q != t_k:
+        t_k = start + t_q  # (causal queries are the last of the keys)
+    q, k, v = _qkv_b(b, t_q, t_k, seed=t_q + t_k)
+    mask = None
+    if padded:
+        mask = (torch.arange(t_k) < torch.tensor([t_k, t_k - 5, t_k - 2][:b])[:, None])[:, None, None, :]
+    ours = local_attention(q, k, v, mask, 4, 0, causal, start)
+    ref = _band_reference(q, k, v, mask, 4, 0, causal, start)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(_grads(ours, (q, k, v)), _grads(ref, (q, k, v))):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n_global", [0, 3])
+def test_local_attention_takes_the_fused_kernel(causal, n_global):
+    """Restricted to SDPA's flash kernel, which only takes 4-D inputs, local attention still
+    runs (the 5-D batched version needed the math kernel) and still equals the band mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv_b(1, 40, 40)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ours = local_attention(q, k, v, None, 8, n_global, causal)
+        grads = _grads(ours, (q, k, v))
+    ref = _band_reference(q, k, v, None, 8, n_global, causal, 0)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, _grads(ref, (q, k, v))):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("key_mask", [False, True])
+def test_local_attention_keeps_o_of_t_for_the_backward_pass(causal, key_mask):
+    """What autograd keeps is the q, k, v buffers, the output, the log-sum-exp and a few (W x
+    span) masks: no weights per block and (one sequence, no padding) no mask per block."""
+    t, w = 512, 16
+    q, k, v = _qkv_b(1, t, t)
+    storages = {}
+
+    def pack(x):
+        storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        mask = torch.ones(1, 1, 1, t, dtype=torch.bool) if key_mask else None  # nothing padded
+        local_attention(q, k, v, mask, w, 0, causal)
+    for x in (q, k, v):
+        storages.pop(x.untyped_storage().data_ptr(), None)
+    if key_mask:
+        storages.pop(mask.untyped_storage().data_ptr(), None)
+    span, floats = (2 if causal else 3) * w, 4
+    budget = 4 * (t + 2 * w) * H * DH + 3 * w * span + (t + 2 * w) * H   # buffers + out, masks, lse
+    assert sum(storages.values()) <= budget * floats

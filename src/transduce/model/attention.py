@@ -109,38 +109,99 @@ def local_attention(
 def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int,
                  is_causal: bool, start: int, dropout: float) -> Tensor:
     """:func:`local_attention` of queries none of which is global nor past the last key, as
-    one batched call: block j of W queries over its window of 3W keys (causal 2W), an unfolded
-    view of k and v, plus the global keys as extra columns.
+    one 4-D SDPA call that the fused (flash) CPU kernel takes: block j of W queries over its
+    window of 3W keys (causal 2W), plus the global keys as extra columns, the band as a mask.
+
+    Every sentence's queries and keys are copied once into a flat buffer of ``n`` blocks of W
+    (the nb query blocks, plus one block of the keys before ``start`` and one of the keys past
+    the last query block, where they exist), so that the key windows of all blocks of all
+    sentences are one overlapping strided view (block i's window starts i*W rows in): no copy
+    per window, and the (B * n) blocks are the batch of the fused kernel, whose memory for the
+    backward pass is O(T) (it keeps the log-sum-exp, not the weights). Blocks that only carry a
+    halo are computed and dropped. SDPA's fused CPU kernels refuse dropout on the weights
+    (``model.attention_dropout`` > 0): then SDPA takes its math kernel, which keeps them.
 
     Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask (B, 1, 1, Tk) or None -> (B, H, Tq, Dh).
     """
     b, h, t_q, dh = q.shape
     t_k, w, dev = k.shape[-2], window, q.device
     nb, span = -(-t_q // w), (2 if is_causal else 3) * w
-    first, last = start - w, start - w + (nb - 1) * w + span - 1          # key positions the windows cover
-    pad = (max(0, -first), max(0, last + 1 - t_k))
+    if (b == 1 and mask is not None and not n_global and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling() and bool(mask.all())):
+        mask = None  # (the encoder passes a key mask even where nothing is padded: see below)
+    before = int(start > 0)                             # a block of keys before the first query
+    after = int(not is_causal and start + nb * w < t_k)  # a block of keys past the last query block
+    n = before + nb + after
+    first = start - before * w                          # key position at a sentence's buffer row 0
 
-    def windows(x: Tensor) -> Tensor:                                      # (..., Tk, Dh) -> (..., nb, span, Dh)
-        x = F.pad(x[..., max(first, 0):last + 1, :], (0, 0) + pad)
-        return x.unfold(-2, span, w).transpose(-1, -2)
+    def flat(x: Tensor, lo: int, hi: int, at: int, pad: int) -> Tensor:
+        """Rows lo..hi of x (B, H, T, Dh) into zeros (pad + B * n * W + pad, H, Dh), sentence
+        s's n * W rows from pad + s * n * W on, row lo at offset ``at`` in them."""
+        buf = x.new_zeros(b, n * w, h, dh)
+        buf[:, at:at + hi - lo] = x[:, :, lo:hi].transpose(1, 2)
+        return F.pad(buf.view(b * n * w, h, dh), (0, 0, 0, 0, pad, pad)) if pad else buf.view(b * n * w, h, dh)
 
-    q_pos = start + torch.arange(nb * w, device=dev).view(nb, w)           # (nb, W)
-    k_pos = first + torch.arange(nb, device=dev)[:, None] * w + torch.arange(span, device=dev)  # (nb, span)
-    m = local_mask(q_pos, k_pos, w, n_global, is_causal) & ((k_pos >= n_global) & (k_pos < t_k))[:, None, :]
-    kb, vb = windows(k), windows(v)                                        # (B, H, nb, span, Dh)
-    if mask is not None:
-        keys = F.pad(mask[:, :, 0, max(first, 0):last + 1], pad, value=False)   # (B, 1, span + (nb-1) W)
-        m = m & keys.unfold(-1, span, w)[:, :, :, None, :]                 # (B, 1, nb, W, span)
-    if n_global:  # the global keys, as extra columns of every block
-        g_mask = local_mask(q_pos, torch.arange(n_global, device=dev), w, n_global, is_causal)
+    lo, hi = max(first, 0), min(first + n * w, t_k)
+    # window of block i (all sentences) = buffer rows i*W .. i*W + span, i.e. key positions
+    # first + (i mod n - 1) * W + 0..span-1 of its sentence (the W rows of zeros in front)
+    k_buf, v_buf = flat(k, lo, hi, lo - first, w), flat(v, lo, hi, lo - first, w)
+
+    def windows(buf: Tensor, a: int, c: int) -> Tensor:
+        """The key windows of blocks a..c, a strided view of ``buf`` -> (c - a, H, span, Dh).
+        (A view of the rows they cover, not a slice of all windows: the backward pass of a
+        slice would build a gradient for every window.)"""
+        return buf[a * w:(c - 1) * w + span].unfold(0, span, w).permute(0, 1, 3, 2)
+
+    qb = flat(q, 0, t_q, before * w, 0).view(b * n, w, h, dh).transpose(1, 2)             # (B*n, H, W, Dh)
+
+    # The band is the same (W x span) pattern in every block (query i sits at window row W + i);
+    # blocks differ only in which window keys exist (positions in [G, Tk), not padded)
+    band = local_mask(torch.arange(w, device=dev) + w, torch.arange(span, device=dev), w, 0, is_causal)[0, 0]
+    blk = torch.arange(n, device=dev) - before                             # block index of each buffer block
+    k_pos = start + (blk[:, None] - 1) * w + torch.arange(span, device=dev)  # (n, span)
+    halo = ((blk < 0) | (blk >= nb))[:, None]                              # halo-only blocks: see anything
+    keys = ((k_pos >= n_global) & (k_pos < t_k) | halo).repeat(b, 1)       # (B*n, span)
+    if mask is not None:  # key padding, per sentence: its positions in the same windows
+        pad_keys = F.pad(mask.reshape(b, t_k)[:, lo:hi], (lo - first, first + n * w - hi), value=False)
+        pad_keys = F.pad(pad_keys.reshape(-1), (w, w), value=False).unfold(0, span, w)[:b * n]  # (B*n, span)
+        keys = keys & (pad_keys | halo.repeat(b, 1))
+    g_keys = None
+    if n_global:  # the global keys, as extra columns of every block (band queries see them all)
+        g_keys = torch.ones(b * n, n_global, dtype=torch.bool, device=dev)
         if mask is not None:
-            g_mask = g_mask & mask[:, :, :, None, :n_global]
-        kb = torch.cat([k[:, :, None, :n_global].expand(b, h, nb, -1, dh), kb], dim=-2)
-        vb = torch.cat([v[:, :, None, :n_global].expand(b, h, nb, -1, dh), vb], dim=-2)
-        m = torch.cat([g_mask.expand(*m.shape[:-1], n_global), m.expand(*g_mask.shape[:-1], span)], dim=-1)
-    qb = F.pad(q, (0, 0, 0, nb * w - t_q)).view(b, h, nb, w, dh)
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=m, dropout_p=dropout)  # (B, H, nb, W, Dh)
-    return out.reshape(b, h, nb * w, dh)[:, :, :t_q]
+            g_keys = mask.reshape(b, t_k)[:, :n_global].repeat_interleave(n, 0) | halo.repeat(b, 1)
+        kg, vg = (x[:, :, :n_global].repeat_interleave(n, 0) for x in (k, v))  # (B*n, H, G, Dh)
+        kb, vb = torch.cat([kg, windows(k_buf, 0, b * n)], dim=-2), torch.cat([vg, windows(v_buf, 0, b * n)], dim=-2)
+
+    def block_mask(a: int, c: int) -> Tensor:
+        """The mask of buffer blocks a..c -> (c - a, 1, W, [G +] span)."""
+        m = band & keys[a:c, None, :]                                      # (c - a, W, span)
+        if g_keys is not None:
+            m = torch.cat([g_keys[a:c, None, :].expand(-1, w, -1), m], dim=-1)
+        return m[:, None]
+
+    # One sequence, no padding, no global keys: the blocks whose windows lie inside [0, Tk) all
+    # have the same band, so they share one (W x span) mask instead of one each (the fused
+    # kernel keeps its mask, as floats, for the backward pass: 3x the size of q otherwise)
+    groups = [(0, b * n, False)]
+    if b == 1 and mask is None and not n_global:
+        i0 = min(max(before, -(-(w - first) // w)), before + nb)           # first block with keys >= 0
+        i1 = max(min(before + nb, (t_k - span - first) // w + 2), i0)      # past the last with keys < Tk
+        if i1 > i0:
+            groups = [(a, c, shared) for a, c, shared in ((before, i0, False), (i0, i1, True),
+                                                          (i1, before + nb, False)) if c > a]
+    def kv(a: int, c: int) -> tuple[Tensor, Tensor]:
+        if n_global:  # (one group, all blocks)
+            return kb, vb
+        return windows(k_buf, a, c), windows(v_buf, a, c)
+
+    outs = [F.scaled_dot_product_attention(qb[a:c], *kv(a, c), dropout_p=dropout,
+                                           attn_mask=band[None, None] if shared else block_mask(a, c))
+            for a, c, shared in groups]                                    # (blocks, H, W, Dh)
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+    skip = (before - groups[0][0]) * w                                     # rows of dropped halo blocks
+    out = out.transpose(1, 2).reshape(b, -1, h, dh)[:, skip:skip + t_q]
+    return out.transpose(1, 2)                                             # (B, H, Tq, Dh)
 
 
 @dataclass(frozen=True)
