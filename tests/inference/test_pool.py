@@ -54,6 +54,12 @@ def test_pool_gives_the_translators_results_in_input_order(pool, translator, bea
     assert pool.translate(TEXTS, beam=beam, max_len_b=6) == [t.best.text for t in got]
 
 
+def test_pool_answers_a_request_with_nothing_to_search(pool, translator):
+    # empty sentences only (found by bench/soak.py: it was a ValueError, a 500 from the server)
+    assert pool.translate(["", ""]) == ["", ""] == translator.translate(["", ""])
+    assert pool.translate([]) == []
+
+
 def test_pool_forces_prefixes_as_the_translator_does(pool, translator):
     prefixes = ["the", "", "a dog", "", "", "", "", "", "we"]
     got = pool.translate_detailed(TEXTS, beam=4, max_len_b=8, prefix=prefixes)
@@ -120,6 +126,7 @@ def test_spread_batches_splits_the_costliest_until_every_worker_has_one():
     assert [i for b in batches for i in b] == [1, 4, 2, 0, 3, 5]  # order kept
     assert spread_batches([[0], [1]], lengths, parts=4) == [[0], [1]]  # nothing left to split
     assert spread_batches([[1, 4], [2, 0]], lengths, parts=2) == [[1, 4], [2, 0]]
+    assert spread_batches([], lengths, parts=2) == []
 
 
 def test_cli_workers_write_what_one_process_writes(model_dir, tmp_path, capsys):

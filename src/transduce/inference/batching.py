@@ -57,7 +57,7 @@ def spread_batches(batches: list[list[int]], lengths: Sequence[int], parts: int)
         [[1, 3], [2, 0]]
     """
     batches = [list(b) for b in batches]
-    while len(batches) < parts:
+    while 0 < len(batches) < parts:  # none: a request of empty or cached sentences only
         costs = [len(b) * max(lengths[i] for i in b) for b in batches]
         big = max(range(len(batches)), key=costs.__getitem__)
         if len(batches[big]) < 2:
