@@ -26,12 +26,13 @@ MANIFEST = "checksums.sha256"
 EDITABLE = "config.yaml"  # the one file a mismatch may mean an intentional edit of
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def sha256_file(path: str | os.PathLike) -> str:
+    """sha256 of a file, read in blocks (never mapped into this process)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def recorded(directory: str | os.PathLike) -> dict[str, str]:
@@ -55,7 +56,7 @@ def recorded(directory: str | os.PathLike) -> dict[str, str]:
 def record(directory: str | os.PathLike, names: list[str]) -> None:
     """Record the sha256 of the files ``names`` in ``directory`` (others already there are kept)."""
     directory = Path(directory)
-    sums = {**recorded(directory), **{name: file_sha256(directory / name) for name in names}}
+    sums = {**recorded(directory), **{name: sha256_file(directory / name) for name in names}}
     atomic_write_text(directory / MANIFEST, "".join(f"{sums[n]}  {n}\n" for n in sorted(sums)))
 
 
@@ -63,7 +64,7 @@ def verify(directory: str | os.PathLike, name: str) -> None:
     """Check file ``name`` of ``directory`` against its recorded sha256 (if one is recorded)."""
     directory = Path(directory)
     want = recorded(directory).get(name)
-    if want is None or not (directory / name).is_file() or file_sha256(directory / name) == want:
+    if want is None or not (directory / name).is_file() or sha256_file(directory / name) == want:
         return
     if name == EDITABLE:
         raise CheckpointError(f"{directory / name}: does not match the checksum it was saved with; if you edited "

@@ -16,7 +16,8 @@ import pytest
 from transduce.config import DataConfig
 from transduce.data import prepare as prep
 from transduce.data import prepared
-from transduce.data.corpus import encode_chunk, sha256_file
+from transduce.checksums import sha256_file
+from transduce.data.corpus import encode_chunk
 from transduce.data.prepare import check_matches, prepare_dataset, prepared_for_run, split_texts
 from transduce.data.prepared import PreparedData
 from transduce.data.tokenizer import Tokenizer

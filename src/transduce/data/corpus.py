@@ -8,7 +8,6 @@ limits (``max_len``) count raw tokens, so the model sees at most ``max_len + 1``
 from __future__ import annotations
 
 import gzip
-import hashlib
 import logging
 import os
 import zlib
@@ -114,15 +113,6 @@ def decode_lines(raws: Sequence[bytes], path: str | os.PathLike, first_line: int
     if first_line == 1 and lines and lines[0].startswith("\ufeff"):
         lines[0] = lines[0][1:]
     return lines
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """sha256 of a file, read in blocks (never mapped into this process)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Sequence
 
 from transduce.atomic import atomic_path
-from transduce.data.corpus import read_parallel, sha256_file
+from transduce.checksums import sha256_file
+from transduce.data.corpus import read_parallel
 from transduce.errors import ConfigError, DataError
 from transduce.progress import Progress
 

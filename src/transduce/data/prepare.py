@@ -32,9 +32,10 @@ import numpy as np
 
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
+from transduce.checksums import sha256_file
 from transduce.data import toy
 from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, encode_chunk, is_gzip,
-                                   read_parallel_chunks, sha256_file)
+                                   read_parallel_chunks)
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from transduce.data.corpus import EncodedChunk, FilterStats, sha256_file
+from transduce.checksums import sha256_file
+from transduce.data.corpus import EncodedChunk, FilterStats
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
 

@@ -11,7 +11,6 @@ save leaves the previous checkpoint, and the pointer to it, intact.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ..atomic import atomic_dir, atomic_write_text
-from ..checksums import record, verify_all
+from ..checksums import record, sha256_file, verify_all
 from ..config import DecodeConfig
 from ..errors import CheckpointError, one_line
 from ..model.io import load_model_config, read_weights, save_model, save_weights
@@ -58,7 +57,7 @@ def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: A
         save_model(model, tmp, decode)
         tokenizer.save(tmp)
         torch.save(trainer_state, tmp / "trainer.pt")
-        digest = hashlib.sha256((tmp / "trainer.pt").read_bytes()).hexdigest()
+        digest = sha256_file(tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps({**info, TRAINER_DIGEST: digest}, indent=1))
         record(tmp, ["state.json"])
 
@@ -103,7 +102,7 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     try:
         info = json.loads((path / "state.json").read_text())
         digest = info.pop(TRAINER_DIGEST, None)  # checkpoints before it have none
-        if digest is not None and hashlib.sha256((path / "trainer.pt").read_bytes()).hexdigest() != digest:
+        if digest is not None and sha256_file(path / "trainer.pt") != digest:
             raise CheckpointError(f"{path / 'trainer.pt'}: corrupt: it does not match the checksum it was "
                                   "written with (resume from an earlier checkpoint)")
         trainer_state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=True)
