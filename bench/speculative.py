@@ -12,7 +12,7 @@ Speculative decoding is a latency technique: a batch advances by its rows' small
 pass over all of ``--src`` in batches of ``--pass-batch-tokens`` (greedy output does not depend
 on the batching); the speeds and acceptance rates from ``--runs`` rounds over its first
 ``--timing-lines`` lines, the systems interleaved in each round (a shared machine drifts), as the
-median per system and its ratio to the teacher's.
+median per system, and its speed relative to the teacher's as the median of the rounds' ratios.
 
 Usage:
     python bench/speculative.py TEACHER_DIR --draft DRAFT_DIR --src test.en --ref test.de \\
@@ -101,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             "runs_s": [round(x, 3) for x in times[name]],
         })
     for name in systems:
-        results[name]["vs_teacher"] = round(results[name]["tokens_per_s"] / results["teacher"]["tokens_per_s"], 2)
+        # each round's ratio (the systems ran back to back in it), then their median: a machine
+        # whose speed drifts between rounds moves both sides of a round together
+        ratios = [(tokens[name] / mine) / (tokens["teacher"] / theirs)
+                  for mine, theirs in zip(times[name], times["teacher"])]
+        results[name]["vs_teacher"] = round(statistics.median(ratios), 2)
+        results[name]["vs_teacher_rounds"] = [round(r, 2) for r in ratios]
     print(json.dumps({
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__, "python": sys.version.split()[0],
