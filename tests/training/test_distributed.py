@@ -81,15 +81,8 @@ def test_two_process_gradients_equal_single_process(tmp_path):
 
 @pytest.mark.slow
 def test_torchrun_train_then_resume_on_one_process(tmp_path):
-    cfg = {
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
-                 "vocab_size": 150, "max_tokens": 256},
-        "train": {"max_steps": 6, "save_every": 3, "eval_every": 100, "log_every": 1, "eval_bleu": False,
-                  "num_threads": 1},
-    }
     cfg_path = tmp_path / "c.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
+    _toy_run(cfg_path, max_steps=6, save_every=3, eval_every=100)
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -105,6 +98,17 @@ def test_torchrun_train_then_resume_on_one_process(tmp_path):
     assert more.returncode == 0, more.stderr[-3000:]
     assert (run / "checkpoints" / "step_00000009").is_dir()
     assert (run / "model" / "model.safetensors").is_file()
+
+
+def _toy_run(path, **train) -> None:
+    """Write a tiny toy-task training config to ``path`` (``train`` keys override the defaults)."""
+    cfg = {
+        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
+        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
+                 "vocab_size": 150, "max_tokens": 256},
+        "train": {"eval_every": 100000, "log_every": 1, "eval_bleu": False, "num_threads": 1, **train},
+    }
+    path.write_text(yaml.safe_dump(cfg))
 
 
 def _rank1_once_saved(proc: subprocess.Popen, run_dir, wait_s: float = 240) -> int:
@@ -141,14 +145,7 @@ def test_a_stopped_rank_is_an_error_in_the_others_not_a_freeze(tmp_path):
     and it exits with one line naming itself and the step."""
     import signal
 
-    cfg = {
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
-                 "vocab_size": 150, "max_tokens": 256},
-        "train": {"max_steps": 100000, "save_every": 2, "eval_every": 100000, "log_every": 1, "eval_bleu": False,
-                  "num_threads": 1, "dist_timeout_s": 5},
-    }
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    _toy_run(tmp_path / "c.yaml", max_steps=100000, save_every=2, dist_timeout_s=5)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(tmp_path / "log.txt", "w")
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -184,14 +181,7 @@ def test_a_killed_rank_is_restarted_by_torchrun_and_resumes_bitwise(tmp_path):
 
     from safetensors.torch import load_file
 
-    cfg = {
-        "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64},
-        "data": {"corpus": "toy", "toy_train_size": 600, "toy_valid_size": 20, "toy_test_size": 20,
-                 "vocab_size": 150, "max_tokens": 256},
-        "train": {"max_steps": 12, "save_every": 2, "eval_every": 100000, "log_every": 1, "eval_bleu": False,
-                  "num_threads": 1},
-    }
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    _toy_run(tmp_path / "c.yaml", max_steps=12, save_every=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def torchrun(out: str, *extra: str) -> list[str]:
