@@ -15,3 +15,17 @@ def _qkv(t_q=T, t_k=S):
 def _key_mask(t_k=S):
     lengths = torch.tensor([t_k, t_k - 3])
     return (torch.arange(t_k)[None, :] < lengths[:, None])[:, None, None, :]   # (B, 1, 1, S)
+
+
+def decode_step_by_step(model, src, tgt, chunk: int):
+    """Decode ``tgt`` with the KV cache one token at a time, and again as a chunk of ``chunk``
+    tokens then the rest at once: (step logits, chunked logits, the step-by-step cache)."""
+    enc = model.encode(src)
+    cache, steps = model.new_cache(), []
+    for t in range(tgt.shape[1]):
+        out = model.decode(tgt[:, t:t + 1], enc, cache)
+        cache = out.cache
+        steps.append(out.logits)
+    a = model.decode(tgt[:, :chunk], enc, model.new_cache())
+    b = model.decode(tgt[:, chunk:], enc, a.cache)
+    return torch.cat(steps, 1), torch.cat([a.logits, b.logits], 1), cache

@@ -12,7 +12,7 @@ from transduce.errors import ConfigError
 from transduce.model import DecoderOnlyLM, MultiHeadAttention, Transformer
 from transduce.model.attention import AttentionPattern, local_attention
 from transduce.model.masks import causal_mask, combine, local_mask
-from attention_helpers import B, D, DH, H, _key_mask
+from attention_helpers import B, D, DH, H, _key_mask, decode_step_by_step
 
 V = 40
 L = 13  # long enough for several blocks at the small windows below
@@ -112,18 +112,6 @@ def test_local_with_a_window_over_the_whole_length_is_full_attention(n_global):
             torch.testing.assert_close(q, p, atol=1e-4, rtol=1e-4)
 
 
-def _decode_step_by_step(model, src, tgt):
-    enc = model.encode(src)
-    cache, steps = model.new_cache(), []
-    for t in range(tgt.shape[1]):
-        out = model.decode(tgt[:, t:t + 1], enc, cache)
-        cache = out.cache
-        steps.append(out.logits)
-    a = model.decode(tgt[:, :3], enc, model.new_cache())  # a chunk of 3, then the rest at once
-    b = model.decode(tgt[:, 3:], enc, a.cache)
-    return torch.cat(steps, 1), torch.cat([a.logits, b.logits], 1)
-
-
 @pytest.mark.parametrize("cross", ["full", "local"])
 @pytest.mark.parametrize("n_global", [0, 2])
 def test_cached_local_decoding_equals_uncached(cross, n_global):
@@ -131,7 +119,7 @@ def test_cached_local_decoding_equals_uncached(cross, n_global):
     src, tgt = _batch()
     with torch.no_grad():
         whole = model(src, tgt)
-        steps, chunks = _decode_step_by_step(model, src, tgt)
+        steps, chunks, _ = decode_step_by_step(model, src, tgt, chunk=3)
         full = _pair()[0](src, tgt)
     torch.testing.assert_close(steps, whole, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(chunks, whole, atol=1e-5, rtol=1e-4)

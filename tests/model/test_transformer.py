@@ -9,6 +9,7 @@ import torch
 from transduce.config import ModelConfig, model_preset
 from transduce.model import Transformer
 from transduce.model.embeddings import RotaryEmbedding, sinusoidal_table
+from attention_helpers import decode_step_by_step
 
 V = 40
 
@@ -41,18 +42,10 @@ def test_incremental_decoding_equals_full_forward(norm, positions, activation, b
     src, tgt = _batch()
     with torch.no_grad():
         full = model(src, tgt)                                            # (B, T, V)
-        enc = model.encode(src)
-        cache, steps = model.new_cache(), []
-        for t in range(tgt.shape[1]):
-            out = model.decode(tgt[:, t:t + 1], enc, cache)
-            cache = out.cache
-            steps.append(out.logits)
-        # a multi-token chunk on top of a cache (prefix of 2, then the rest at once)
-        cache2 = model.new_cache()
-        a = model.decode(tgt[:, :2], enc, cache2)
-        b = model.decode(tgt[:, 2:], enc, a.cache)
-    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(torch.cat([a.logits, b.logits], 1), full, atol=1e-5, rtol=1e-4)
+        # one token at a time, and a multi-token chunk on top of a cache (2, then the rest at once)
+        steps, chunks, cache = decode_step_by_step(model, src, tgt, chunk=2)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunks, full, atol=1e-5, rtol=1e-4)
     assert cache.length == tgt.shape[1]
 
 
