@@ -130,7 +130,7 @@ def checks(device: torch.device, dry: bool) -> dict:
 
 
 def decode_section(device: torch.device, dry: bool, runs: int) -> dict:
-    from transduce.inference import beam_search, greedy_search, prepare_for_decoding
+    from transduce.inference import SearchSpec, prepare_for_decoding
 
     s = DRY_DECODE if dry else DECODE
     torch.manual_seed(0)
@@ -151,8 +151,7 @@ def decode_section(device: torch.device, dry: bool, runs: int) -> dict:
             def ours_run(static: bool, beam=beam, decode=decode, autocast=autocast) -> Callable[[], Any]:
                 def run():
                     with torch.inference_mode(), autocast:
-                        search = greedy_search if beam == 1 else beam_search
-                        return search(ours, src, decode, static=static)
+                        return SearchSpec(decode, static=static).run(ours, src)
                 return run
             systems: dict[str, Callable[[], Any]] = {"transduce eager": ours_run(False),
                                                      "transduce graphs": ours_run(True)}

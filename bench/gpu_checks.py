@@ -1,6 +1,6 @@
 """What must hold on a GPU before its timings count, called by ``bench/gpu.py`` (section ``checks``).
 
-``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.static``) against
+``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.search.static``) against
 the eager ones on small random models: tokens and lengths equal, scores within 1e-4 in fp32
 (agreement under bf16 autocast reported); a graph captured, reused by a second batch of the same
 padded shape, and seeing weights changed in place. Models are prepared for decoding, as a
@@ -22,9 +22,8 @@ import torch
 
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.data.batch import Batch
-from transduce.inference import beam_search, greedy_search, prepare_for_decoding
-from transduce.inference.fast import STATIC_SEARCHES
-from transduce.inference.static import use_static
+from transduce.inference import SearchSpec, prepare_for_decoding
+from transduce.inference.speed import STATIC_SEARCHES
 from transduce.model import Transformer
 from transduce.training.graphs import GraphedStep, _tiny_setup, random_batch
 from transduce.training.step import compile_model, forward_backward
@@ -76,9 +75,7 @@ MODELS = {"sinusoidal_post": dict(positions="sinusoidal", norm="post"),
 
 
 def _search(model, src, decode: DecodeConfig, static: bool):
-    if decode.beam == 1:
-        return greedy_search(model, src, decode, static=static)
-    return beam_search(model, src, decode, static=static)
+    return SearchSpec(decode, static=static).run(model, src)
 
 
 def _guarded(check: Callable[[], dict]) -> dict:
@@ -148,7 +145,7 @@ def decode_checks(device: str = "cuda") -> dict:
             out[f"{m_name}/{s_name}/bf16"] = _guarded(lambda: _check_bf16(model, src, decode, cuda))
     model = _model(500, 0, device, **shape, **MODELS["sinusoidal_post"])
     out["weights_changed_in_place"] = _guarded(lambda: _check_weights_changed_in_place(model, src))
-    out["auto_dispatch"] = {"passed": use_static(model, src, None, None) == cuda}
+    out["auto_dispatch"] = {"passed": SearchSpec().uses_static(model, src) == cuda}
     out["passed"] = all(r["passed"] for r in out.values())
     return out
 

@@ -35,7 +35,7 @@ import torch
 from transduce.config import DecodeConfig
 from transduce.data.corpus import read_lines
 from transduce.inference import Translator
-from transduce.inference.speculative import DraftStats
+from transduce.inference.search import DraftStats
 
 
 def output_tokens(translations) -> int:

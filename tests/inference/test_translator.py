@@ -52,8 +52,8 @@ def test_closing_hands_the_model_back_plain_and_translation_still_works(model_di
     """A Translator switches the model's layers and keeps weight copies; leaving the ``with``
     block undoes both, and translating after close gives the same output."""
     from transduce.data.tokenizer import Tokenizer
-    from transduce.inference.cpu import OneDNNLinear
-    from transduce.inference.fast import is_prepared
+    from transduce.inference.speed.cpu import OneDNNLinear
+    from transduce.inference.speed import is_prepared
     from transduce.model import load_model
 
     model = load_model(model_dir, "cpu")

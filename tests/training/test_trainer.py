@@ -80,7 +80,7 @@ def test_validation_leaves_no_inference_copies_on_the_training_model(tmp_path):
     trainer.train_step()
     metrics = trainer.validate()
     assert "val_bleu" in metrics and "val_loss" in metrics
-    from transduce.inference.cpu import OneDNNLinear
+    from transduce.inference.speed.cpu import OneDNNLinear
     assert not any(isinstance(m, OneDNNLinear) for m in trainer.model.modules())
     assert not any("_packed" in m.__dict__ or "_fused_layers" in m.__dict__ for m in trainer.model.modules())
     assert trainer.train_step() is not None

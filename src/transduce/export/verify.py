@@ -128,7 +128,7 @@ def eager_search(model: Transformer, src: Tensor, beam: int, max_len: int, lenpe
                  stop: str = "k_finished") -> list[list[int]]:
     """Our greedy (beam=1) or beam search outputs for the probe set, best hypothesis each."""
     from ..config import DecodeConfig
-    from ..inference.beam import beam_search
+    from ..inference.search import beam_search
     from ..inference.search import greedy_search
 
     decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_len, stop=stop)

@@ -1,18 +1,16 @@
-"""Decoding: greedy search, beam search, sampling, speculative decoding with a draft model, and
-the text-in text-out Translator (in this process, or TranslatorPool: in worker processes);
-Generator for decoder-only language models."""
+"""Decoding: the front doors (:class:`Translator`, in this process, or :class:`TranslatorPool`,
+in worker processes; :class:`Generator` for decoder-only language models; :class:`Classifier`),
+the search algorithms (:mod:`.search`), the decode-time speed layer (:mod:`.speed`) and I/O."""
 
 from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
-from .beam import beam_search
 from .files import translate_file
 from .generate import GenerationConfig, Generator
 from .pool import SearchPool, TranslatorPool
-from .sampling import sample
-from .fast import prepare_for_decoding, restore
-from .search import AttentionChoice, SearchOutput, greedy_search, length_penalty, max_lengths
-from .speculative import DraftStats, Speculation, speculative_search
-from .translator import BaseTranslator, Hypothesis, SearchSpec, Translation, Translator
+from .search import (AttentionChoice, DraftStats, SearchOutput, SearchSpec, Speculation, beam_search,
+                     greedy_search, length_penalty, max_lengths, sample, speculative_search)
+from .speed import prepare_for_decoding, restore
+from .translator import BaseTranslator, Hypothesis, Translation, Translator
 
 __all__ = [
     "greedy_search", "beam_search", "sample", "speculative_search", "Speculation", "DraftStats",

@@ -2,7 +2,7 @@
 
 A prompt becomes BOS + its ids; the model reads it at once into a :class:`KVCache`, then adds
 one token per step (greedy when ``temperature`` is 0, else sampled after temperature, top-k and
-top-p filtering, :func:`~transduce.inference.sampling.filter_logits`) until EOS,
+top-p filtering, :func:`~transduce.inference.search.sampling.filter_logits`) until EOS,
 ``max_new_tokens`` or the model's ``max_positions``. Prompts of the same token length share a
 batch, so no row needs padding or shifted positions.
 """
@@ -19,9 +19,9 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..device import resolve_device
 from ..errors import CheckpointError, ConfigError, DataError
-from .fast import new_cache, prepare_for_decoding, prepared, restore
-from .sampling import check_sampling, filter_logits
-from .search import step_log_probs
+from .speed import new_cache, prepare_for_decoding, prepared, restore
+from .search.sampling import check_sampling, filter_logits
+from .search.common import step_log_probs
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
     """Continue each row of ``prompts`` (B, P), BOS first, all of one length; returns the new ids
     of each row (without EOS), at most ``max_new_tokens`` and never past ``max_positions``.
 
-    The model runs prepared for decoding (:func:`~transduce.inference.fast.prepared`: projections
+    The model runs prepared for decoding (:func:`~transduce.inference.speed.prepared`: projections
     fused once, the pooled cache, few-query attention), as search does; only the last position of
     the prompt is projected to the vocabulary.
     """
@@ -108,7 +108,7 @@ class Generator:
         device: "cpu", "cuda", "cuda:1" or "auto".
 
     The model is prepared for decoding in place, as a :class:`~transduce.inference.Translator`
-    prepares its own (:func:`~transduce.inference.fast.prepare_for_decoding`: fused projections,
+    prepares its own (:func:`~transduce.inference.speed.prepare_for_decoding`: fused projections,
     on CPU oneDNN linear layers); :meth:`close` (or leaving a ``with Generator(...)`` block) hands
     it back as it came.
 
@@ -125,7 +125,7 @@ class Generator:
         self.config = model.config
 
     def close(self) -> None:
-        """Undo the preparation and drop the kept weight copies (see :func:`~transduce.inference.fast.restore`)."""
+        """Undo the preparation and drop the kept weight copies (see :func:`~transduce.inference.speed.restore`)."""
         restore(self.model)
 
     def __enter__(self) -> "Generator":

@@ -39,9 +39,9 @@ from torch import Tensor
 from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
-from .search import SearchOutput
+from .search import SearchOutput, SearchSpec
 from ..device import check_precision
-from .translator import BaseTranslator, SearchSpec, Translator, input_limit
+from .translator import BaseTranslator, Translator, input_limit
 
 logger = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
-from .beam import beam_search
-from .fast import prepare_for_decoding, restore
-from .sampling import check_sampling, filter_logits, sample
-from .search import AttentionChoice, SearchOutput, greedy_search, prefix_ids
-from .speculative import Speculation, check_draft, speculative_search
+from .search.common import AttentionChoice, SearchOutput, prefix_ids
+from .search.dispatch import SearchSpec
+from .search.sampling import check_sampling
+from .search.speculative import Speculation, check_draft
+from .speed import prepare_for_decoding, restore
 
 logger = logging.getLogger(__name__)
 
@@ -72,60 +72,6 @@ class Translation:
     @property
     def best(self) -> Hypothesis:
         return self.hypotheses[0]
-
-
-@dataclass(frozen=True)
-class SearchSpec:
-    """The settings of one search, runnable on any batch of source ids.
-
-    A plain value, so worker processes can be sent it (see
-    :class:`~transduce.inference.pool.TranslatorPool`). ``decode.beam`` 1 is greedy search;
-    ``temperature`` set means sampling (``beam``, ``lenpen``, ``nbest`` and ``stop`` unused).
-    """
-
-    decode: DecodeConfig = DecodeConfig()
-    attention: AttentionChoice | None = None
-    temperature: float | None = None
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
-            speculation: Speculation | None = None) -> SearchOutput:
-        """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
-        beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
-        greedy search or sampling with its draft model proposing tokens."""
-        if speculation is not None:
-            if prefix is not None:
-                raise ConfigError("prefix: forced prefixes work without a draft model (drop --draft)")
-            return self._speculative(model, src, speculation)
-        if self.temperature is not None:
-            if prefix is not None:
-                raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
-            return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
-        if self.decode.beam == 1:
-            return greedy_search(model, src, self.decode, self.attention, prefix=prefix)
-        return beam_search(model, src, self.decode, self.attention, prefix=prefix)
-
-    def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
-        check_speculative(self.decode, self.attention)
-        if self.temperature is None:
-            return speculative_search(model, src, speculation, self.decode)
-        generator = None if self.seed is None else torch.Generator(device=src.device).manual_seed(self.seed)
-
-        def sample(logp: Tensor) -> Tensor:
-            return filter_logits(logp, self.temperature, self.top_k, self.top_p)
-
-        return speculative_search(model, src, speculation, self.decode, sample, generator)
-
-
-def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = None) -> None:
-    """A one-line ConfigError for settings speculative decoding does not do (beam search, attention)."""
-    if decode.beam != 1:
-        raise ConfigError(f"--draft: speculative decoding is greedy (or sampling); got --beam {decode.beam} "
-                          "(use --beam 1)")
-    if attention is not None:
-        raise ConfigError("--draft: speculative decoding records no attention; translate without --draft")
 
 
 def check_layer_head(config, layer: int, head: int | None, key: str = "attention layer") -> None:
@@ -205,7 +151,7 @@ class BaseTranslator:
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
-        """One sampled translation per text (see :func:`~transduce.inference.sampling.sample`);
+        """One sampled translation per text (see :func:`~transduce.inference.search.sampling.sample`);
         ``decode`` gives the length limits and batch size."""
         check_sampling(temperature, top_k, top_p)
         decode = self.settings(decode, **overrides)
@@ -285,10 +231,10 @@ class Translator(BaseTranslator):
             are cut to this many tokens, with a warning.
         speculation: a draft model (same tokenizer) and how many tokens it proposes per step of
             ``model``: greedy search and sampling then run as speculative decoding (same output,
-            :mod:`~transduce.inference.speculative`): ``decode``'s beam becomes 1 and a beam
+            :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a beam
             search asked for is refused; its ``stats`` count the accepted proposals.
 
-    The model is prepared for decoding in place (:func:`~transduce.inference.fast.prepare_for_decoding`:
+    The model is prepared for decoding in place (:func:`~transduce.inference.speed.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
     results), and searches keep packed and fused copies of the weights. :meth:`close` (or
     leaving a ``with Translator(...)`` block) hands the model back as it came (int8 aside),
@@ -323,7 +269,7 @@ class Translator(BaseTranslator):
 
     def close(self) -> None:
         """Undo the preparation and drop the kept weight copies (see
-        :func:`~transduce.inference.fast.restore`). The translator still works afterwards, more
+        :func:`~transduce.inference.speed.restore`). The translator still works afterwards, more
         slowly (each search prepares the model for its own duration)."""
         restore(self.model)
         if self.speculation is not None:
@@ -336,7 +282,7 @@ class Translator(BaseTranslator):
         """Load the model, tokenizer and decoding settings of a model directory; ``decode``
         replaces the saved settings. ``draft``: a model directory with the same tokenizer, whose
         model proposes up to ``draft_tokens`` tokens per step (speculative decoding), stopping
-        early below ``draft_threshold`` (:class:`~transduce.inference.speculative.Speculation`)."""
+        early below ``draft_threshold`` (:class:`~transduce.inference.search.speculative.Speculation`)."""
         from ..model.io import load_decode_config, load_model
 
         others = [] if draft is None else [draft]
@@ -353,11 +299,11 @@ class Translator(BaseTranslator):
     def load_ensemble(cls, model_dirs: Sequence[str | os.PathLike], device: str | torch.device = "cpu",
                       precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None
                       ) -> "Translator":
-        """A Translator over the :class:`~transduce.inference.ensemble.Ensemble` of the models in
+        """A Translator over the :class:`~transduce.inference.search.ensemble.Ensemble` of the models in
         ``model_dirs`` (one tokenizer for all; a one-line error otherwise), with the first
         directory's decoding settings unless ``decode`` is given. One directory: :meth:`load`."""
         from ..model.io import load_decode_config, load_model
-        from .ensemble import Ensemble
+        from .search.ensemble import Ensemble
 
         if len(model_dirs) == 1:
             return cls.load(model_dirs[0], device, precision, int8, decode)

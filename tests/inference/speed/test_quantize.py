@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from transduce.cli import main
-from transduce.inference.cpu import quantize_dynamic_int8
+from transduce.inference.speed.cpu import quantize_dynamic_int8
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs
 

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import DecodeConfig
-from .fast import new_cache, prepared
-from .search import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
+from ...config import DecodeConfig
+from ..speed import new_cache, prepared
+from .common import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
                      length_penalty, max_lengths)
 
 
@@ -71,7 +71,7 @@ class Finished:
     attention: Tensor | None  # (B0, K, T, S)
 
 
-def _pick(x: Tensor, index: Tensor) -> Tensor:
+def pick(x: Tensor, index: Tensor) -> Tensor:
     """Gather along dim 1 with trailing dims carried. x (B, k, *E), index (B, m) -> (B, m, *E)."""
     return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:]))
 
@@ -81,7 +81,7 @@ def extend(history: Tensor, parent: Tensor, new: Tensor) -> Tensor:
 
     Shape: history (B, k, t, *E), parent (B, m), new (B, m, *E) -> (B, m, t + 1, *E).
     """
-    return torch.cat([_pick(history, parent), new.unsqueeze(2)], dim=2)
+    return torch.cat([pick(history, parent), new.unsqueeze(2)], dim=2)
 
 
 def candidates(row_logp: Tensor, row_token: Tensor, beams: Beams, beam: int, step: int,
@@ -89,7 +89,7 @@ def candidates(row_logp: Tensor, row_token: Tensor, beams: Beams, beam: int, ste
     """Top 2K extensions over the (beam, token) pairs of each sentence.
 
     Two stages: each row's best w = min(2K, V) tokens (``row_logp``, ``row_token``, from
-    :func:`~transduce.inference.search.best_tokens`; the sentence's best 2K extensions can only
+    :func:`~transduce.inference.search.common.best_tokens`; the sentence's best 2K extensions can only
     come from those), then the best 2K of the k * w survivors.
 
     Shape: row_logp, row_token (B*k, w) -> Candidates of width min(2K, k*w).
@@ -106,7 +106,7 @@ def candidates(row_logp: Tensor, row_token: Tensor, beams: Beams, beam: int, ste
 
 def _merge(old: Tensor, new: Tensor, best: Tensor) -> Tensor:
     """Pick ``best`` (B, K) along dim 1 of ``cat([old, new], 1)``; trailing dims follow."""
-    return _pick(torch.cat([old, new], dim=1), best)
+    return pick(torch.cat([old, new], dim=1), best)
 
 
 def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: float, pad_id: int,
@@ -123,7 +123,7 @@ def finish(fin: Finished, beams: Beams, cand: Candidates, step: int, lenpen: flo
     tokens = F.pad(tokens, (0, t_cap - tokens.shape[2]), value=pad_id)    # (B, m, T)
     a = None
     if fin.attention is not None:
-        a = F.pad(extend(beams.attention, parent, _pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
+        a = F.pad(extend(beams.attention, parent, pick(attn, parent)), (0, 0, 0, t_cap - step - 1))  # (B, m, T, S)
     store(fin, beams.ids, cand, length_penalty(step + 1, lenpen), torch.full_like(parent, step + 1), tokens, a)
 
 
@@ -166,7 +166,7 @@ def advance(beams: Beams, cand: Candidates, beam: int, attn: Tensor | None) -> t
     rows = (parent + torch.arange(b, device=parent.device).unsqueeze(1) * k).view(-1)
     attention = None
     if attn is not None:
-        attention = extend(beams.attention, parent, _pick(attn, parent))  # (B, K, t + 1, S)
+        attention = extend(beams.attention, parent, pick(attn, parent))  # (B, K, t + 1, S)
     return Beams(beams.ids, extend(beams.tokens, parent, token), scores, beams.limit, attention), rows
 
 
@@ -202,8 +202,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                attention: AttentionChoice | None = None, static: bool | None = None,
-                prefix: Tensor | None = None) -> SearchOutput:
+                attention: AttentionChoice | None = None, prefix: Tensor | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -215,18 +214,12 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             sentence; no EOS before ``min_len`` tokens; ``stop``, when a sentence is done
             (see the module doc).
         attention: also return each output token's cross-attention of this layer and head.
-        static: search with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
-            GPU), or not; None picks it on CUDA when no attention is recorded and no prefix given.
         prefix: (B, L) target ids each hypothesis must begin with, -1-padded
-            (:func:`~transduce.inference.search.prefix_ids`); the rest is searched.
+            (:func:`~transduce.inference.search.common.prefix_ids`); the rest is searched.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
-    from .static import static_search, use_static  # (it builds on this module)
-
-    if prefix is None and use_static(model, src, attention, static):
-        return static_search(model, src, decode)
     with prepared(model):
         return _beam_search(model, src, decode, attention, prefix)
 
@@ -266,16 +259,16 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
             beams, rows, keep = drop_done(beams, rows, done)
             enc = enc.index_select(keep)
         cache = cache.reorder(rows, cross=keep)
-    return _output(fin, decode.nbest)
+    return best_of(fin, decode.nbest)
 
 
-def _output(fin: Finished, nbest: int) -> SearchOutput:
+def best_of(fin: Finished, nbest: int) -> SearchOutput:
     """Sort each sentence's finished hypotheses by score, keep ``nbest``, trim padding."""
     order = fin.scores.argsort(dim=1, descending=True)[:, :nbest]        # (B, n)
     lengths = fin.lengths.gather(1, order)
     t = max(int(lengths.max()), 1) if lengths.numel() else 1
-    tokens = _pick(fin.tokens, order)[:, :, :t]
+    tokens = pick(fin.tokens, order)[:, :, :t]
     attention = None
     if fin.attention is not None:
-        attention = _pick(fin.attention, order)[:, :, :t]
+        attention = pick(fin.attention, order)[:, :, :t]
     return SearchOutput(tokens, lengths, fin.scores.gather(1, order), fin.log_probs.gather(1, order), attention)

@@ -29,10 +29,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..errors import ConfigError
-from .fast import new_cache, prepared
-from .search import SearchOutput, Seq2Seq, max_lengths, step_log_probs
+from ...config import DecodeConfig
+from ...errors import ConfigError
+from ..speed import new_cache, prepared
+from .common import SearchOutput, Seq2Seq, max_lengths, step_log_probs
 
 
 @dataclass
@@ -124,7 +124,7 @@ def speculative_search(model: Seq2Seq, src: Tensor, speculation: Speculation,
     ``speculation``'s draft proposing ``speculation.tokens`` tokens per target pass.
 
     Same conventions, length limits and output as
-    :func:`~transduce.inference.search.greedy_search` / :func:`~transduce.inference.sampling.sample`
+    :func:`~transduce.inference.search.greedy.greedy_search` / :func:`~transduce.inference.search.sampling.sample`
     (scores are the target's log-probabilities); ``generator`` drives the sampling.
 
     Shape: src (B, S) -> SearchOutput with K = 1.

@@ -1,5 +1,5 @@
-"""What every search shares: the output type, length limits, step log-probabilities, and the
-left-to-right loop behind greedy search and sampling.
+"""What every search shares: the output type, length limits, step log-probabilities and
+scoring in blocks.
 
 Legend: B sentences, K hypotheses per sentence (beam), N = B*K decoder rows, S source
 length, T output length, V target vocabulary.
@@ -22,8 +22,6 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from .fast import new_cache, prepared
 
 
 class Seq2Seq(Protocol):
@@ -193,112 +191,6 @@ def cross_attention_row(cross: list[Tensor] | None, choice: AttentionChoice) -> 
     """
     w = cross[choice.layer][:, :, -1]                                     # (N, H, S)
     return w.mean(dim=1) if choice.head is None else w[:, choice.head]
-
-
-# Choose the next token from the decoder's output states (N, D) at a step (the second
-# argument), each row's forced token or -1 (the third, or None for no forcing): returns the ids
-# (N,) long and their log-probabilities (N,).
-TokenChooser = Callable[[Tensor, int, Tensor | None], tuple[Tensor, Tensor]]
-
-
-@dataclass
-class _Rows:
-    """Per-row state of the left-to-right loop; rows are dropped as they finish."""
-
-    ids: Tensor        # (N,) which sentence of the batch each active row is
-    last: Tensor       # (N, 1) the token fed to the next step
-    prefix: Tensor     # (N, t + 1) BOS + tokens so far (only read by the uncached path)
-    limit: Tensor      # (N,) max_len of each row
-
-
-@torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
-def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig = DecodeConfig(),
-                      attention: AttentionChoice | None = None, use_cache: bool = True,
-                      prefix: Tensor | None = None) -> SearchOutput:
-    """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
-
-    ``choose`` sees the decoder's output states (``decode(..., project=False)``) and does the
-    output projection itself, so greedy search can score them in blocks (:func:`best_tokens`).
-
-    Each step decodes only the newest token against the KV cache (``use_cache=False`` re-runs
-    the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
-    leave the batch. ``decode`` gives the length limits; ``attention`` says which
-    cross-attention to record (None: none); ``prefix`` (B, L) ids, -1-padded, are each
-    sentence's forced first tokens.
-
-    Shape: src (B, S) -> SearchOutput with K = 1.
-    """
-    with prepared(model):
-        return _sequential_search(model, src, choose, decode, attention, use_cache, prefix)
-
-
-def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig,
-                       attention: AttentionChoice | None, use_cache: bool, prefix: Tensor | None) -> SearchOutput:
-    cfg, device = model.config, src.device
-    need_attention = attention is not None
-    b = src.shape[0]
-    limit = max_lengths(src, cfg, decode.max_len_a, decode.max_len_b)    # (B,)
-    t_cap = int(limit.max())
-    out_tokens = torch.full((b, t_cap), cfg.pad_id, dtype=torch.long, device=device)
-    out_lengths = torch.zeros(b, dtype=torch.long, device=device)
-    out_logp = torch.zeros(b, dtype=torch.float32, device=device)
-    out_attn = torch.zeros(b, t_cap, src.shape[1], device=device) if need_attention else None
-    enc = model.encode(src)
-    cache = new_cache(model) if use_cache else None
-    bos = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=device)
-    rows = _Rows(torch.arange(b, device=device), bos, bos, limit)
-    for step in range(t_cap):
-        out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
-                           project=False)
-        token, token_logp = choose(out.states[:, -1], step, forced_tokens(prefix, rows.ids, step))  # (N,), (N,)
-        out_tokens[rows.ids, step] = token
-        out_logp[rows.ids] += token_logp
-        if need_attention:
-            out_attn[rows.ids, step] = cross_attention_row(out.cross_attentions, attention).float()
-        done = (token == cfg.eos_id) | (rows.limit <= step + 1)           # (N,)
-        out_lengths[rows.ids[done]] = step + 1
-        rows = _Rows(rows.ids, token[:, None], torch.cat([rows.prefix, token[:, None]], dim=1), rows.limit)
-        if bool(done.all()):
-            break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)                           # (N',)
-            rows = _Rows(rows.ids[keep], rows.last[keep], rows.prefix[keep], rows.limit[keep])
-            enc = enc.index_select(keep)
-            cache = cache.reorder(keep) if cache is not None else None
-    return SearchOutput(out_tokens[:, None], out_lengths[:, None], out_logp[:, None].clone(),
-                        out_logp[:, None], None if out_attn is None else out_attn[:, None])
-
-
-def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                  attention: AttentionChoice | None = None, use_cache: bool = True,
-                  static: bool | None = None, prefix: Tensor | None = None) -> SearchOutput:
-    """Pick the most probable token at each step (beam search with a beam of one).
-
-    Args:
-        model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
-        src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
-        decode: the settings used here: ``max_len_a``/``max_len_b`` (output limit
-            a * source_len + b tokens, EOS counted) and ``min_len`` (no EOS before it).
-        attention: also return each output token's cross-attention of this layer and head.
-        use_cache: decode incrementally with the KV cache (False re-runs the prefix).
-        static: decode with static shapes (:mod:`~transduce.inference.static`: CUDA graphs on
-            GPU), or not; None picks it on CUDA when no attention is recorded and no prefix given.
-        prefix: (B, L) target ids each output must begin with, -1-padded (see :func:`prefix_ids`).
-
-    Returns:
-        :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
-    """
-    from .static import static_search, use_static  # (it builds on this module)
-
-    if use_cache and prefix is None and use_static(model, src, attention, static):
-        return static_search(model, src, decode, greedy=True)
-    cfg = model.config
-
-    def most_probable(states: Tensor, step: int, forced: Tensor | None) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced)  # (N, 1) each
-        return token.squeeze(1), logp.squeeze(1)
-
-    return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix)
 
 
 def prefix_ids(prefixes: list[list[int]], device: torch.device | str = "cpu") -> Tensor | None:

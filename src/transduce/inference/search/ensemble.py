@@ -1,7 +1,7 @@
 """Ensembles at decoding time: several models of one tokenizer, their token log-probabilities
 averaged at every step of greedy and beam search (as fairseq's and Marian's ensembles).
 
-:class:`Ensemble` is a :class:`~transduce.inference.search.Seq2Seq`, so every search runs on it
+:class:`Ensemble` is a :class:`~transduce.inference.search.common.Seq2Seq`, so every search runs on it
 unchanged: ``encode`` and ``decode`` run each member with its own encoder output and KV cache;
 ``decode`` returns the members' output states side by side (N, D_1 + ... + D_m), and
 ``output_proj`` turns them into the mean of the members' log-softmaxes, which the search's own
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..errors import ConfigError
-from ..model.transformer import DecoderOutput
-from .fast import new_cache
+from ...errors import ConfigError
+from ...model.transformer import DecoderOutput
+from ..speed import new_cache
 
 
 @dataclass

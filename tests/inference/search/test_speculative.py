@@ -10,9 +10,9 @@ from inference_helpers import EOS, layer_prefix_draft, random_sources, tiny_tran
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference import greedy_search
-from transduce.inference.sampling import filter_logits
-from transduce.inference.search import step_log_probs
-from transduce.inference.speculative import DraftStats, Speculation, speculative_search
+from transduce.inference.search.sampling import filter_logits
+from transduce.inference.search.common import step_log_probs
+from transduce.inference.search.speculative import DraftStats, Speculation, speculative_search
 
 VOCAB = 40
 
@@ -197,9 +197,9 @@ def test_translator_refuses_a_beam_attention_and_another_tokenizer(trained_dir, 
 
     tr = Translator.load(trained_dir, decode=DecodeConfig(beam=5), draft=toy_draft_dir)
     assert tr.decode.beam == 1  # the default settings become greedy
-    with pytest.raises(ConfigError, match="^--draft: speculative decoding is greedy .*got --beam 3"):
+    with pytest.raises(ConfigError, match="^decode.beam: speculative decoding is greedy .*got beam 3"):
         tr.translate(["the dog"], beam=3)
-    with pytest.raises(ConfigError, match="^--draft: speculative decoding records no attention"):
+    with pytest.raises(ConfigError, match="^attention: speculative decoding records no attention"):
         tr.translate_detailed(["the dog"], attention=AttentionChoice())
     with pytest.raises(ConfigError, match="^--draft: .* has another tokenizer than"):
         Translator.load(trained_dir, draft=model_dir)

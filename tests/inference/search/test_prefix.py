@@ -8,7 +8,7 @@ import torch
 from inference_helpers import BOS, random_sources, tiny_transformer
 from transduce.cli import main
 from transduce.config import DecodeConfig
-from transduce.inference.beam import beam_search
+from transduce.inference.search.beam import beam_search
 from transduce.inference.search import greedy_search, prefix_ids
 from transduce.inference.translator import Translator
 

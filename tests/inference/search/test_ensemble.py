@@ -12,8 +12,8 @@ from transduce.checksums import record
 from transduce.cli import main
 from transduce.config import DecodeConfig, model_preset
 from transduce.errors import ConfigError
-from transduce.inference.beam import beam_search
-from transduce.inference.ensemble import Ensemble
+from transduce.inference.search.beam import beam_search
+from transduce.inference.search.ensemble import Ensemble
 from transduce.inference.search import greedy_search
 from transduce.inference.translator import Translator
 from transduce.model import Transformer

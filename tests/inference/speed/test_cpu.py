@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inference_helpers import tiny_transformer
-from transduce.inference.cpu import OneDNNLinear, onednn_available
-from transduce.inference.fast import prepare_for_decoding
+from transduce.inference.speed.cpu import OneDNNLinear, onednn_available
+from transduce.inference.speed import prepare_for_decoding
 
 
 def _switch(module: torch.nn.Module) -> torch.nn.Module:

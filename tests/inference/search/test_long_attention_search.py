@@ -7,7 +7,8 @@ import torch
 from inference_helpers import BOS, PAD, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import beam_search, greedy_search
-from transduce.inference.static import use_static
+from transduce.errors import ConfigError
+from transduce.inference import SearchSpec
 
 LONG = dict(attention="local", cross_attention="local", attention_window=2, global_tokens=1)
 
@@ -47,6 +48,6 @@ def test_beam_scores_are_the_models_log_probs():
 def test_static_decoding_refuses_local_attention():
     model = tiny_transformer(**LONG)
     src = random_sources([3])
-    assert not use_static(model, src, None, None)
-    with pytest.raises(ValueError, match="static decoding runs full attention only"):
-        use_static(model, src, None, True)
+    assert not SearchSpec().uses_static(model, src)
+    with pytest.raises(ConfigError, match="static decoding runs full attention only"):
+        SearchSpec(static=True).run(model, src)

@@ -13,9 +13,10 @@ import math
 import torch
 from torch import Tensor
 
-from ..errors import ConfigError
-from ..config import DecodeConfig
-from .search import AttentionChoice, Seq2Seq, SearchOutput, sequential_search, step_log_probs
+from ...config import DecodeConfig
+from ...errors import ConfigError
+from .common import AttentionChoice, Seq2Seq, SearchOutput, step_log_probs
+from .greedy import sequential_search
 
 
 def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -54,7 +55,7 @@ def sample(
     """Draw one output per sentence, token by token, from the filtered model distribution.
 
     Args:
-        model, src, decode, attention: as :func:`~transduce.inference.search.greedy_search`.
+        model, src, decode, attention: as :func:`~transduce.inference.search.greedy.greedy_search`.
         temperature: divides the logits; < 1 sharpens, > 1 flattens.
         top_k: sample among the k most probable tokens only (0 = all).
         top_p: sample among the most probable tokens covering this mass (1.0 = all).

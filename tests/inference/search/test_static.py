@@ -9,10 +9,10 @@ import torch
 
 from inference_helpers import EOS, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
-from transduce.inference import AttentionChoice, beam_search, greedy_search, prepare_for_decoding, restore
-from transduce.inference import static as static_module
-from transduce.inference.fast import STATIC_SEARCHES
-from transduce.inference.static import StaticSearch, static_search, use_static
+from transduce.inference import SearchSpec, greedy_search, prepare_for_decoding, restore
+from transduce.inference.search import static as static_module
+from transduce.inference.speed import STATIC_SEARCHES
+from transduce.inference.search.static import StaticSearch, static_search
 
 LENGTHS = [3, 9, 1, 14, 6, 2, 11]  # sentences that finish at different steps
 
@@ -43,7 +43,7 @@ def test_static_greedy_equals_eager(seed, positions, norm, min_len, max_len_a, m
     src = random_sources(LENGTHS, seed=seed)
     decode = DecodeConfig(beam=1, min_len=min_len, max_len_a=max_len_a, max_len_b=max_len_b)
     with torch.inference_mode():
-        _assert_same(greedy_search(model, src, decode, static=False), greedy_search(model, src, decode, static=True))
+        _assert_same(SearchSpec(decode, static=False).run(model, src), SearchSpec(decode, static=True).run(model, src))
 
 
 BEAMS = [  # beam, nbest, lenpen, stop, min_len, max_len_a, max_len_b
@@ -64,7 +64,7 @@ def test_static_beam_search_equals_eager(seed, positions, norm, beam, nbest, len
     decode = DecodeConfig(beam=beam, nbest=nbest, lenpen=lenpen, stop=stop, min_len=min_len,
                           max_len_a=max_len_a, max_len_b=max_len_b)
     with torch.inference_mode():
-        _assert_same(beam_search(model, src, decode, static=False), beam_search(model, src, decode, static=True))
+        _assert_same(SearchSpec(decode, static=False).run(model, src), SearchSpec(decode, static=True).run(model, src))
 
 
 def test_the_equivalence_cases_end_both_at_eos_and_at_the_length_limit():
@@ -72,7 +72,7 @@ def test_the_equivalence_cases_end_both_at_eos_and_at_the_length_limit():
     model, src = _model(0), random_sources(LENGTHS, seed=10)
     decode = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=4)
     with torch.inference_mode():
-        out = beam_search(model, src, decode, static=True)
+        out = SearchSpec(decode, static=True).run(model, src)
     limit = torch.tensor(LENGTHS) + 1 + 4
     ended = out.tokens[torch.arange(len(LENGTHS)), 0, out.lengths[:, 0] - 1] == EOS
     assert ended.any() and (out.lengths[:, 0] == limit).any()
@@ -84,9 +84,9 @@ def test_checking_for_the_end_less_often_changes_nothing(check_every):
     model, src = _model(1), random_sources(LENGTHS, seed=3)
     decode = DecodeConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=5)
     with torch.inference_mode():
-        _assert_same(beam_search(model, src, decode, static=False),
+        _assert_same(SearchSpec(decode, static=False).run(model, src),
                      static_search(model, src, decode, check_every=check_every))
-        _assert_same(greedy_search(model, src, decode, static=False),
+        _assert_same(greedy_search(model, src, decode),
                      static_search(model, src, decode, greedy=True, check_every=check_every))
 
 
@@ -130,22 +130,6 @@ def test_weights_cast_once_per_search_give_what_autocast_gives():
                 cast = search._decode()
             assert torch.equal(cast, plain)
     assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())  # given back
-
-
-def test_auto_dispatch_stays_eager_on_cpu(monkeypatch):
-    model, src = _model(0), random_sources([3, 5])
-    assert not use_static(model, src, None, None)
-    assert use_static(model, src, None, True) and not use_static(model, src, None, False)
-    with pytest.raises(ValueError, match="attention"):
-        use_static(model, src, AttentionChoice(), True)
-
-    def fail(*args, **kwargs):
-        raise AssertionError("the static path ran")
-
-    monkeypatch.setattr(static_module, "static_search", fail)
-    with torch.inference_mode():
-        greedy_search(model, src, DecodeConfig(max_len_b=3))
-        beam_search(model, src, DecodeConfig(max_len_b=3))
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])

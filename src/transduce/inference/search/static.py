@@ -13,20 +13,20 @@ never change and which never reads a device value on the host. Hence:
   whole buffer with a mask of positions <= ``pos``; positions (sinusoidal or learned tables,
   RoPE) are read at ``pos`` too;
 * cross-attention keys/values are projected once per sentence, eagerly with the encoder, and
-  shared by its K beams (:func:`~transduce.inference.fast.fast_attention`);
+  shared by its K beams (:func:`~transduce.inference.speed.attention.fast_attention`);
 * no row leaves: finished sentences are frozen by masks (they finish nothing more), sentences
   are padded up with dummy ones that start done, and the host reads "all done" only every
   ``check_every`` steps;
 * under autocast the linear layers read low-precision copies of their weights, cast once per
   search (autocast's own cache cannot serve a graph, which would cast every weight every step);
-* the search rules are beam.py's (:func:`~transduce.inference.beam.candidates`,
-  :func:`~transduce.inference.beam.store`, :func:`~transduce.inference.beam.survivors`), so
+* the search rules are beam.py's (:func:`~transduce.inference.search.beam.candidates`,
+  :func:`~transduce.inference.search.beam.store`, :func:`~transduce.inference.search.beam.survivors`), so
   outputs equal the eager searches' (tests/inference/test_static.py).
 
 On CUDA one step (decoder, scoring, search update, all in place) is captured after a warm-up on
 a side stream. Captured searches are kept on the model in a small LRU keyed by shape (sentences,
 S and T padded up, dtype, search settings) and by the addresses of the parameters, which the
-graph reads live: a model trained further decodes right. :func:`~transduce.inference.fast.restore`
+graph reads live: a model trained further decodes right. :func:`~transduce.inference.speed.restore`
 drops them. On CPU the same step runs eagerly, only when asked (the eager searches suit the CPU).
 
 Legend: B sentences (padded up), K beam (1 for greedy), N = B*K rows, S source length (padded),
@@ -45,13 +45,14 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ..config import DecodeConfig
-from ..device import autocast_dtype
-from ..model.embeddings import LearnedPositions, SinusoidalPositions
-from ..model.transformer import Transformer
-from .beam import Beams, Finished, _output, _pick, candidates, store, survivors
-from .fast import STATIC_SEARCHES, fast_attention
-from .search import AttentionChoice, SearchOutput, best_tokens, length_penalty, max_lengths
+from ...config import DecodeConfig
+from ...device import autocast_dtype
+from ...model.embeddings import LearnedPositions, SinusoidalPositions
+from ...model.transformer import Transformer
+from ..speed import STATIC_SEARCHES
+from ..speed.attention import fast_attention
+from .beam import Beams, Finished, best_of, candidates, pick, store, survivors
+from .common import AttentionChoice, SearchOutput, best_tokens, length_penalty, max_lengths
 
 # The host reads whether every sentence is done once per this many steps (each read waits for
 # the device; the steps run past the end are no-ops on frozen sentences).
@@ -64,19 +65,19 @@ ROW_MULTIPLE = 8
 GRAPHS_KEPT = 4
 
 
-def use_static(model: nn.Module, src: Tensor, attention: AttentionChoice | None, static: bool | None) -> bool:
-    """Whether a search runs here: as ``static`` says, or by default (None) on CUDA for an
-    eval-mode :class:`~transduce.model.Transformer` of full attention when no attention maps
-    are recorded (its buffers and masks are full attention's)."""
-    full = not isinstance(model, Transformer) or model.config.attention == model.config.cross_attention == "full"
-    if static is None:
-        return src.device.type == "cuda" and attention is None and isinstance(model, Transformer) \
-            and not model.training and full
-    if static and attention is not None:
-        raise ValueError("static decoding records no attention maps; use static=False")
-    if static and not full:
-        raise ValueError("static decoding runs full attention only; use static=False for local or linformer models")
-    return static
+def unsupported(model: nn.Module, attention: AttentionChoice | None) -> str | None:
+    """Why a static search cannot run ``model`` (recording ``attention``), or None if it can:
+    its buffers and masks are those of an eval-mode :class:`~transduce.model.Transformer` of full
+    attention that records no attention maps."""
+    if not isinstance(model, Transformer):
+        return f"static decoding runs a Transformer; got {type(model).__name__}"
+    if model.training:
+        return "static decoding runs an eval-mode model"
+    if not model.config.attention == model.config.cross_attention == "full":
+        return "static decoding runs full attention only; use static=False for local or linformer models"
+    if attention is not None:
+        return "static decoding records no attention maps; use static=False"
+    return None
 
 
 @dataclass
@@ -279,13 +280,13 @@ class StaticSearch:
 
     def _extended(self, parent: Tensor, token: Tensor) -> Tensor:
         """The alive histories of ``parent`` (B, m) with ``token`` (B, m) at ``pos`` -> (B, m, T)."""
-        return _pick(self.tokens, parent).index_copy_(2, self.pos.view(1), token.unsqueeze(2))
+        return pick(self.tokens, parent).index_copy_(2, self.pos.view(1), token.unsqueeze(2))
 
     def output(self, b: int, t_out: int) -> SearchOutput:
         """The first ``b`` sentences' hypotheses (new tensors: the buffers are reused)."""
         if self.beam:
             fin = self.fin
-            return _output(Finished(fin.tokens[:b], fin.lengths[:b], fin.scores[:b], fin.log_probs[:b],
+            return best_of(Finished(fin.tokens[:b], fin.lengths[:b], fin.scores[:b], fin.log_probs[:b],
                                     fin.count[:b], fin.best_ended[:b], None), self.decode.nbest)
         log_probs = self.scores[:b, :1].clone()
         return SearchOutput(self.tokens[:b, :1, :t_out].clone(), self.lengths[:b, None].clone(), log_probs.clone(),
@@ -354,7 +355,7 @@ def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: tor
 def static_search(model: Transformer, src: Tensor, decode: DecodeConfig = DecodeConfig(), greedy: bool = False,
                   check_every: int = CHECK_EVERY) -> SearchOutput:
     """Greedy or beam search (``decode.beam``) with static shapes; the same output as
-    :func:`~transduce.inference.search.greedy_search` / :func:`~transduce.inference.beam.beam_search`.
+    :func:`~transduce.inference.search.greedy.greedy_search` / :func:`~transduce.inference.search.beam.beam_search`.
 
     The encoder and the cross-attention keys/values run eagerly; then each step is one graph
     replay on CUDA (captured at the first search of a shape) or one eager step elsewhere.

@@ -1,0 +1,93 @@
+"""The one place that decides which search runs: :class:`SearchSpec`.
+
+A spec is a plain frozen value (worker processes are sent it,
+:class:`~transduce.inference.pool.TranslatorPool`); :meth:`SearchSpec.run` picks, in this
+order, speculative decoding (a draft model given), sampling (``temperature`` set), the static
+search (CUDA graphs; by default on CUDA when it can run), greedy search (``beam`` 1) or beam
+search. The algorithms never choose among themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...config import DecodeConfig
+from ...errors import ConfigError
+from .beam import beam_search
+from .common import AttentionChoice, SearchOutput
+from .greedy import greedy_search
+from .sampling import filter_logits, sample
+from .speculative import Speculation, speculative_search
+from .static import static_search, unsupported
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The settings of one search, runnable on any batch of source ids.
+
+    ``decode.beam`` 1 is greedy search; ``temperature`` set means sampling (``beam``,
+    ``lenpen``, ``nbest`` and ``stop`` unused). ``static``: run the static-shape search
+    (:mod:`.static`; True), never (False), or by default (None) on CUDA where it can.
+    """
+
+    decode: DecodeConfig = DecodeConfig()
+    attention: AttentionChoice | None = None
+    temperature: float | None = None
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    static: bool | None = None
+
+    def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
+            speculation: Speculation | None = None) -> SearchOutput:
+        """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
+        beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
+        greedy search or sampling with its draft model proposing tokens."""
+        if speculation is not None:
+            if prefix is not None:
+                raise ConfigError("prefix: forced prefixes work without a draft model")
+            return self._speculative(model, src, speculation)
+        if self.temperature is not None:
+            if prefix is not None:
+                raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
+            return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
+        if prefix is None and self.uses_static(model, src):
+            return static_search(model, src, self.decode, greedy=self.decode.beam == 1)
+        if self.decode.beam == 1:
+            return greedy_search(model, src, self.decode, self.attention, prefix=prefix)
+        return beam_search(model, src, self.decode, self.attention, prefix=prefix)
+
+    def uses_static(self, model: torch.nn.Module, src: Tensor) -> bool:
+        """Whether the static search runs: as ``static`` says (a ConfigError if it cannot), or by
+        default on CUDA where it can."""
+        if self.static is False:
+            return False
+        why_not = unsupported(model, self.attention)
+        if self.static is None:
+            return src.device.type == "cuda" and why_not is None
+        if why_not is not None:
+            raise ConfigError(f"static: {why_not}")
+        return True
+
+    def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
+        check_speculative(self.decode, self.attention)
+        if self.temperature is None:
+            return speculative_search(model, src, speculation, self.decode)
+        generator = None if self.seed is None else torch.Generator(device=src.device).manual_seed(self.seed)
+
+        def filtered(logp: Tensor) -> Tensor:
+            return filter_logits(logp, self.temperature, self.top_k, self.top_p)
+
+        return speculative_search(model, src, speculation, self.decode, filtered, generator)
+
+
+def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = None) -> None:
+    """A one-line ConfigError for settings speculative decoding does not do (beam search, attention)."""
+    if decode.beam != 1:
+        raise ConfigError(f"decode.beam: speculative decoding is greedy (or sampling); got beam {decode.beam} "
+                          "(use beam 1)")
+    if attention is not None:
+        raise ConfigError("attention: speculative decoding records no attention; decode without a draft model")

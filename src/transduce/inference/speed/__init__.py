@@ -1,0 +1,96 @@
+"""Decoding speed-ups, applied to a model by :func:`prepare_for_decoding` and undone by :func:`restore`.
+
+The model in :mod:`transduce.model` is the paper's, written to be read. Search runs the same
+math faster by switching, in place, the classes of some of its modules (parameters, names and
+the state dict stay as they are):
+
+* :class:`~.attention.FastAttention`: Q/K/V (or K/V) projections as one matmul, the fused weights kept
+  between calls; keys/values shared by the beams of one sentence (:func:`~.attention.fast_attention`); a
+  few queries per row attended as two batched matmuls on CPU, where that beats the fused kernel.
+* :class:`~.attention.FastFeedForward`: the ReLU applied inside a oneDNN matmul.
+* ``nn.Linear`` -> :class:`~transduce.inference.speed.cpu.OneDNNLinear` on CPU; or dynamic int8.
+
+A search (:func:`prepared`) prepares a plain model for its own duration; a
+:class:`~transduce.inference.Translator` prepares its model once and restores it on ``close``.
+The cache search uses is :class:`~.cache.PooledKVCache` (:func:`new_cache`).
+
+Legend: B query rows, Bk = B / g key/value rows, H heads, Tq/Tk query/key length, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from torch import nn
+
+from ...model.attention import KVCache, MultiHeadAttention
+from ...model.layers import FeedForward
+from .attention import FastAttention, FastFeedForward
+from .cache import PooledKVCache
+from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
+
+_FAST = {MultiHeadAttention: FastAttention, FeedForward: FastFeedForward}
+_PLAIN = {fast: plain for plain, fast in _FAST.items()}
+
+
+def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = False) -> nn.Module:
+    """Switch ``model``'s modules to their decoding versions, in place; returns ``model``.
+
+    Args:
+        onednn: also run plain ``nn.Linear`` layers through oneDNN (CPU float32; same math,
+            ``F.linear`` whenever gradients or autocast are on; a no-op without oneDNN).
+        int8: quantise the linear layers to dynamic int8 first (CPU; see
+            :func:`~transduce.inference.cpu.quantize_dynamic_int8`). Not undone by :func:`restore`.
+    """
+    if int8:
+        quantize_dynamic_int8(model, inplace=True)
+    switch_linears = onednn and not int8 and onednn_available()
+    for module in model.modules():
+        if type(module) in _FAST:
+            module.__class__ = _FAST[type(module)]
+        elif switch_linears and type(module) is nn.Linear:
+            module.__class__ = OneDNNLinear
+    return model
+
+
+# Where :mod:`~transduce.inference.static` keeps a model's captured searches (and their memory).
+STATIC_SEARCHES = "_static_searches"
+
+
+def restore(model: nn.Module) -> nn.Module:
+    """Undo :func:`prepare_for_decoding` and forget every kept copy of the weights (packed
+    oneDNN weights, fused projections) and the captured static searches, in place; returns ``model``."""
+    plain_linears(model)
+    for module in model.modules():
+        if type(module) in _PLAIN:
+            module.__class__ = _PLAIN[type(module)]
+        for name in ("_packed", "_fused_layers", STATIC_SEARCHES):
+            module.__dict__.pop(name, None)
+    return model
+
+
+def is_prepared(model: nn.Module) -> bool:
+    return any(isinstance(m, FastAttention) for m in model.modules())
+
+
+@contextlib.contextmanager
+def prepared(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` prepared for the block: one already prepared stays so; a plain one (or any
+    Seq2Seq without attention modules) is prepared without oneDNN, and restored after."""
+    if is_prepared(model):
+        yield model
+        return
+    prepare_for_decoding(model)
+    try:
+        yield model
+    finally:
+        restore(model)
+
+
+def new_cache(model: nn.Module):
+    """The cache a search decodes with: a :class:`PooledKVCache` for a prepared model, else
+    the model's own (``model.new_cache()``; also any cache that is not a KVCache, such as an
+    ensemble's, which holds its members' own)."""
+    cache = model.new_cache()
+    return PooledKVCache.empty(len(cache.layers)) if is_prepared(model) and isinstance(cache, KVCache) else cache

@@ -1,0 +1,174 @@
+"""Attention and feed-forward for decoding: the model's own classes with fused projections,
+key/value rows shared by a sentence's beams, and small-query attention as two batched matmuls.
+
+Only ever switched in by :func:`~transduce.inference.speed.prepare_for_decoding`.
+
+Legend: B query rows, Bk = B / g key/value rows, H heads, Tq/Tk query/key length, Dh head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...model.attention import MultiHeadAttention, scaled_dot_product_attention
+from ...model.layers import FeedForward
+from .cpu import OneDNNLinear
+
+# Up to this many queries per row, CPU attention runs as two batched matmuls (_few_queries).
+FEW_QUERIES = 8
+
+
+def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Eq. 1 as two batched matmuls over B*H: faster on CPU than the fused kernel for the few
+    queries per row of incremental decoding (BENCHMARKS.md, "Decoding speed").
+
+    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask broadcastable to (B, H, Tq, Tk)
+    -> (B, H, Tq, Dh).
+    """
+    b, h, t_q, dh = q.shape
+    t_k = k.shape[-2]
+    scores = torch.bmm(q.reshape(b * h, t_q, dh), k.reshape(b * h, t_k, dh).transpose(1, 2))  # (BH, Tq, Tk)
+    scores = scores.view(b, h, t_q, t_k).mul_(1.0 / math.sqrt(dh))
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.bmm(weights.view(b * h, t_q, t_k), v.reshape(b * h, t_k, dh)).view(b, h, t_q, dh)
+
+
+def repeat_shared_rows(b: int, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """k, v and a mask of Bk rows, each shared by g = B / Bk consecutive query rows (see
+    :func:`fast_attention`), repeated to B rows."""
+    b_kv = k.shape[0]
+    if b == b_kv:
+        return k, v, mask
+    g = b // b_kv
+    k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)
+    if mask is not None and mask.shape[0] == b_kv:
+        mask = mask.repeat_interleave(g, dim=0)
+    return k, v, mask
+
+
+def fast_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0,
+    is_causal: bool = False, need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`~transduce.model.attention.scaled_dot_product_attention`, with keys/values that
+    may be shared by groups of consecutive query rows (the beams of a sentence attending to its
+    encoder output).
+
+    With Bk = B / g rows of k, v and mask, query row i reads key row i // g. With one query per
+    row (incremental decoding) the g queries of a group are attended as one row of g queries,
+    which reads each key once instead of g times.
+
+    Shape: q (B, H, Tq, Dh), k and v (B or B/g, H, Tk, Dh), mask broadcastable to
+    (B or B/g, H, Tq, Tk) -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk) or None.
+    """
+    b, b_kv = q.shape[0], k.shape[0]
+    if b != b_kv:
+        if b % b_kv or (mask is not None and mask.shape[0] not in (1, b_kv)):
+            raise ValueError(f"{b} query rows cannot share {b_kv} key/value rows")
+        g = b // b_kv
+        if q.shape[-2] == 1 and not is_causal:
+            h, dh = q.shape[1], q.shape[-1]
+            grouped = q.view(b_kv, g, h, dh).transpose(1, 2)                  # (Bk, H, g, Dh)
+            out, weights = fast_attention(grouped, k, v, mask, dropout, False, need_weights)
+            out = out.transpose(1, 2).reshape(b, h, 1, dh)
+            if weights is not None:
+                weights = weights.transpose(1, 2).reshape(b, h, 1, -1)
+            return out, weights
+        k, v, mask = repeat_shared_rows(b, k, v, mask)
+    if (not need_weights and not is_causal and q.device.type == "cpu" and not dropout
+            and q.shape[-2] <= FEW_QUERIES):
+        return _few_queries(q, k, v, mask), None
+    return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
+
+
+class FastAttention(MultiHeadAttention):
+    """:class:`~transduce.model.attention.MultiHeadAttention` with fused projections and
+    :func:`fast_attention`. Only ever made by :func:`prepare_for_decoding` (a class switch)."""
+
+    def _fused(self, names: tuple[str, ...]):
+        """One linear layer computing the named projections side by side, or None.
+
+        A single matmul of width 3D (or 2D) runs faster than three (two) of width D: it reads
+        the input once and gives the kernels wider tiles. With gradients on, the weights are
+        concatenated on each call, so autograd sees the real parameters. Without, the fused
+        layer is kept and rebuilt only when a weight changes (storage or version counter); it
+        has the class of ``q_proj`` (so a :class:`OneDNNLinear` stays one). Quantised layers
+        are not fused.
+        """
+        mods = [getattr(self, n) for n in names]
+        if not all(isinstance(m, nn.Linear) for m in mods):
+            return None
+        params = [m.weight for m in mods] + [m.bias for m in mods if m.bias is not None]
+
+        def side_by_side() -> tuple[Tensor, Tensor | None]:
+            return (torch.cat([m.weight for m in mods]),
+                    torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None)
+
+        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
+            # (inference tensors keep no version counter to tell when a kept copy is stale)
+            w, b = side_by_side()
+            return lambda x: F.linear(x, w, b)
+        key = (names, type(mods[0])) + tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        cached = self._fused_cache.get(names)
+        if cached is None or cached[0] != key:
+            with torch.inference_mode(False), torch.no_grad():
+                w, b = side_by_side()
+                fused = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+                fused.weight = nn.Parameter(w, requires_grad=False)
+                fused.bias = nn.Parameter(b, requires_grad=False) if b is not None else None
+                fused.__class__ = type(mods[0])
+            cached = self._fused_cache[names] = (key, fused)
+        return cached[1]
+
+    def __getstate__(self) -> dict:  # copies and pickles leave the fused layers behind
+        state = self.__dict__.copy()
+        state.pop("_fused_layers", None)
+        return state
+
+    @property
+    def _fused_cache(self) -> dict:
+        cache = self.__dict__.get("_fused_layers")
+        if cache is None:  # a plain attribute: not a submodule, not in the state dict
+            cache = self.__dict__["_fused_layers"] = {}
+        return cache
+
+    def project(self, x: Tensor, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+        """The model's side-by-side projection, with the fused layer kept between calls (or
+        each layer on its own when they are not ``nn.Linear``: quantised)."""
+        names = tuple(n for n in ("q_proj", "k_proj", "v_proj") if getattr(self, n) in layers)
+        fused = self._fused(names)
+        if fused is None:
+            return tuple(self.split_heads(m(x)) for m in layers)
+        return tuple(self.split_heads(t) for t in fused(x).chunk(len(layers), dim=-1))
+
+    def project_kv(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
+        """Keys and values, contiguous: they are projected once (the encoder output) and read
+        at every step, which would otherwise copy the strided heads each time."""
+        k, v = super().project_kv(x, start)
+        return k.contiguous(), v.contiguous()
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+               need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:
+        if self.pattern.kind != "full":  # local and Linformer attention keep the model's own path
+            k, v, mask = repeat_shared_rows(q.shape[0], k, v, mask)
+            return super().attend(q, k, v, mask, is_causal, need_weights, start)
+        dropout = self.dropout if self.training else 0.0
+        out, weights = fast_attention(q, k, v, mask, dropout, is_causal, need_weights)
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1)), weights       # (B, Tq, D)
+
+
+class FastFeedForward(FeedForward):
+    """:class:`~transduce.model.layers.FeedForward` whose ReLU runs inside the first matmul's
+    output loop when that layer is a :class:`OneDNNLinear` (one pass over (N, d_ff) fewer)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.activation == "relu" and isinstance(self.fc1, OneDNNLinear):
+            return self.fc2(self.dropout(self.fc1.forward_relu(x)))
+        return super().forward(x)

@@ -1,0 +1,105 @@
+"""The search's key/value cache: preallocated pools reused across steps (see :class:`PooledLayerCache`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+# Positions the pooled cache grows by at a time (see PooledLayerCache).
+CACHE_CHUNK = 16
+
+
+@dataclass
+class PooledLayerCache:
+    """One decoder layer's keys and values for search; the interface of
+    :class:`~transduce.model.attention.LayerCache`.
+
+    Self-attention keys/values live in two preallocated flat pools used in turn. Without a
+    pending reorder (greedy search, sampling) the entries sit in a pool laid out (B, H, room, Dh)
+    with room to grow, and an append writes only the new positions, in place, until the room is
+    used up; the keys are then the (B, H, t + T, Dh) slice (each head's rows contiguous). With
+    one (a beam step), the append writes the old entries gathered by the reorder and the new ones
+    into the other pool as one contiguous (B, H, t + T, Dh) tensor: one copy per tensor and no
+    allocation. ``reorder`` is lazy (applied by the next append) and hands the pools to the new
+    cache: the old one is spent. Cross-attention keys/values may be kept once per sentence (see
+    :meth:`PooledKVCache.reorder`).
+    """
+
+    self_k: Tensor | None = None
+    self_v: Tensor | None = None
+    cross_k: Tensor | None = None
+    cross_v: Tensor | None = None
+    pools: tuple | None = None        # ((k, v) flat pool holding self_k/self_v, (k, v) the other)
+    pending: Tensor | None = None     # (B',) rows to gather at the next append
+    room: int = 0                     # positions per head of the layout self_k/self_v are the start of
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
+        t = 0 if self.self_k is None else self.self_k.shape[2]
+        b, h, n_new, dh = k.shape
+        if self.pending is None and self.self_k is not None and t + n_new <= self.room:  # in place
+            views = []
+            for pool, new in zip(self.pools[0], (k, v)):
+                full = pool[:b * h * self.room * dh].view(b, h, self.room, dh)
+                full[:, :, t:t + n_new] = new
+                views.append(full[:, :, :t + n_new])
+            self.self_k, self.self_v = views
+            return self.self_k, self.self_v
+        # a gather writes contiguous entries (its fast copy); otherwise leave room to grow in place
+        room = t + n_new + (CACHE_CHUNK if self.pending is None else 0)
+        need = b * h * room * dh
+        current, other = self.pools if self.pools is not None else (None, None)
+        if other is None or other[0].numel() < need:
+            size = b * h * (t + n_new + CACHE_CHUNK) * dh
+            other = (k.new_empty(size), k.new_empty(size))
+        views = []
+        for pool, old, new in zip(other, (self.self_k, self.self_v), (k, v)):
+            full = pool[:need].view(b, h, room, dh)
+            if old is not None and self.pending is not None:
+                torch.index_select(old, 0, self.pending, out=full[:, :, :t])  # reorder + copy (contiguous)
+            elif old is not None:
+                full[:, :, :t] = old
+            full[:, :, t:t + n_new] = new
+            views.append(full[:, :, :t + n_new])
+        self.self_k, self.self_v = views
+        self.pools, self.pending, self.room = (other, current), None, room
+        return self.self_k, self.self_v
+
+    def reorder(self, index: Tensor, cross: Tensor | bool = True) -> "PooledLayerCache":
+        """A cache holding batch rows ``index`` (B',) of this one; spends this one."""
+        def pick(t: Tensor | None, rows: Tensor | None) -> Tensor | None:
+            return t.index_select(0, rows) if (t is not None and rows is not None) else t
+
+        cross_rows = index if cross is True else (None if cross is False else cross)
+        cross_k, cross_v = pick(self.cross_k, cross_rows), pick(self.cross_v, cross_rows)
+        if self.self_k is None:
+            return PooledLayerCache(None, None, cross_k, cross_v)
+        pending = index if self.pending is None else self.pending.index_select(0, index)
+        out = PooledLayerCache(self.self_k, self.self_v, cross_k, cross_v, self.pools, pending)
+        self.self_k = self.self_v = self.pools = self.pending = None       # spent: pools move on
+        return out
+
+
+@dataclass
+class PooledKVCache:
+    """The search cache: :class:`PooledLayerCache` per layer; the interface of
+    :class:`~transduce.model.attention.KVCache`, plus rows of cross entries kept apart."""
+
+    layers: list[PooledLayerCache]
+    length: int = 0
+
+    @classmethod
+    def empty(cls, n_layers: int) -> "PooledKVCache":
+        return cls([PooledLayerCache() for _ in range(n_layers)])
+
+    def reorder(self, index: Tensor, cross: Tensor | bool = True) -> "PooledKVCache":
+        """Select batch rows (beam reordering). index: (B',) long.
+
+        ``cross`` says what happens to the cross-attention entries: ``True`` selects the same
+        rows; ``False`` leaves them alone, valid when ``index`` only permutes rows that share a
+        source sentence (beams of one sentence); a (B'',) tensor selects those rows instead, for
+        cross entries kept once per sentence and shared by its beams (see :func:`fast_attention`).
+        """
+        return PooledKVCache([c.reorder(index, cross) for c in self.layers], self.length)
