@@ -42,7 +42,7 @@ from typing import Any, Callable
 import torch
 
 from transduce.config import DecodeConfig, ModelConfig
-from transduce.inference import SearchPool, SearchSpec, beam_search, greedy_search, prepare_for_decoding
+from transduce.inference import Runtime, SearchPool, SearchSpec, beam_search, greedy_search, prepare_for_decoding
 from transduce.model import Transformer
 
 VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
@@ -77,7 +77,7 @@ def ours_pool(src: torch.Tensor, out_len: int, beam: int, procs: int, threads: i
 
     torch.manual_seed(0)
     save_model(Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, dropout=0.0, **SHAPE)), out_dir)
-    pool = SearchPool(out_dir, workers=procs, threads=max(1, threads // procs))
+    pool = SearchPool(out_dir, Runtime(workers=procs, threads=max(1, threads // procs)))
     parts = list(src.split(-(-len(src) // procs)))
     spec = SearchSpec(DecodeConfig(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=out_len, min_len=out_len))
 

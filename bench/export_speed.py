@@ -32,7 +32,7 @@ import torch
 from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
 from transduce.export import export_model
-from transduce.inference.translator import Translator
+from transduce.inference import Runtime, Translator
 
 SEED = 20240601  # the sentences: toy pairs never drawn by the demo's own splits (seed 0)
 
@@ -58,7 +58,7 @@ def timed(fn, warmup: list[str], texts: list[str]) -> tuple[list[str], float]:
 
 
 def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int):
-    tr = Translator.load(model_dir, "cpu", int8=int8)
+    tr = Translator.load(model_dir, Runtime(device="cpu", int8=int8))
 
     def run(texts: list[str]) -> list[str]:
         if out_len is None:

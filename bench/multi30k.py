@@ -77,7 +77,7 @@ def evaluate_run(run_dir: Path, model_dir: Path, threads: int, device: str = "cp
     from transduce.config import load_run_config
     from transduce.data import multi30k
     from transduce.evaluation.metrics import evaluate
-    from transduce.inference import Translator
+    from transduce.inference import Runtime, Translator
     from transduce.data.prepare import split_texts
 
     torch.set_num_threads(threads)
@@ -87,7 +87,8 @@ def evaluate_run(run_dir: Path, model_dir: Path, threads: int, device: str = "cp
     root = Path(cfg.data.root or multi30k.default_root())
     tok_ref = root / "tok" / f"test_2016_flickr.lc.norm.tok.{tgt_lang}"
     tok_refs = tok_ref.read_text(encoding="utf-8").splitlines()[:max_test] if tok_ref.is_file() else None
-    translator = Translator.load(model_dir, device, precision=cfg.train.precision if device != "cpu" else "fp32")
+    precision = cfg.train.precision if device != "cpu" else "fp32"
+    translator = Translator.load(model_dir, Runtime(device=str(device), precision=precision))
     out = evaluate(translator, [s for s, _ in test], [t for _, t in test], cfg.decode, tok_refs,
                    tgt_lang if tok_refs else None, hyps_tokenized=cfg.data.corpus == "multi30k_tok")
     return {k: v for k, v in out.items() if k not in ("tokens_per_s",)}

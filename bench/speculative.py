@@ -28,6 +28,7 @@ import os
 import platform
 import statistics
 import sys
+from dataclasses import replace
 import time
 
 import torch
@@ -61,17 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     texts, refs = list(read_lines(args.src)), list(read_lines(args.ref))
     decode = DecodeConfig(beam=1, batch_tokens=args.batch_tokens)
-    systems = {"teacher": Translator.load(args.model_dir, decode=decode),
-               "draft": Translator.load(args.draft, decode=decode)}
+    systems = {"teacher": Translator.load(args.model_dir), "draft": Translator.load(args.draft)}
+    settings = {"teacher": decode, "draft": decode}
     for k in args.draft_tokens:
         for threshold in args.draft_threshold:
             name = f"speculative K={k}" + (f" P={threshold:g}" if threshold else "")
-            systems[name] = Translator.load(args.model_dir, decode=decode, draft=args.draft, draft_tokens=k,
-                                            draft_threshold=threshold)
+            systems[name] = Translator.load(args.model_dir, draft=args.draft)
+            settings[name] = replace(decode, draft_tokens=k, draft_threshold=threshold)
     load_before = os.getloadavg()[0]
     outputs, results = {}, {}
     for name, tr in systems.items():  # one full pass each: outputs, BLEU, identity
-        outputs[name] = tr.translate_detailed(texts, batch_tokens=args.pass_batch_tokens)
+        outputs[name] = tr.translate_detailed(texts, settings[name], batch_tokens=args.pass_batch_tokens)
         if tr.speculation is not None:
             tr.speculation.stats = DraftStats()  # count the timed runs only
         results[name] = {}
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs):
         for name, tr in systems.items():
             start = time.perf_counter()
-            tr.translate_detailed(sample)
+            tr.translate_detailed(sample, settings[name])
             times[name].append(time.perf_counter() - start)
     import sacrebleu
 

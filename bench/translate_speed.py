@@ -35,17 +35,17 @@ import torch
 
 from decode_speed import Worker, timed  # bench/ is the script's directory, so on sys.path
 from transduce.data.corpus import read_lines
-from transduce.inference import Translator, TranslatorPool
+from transduce.inference import Runtime, Translator, TranslatorPool
 
 
 def ours(model_dir: str, texts: list[str], search: dict, threads: int) -> Callable[[], list[str]]:
     torch.set_num_threads(threads)
-    translator = Translator.load(model_dir, "cpu")
+    translator = Translator.load(model_dir, Runtime(device="cpu"))
     return lambda: translator.translate(texts, **search)
 
 
 def ours_pool(model_dir: str, texts: list[str], search: dict, workers: int, threads: int) -> Callable[[], list[str]]:
-    pool = TranslatorPool.load(model_dir, workers=workers, threads=max(1, threads // workers))
+    pool = TranslatorPool.load(model_dir, Runtime(workers=workers, threads=max(1, threads // workers)))
     return lambda: pool.translate(texts, **search)
 
 

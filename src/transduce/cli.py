@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from . import progress
-from .config import EXTEND_VOCAB, DecodeConfig
+from .config import EXTEND_VOCAB
 from .errors import ConfigError, TransduceError
 
 
@@ -149,12 +149,40 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_search_options(p: argparse.ArgumentParser) -> None:
-    """Search settings shared by translate and evaluate. Each overrides the model directory's
-    saved decoding settings (its config.yaml ``decode`` section); those not given keep them."""
+def _add_model_dirs(p: argparse.ArgumentParser, help: str) -> None:
+    """The model directory, more of them (an ensemble) and a draft model: what ``load`` takes."""
+    p.add_argument("model_dir", help=help)
     p.add_argument("ensemble", nargs="*", metavar="MORE_MODEL_DIRS",
                    help="more model directories of the same tokenizer: decode with the ensemble, their "
                         "token log-probabilities averaged at every step")
+    p.add_argument("--draft", default=None, metavar="DRAFT_DIR",
+                   help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
+                        "checks them in one pass; greedy (--beam 1), same output, faster")
+
+
+def _add_runtime_options(p: argparse.ArgumentParser, workers: bool = True) -> None:
+    """Where and how the model runs (:class:`~transduce.inference.Runtime`), for every command
+    that loads one."""
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="autocast precision (default: fp32)")
+    p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's choice; with --workers: per worker, default 1)")
+    if not workers:
+        return
+    p.add_argument("--workers", type=int, default=0,
+                   help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
+                        "decode in this process; on a CPU, one worker per core is usually fastest)")
+    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
+                        "workers' speed is measured) counts as a hung worker, which is replaced and the batch "
+                        "retried once (default: 120)")
+
+
+def _add_decode_options(p: argparse.ArgumentParser) -> None:
+    """Decoding settings; each replaces one of the model directory's saved settings (its
+    config.yaml ``decode`` section), those not given keep them."""
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
@@ -165,90 +193,51 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", default=None, choices=["k_finished", "best_finished"],
                    help="when beam search ends a sentence: once K hypotheses finished (fairseq, default), "
                         "or once the best extension ended (CTranslate2; exact with --lenpen 0)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-                   help="autocast precision (default: fp32)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="decode on the CPU in N worker processes, batches spread over them (default: 0, "
-                        "decode in this process; on a CPU, one worker per core is usually fastest)")
-    p.add_argument("--worker-threads", type=int, default=1, help="torch threads per worker (default: 1)")
-    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
-                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
-                        "workers' speed is measured) counts as a hung worker, which is replaced and the batch "
-                        "retried once (default: 120)")
-    p.add_argument("--draft", default=None, metavar="DRAFT_DIR",
-                   help="speculative decoding: a smaller model with the same tokenizer proposes tokens, the model "
-                        "checks them in one pass; greedy (--beam 1), same output, faster")
-    p.add_argument("--draft-tokens", type=int, default=4, metavar="K",
-                   help="tokens the draft proposes per step of the model, at most (default: 4)")
-    p.add_argument("--draft-threshold", type=float, default=0.0, metavar="P",
-                   help="the draft stops proposing in a step once its latest token's probability is below P "
-                        "(default: 0, always K tokens); same output")
+    p.add_argument("--draft-tokens", type=int, default=None, metavar="K",
+                   help="with --draft: tokens the draft proposes per step of the model, at most (default: 4)")
+    p.add_argument("--draft-threshold", type=float, default=None, metavar="P",
+                   help="with --draft: the draft stops proposing in a step once its latest token's probability is "
+                        "below P (default: 0, always K tokens); same output")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
 DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
-                "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest"}
+                "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
+                "draft_threshold": "draft_threshold"}
 
 
-def decode_settings(args: argparse.Namespace):
-    """The model directory's saved DecodeConfig with the flags given on the command line."""
-    import dataclasses
-
-    from .model.io import load_decode_config
-    given = {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items()
-             if getattr(args, dest, None) is not None}
-    return dataclasses.replace(load_decode_config(args.model_dir), **given)
+def decode_overrides(args: argparse.Namespace) -> dict:
+    """The decoding settings given on the command line (DecodeConfig field -> value)."""
+    return {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
 
 
-def _load_translator(args: argparse.Namespace):
-    """The Translator the search options ask for: in this process, or a pool of CPU workers."""
-    from .errors import ConfigError
-    from .inference import Translator, TranslatorPool
-    from .inference.pool import WORKER_TIMEOUT_S
-    int8 = getattr(args, "int8", False)
-    decode = decode_settings(args)
-    if args.workers < 0:
-        raise ConfigError(f"--workers: must be >= 0; got {args.workers}")
-    if args.worker_timeout is not None and not (args.workers and args.worker_timeout > 0):
-        raise ConfigError(f"--worker-timeout: must be > 0 seconds, with --workers; got {args.worker_timeout:g}"
-                          f"{'' if args.workers else ' without --workers'}")
-    ensemble = [args.model_dir, *getattr(args, "ensemble", [])]
-    if args.draft is not None and args.workers:
-        raise ConfigError("--draft: speculative decoding runs in this process; drop --workers")
+def runtime_of(args: argparse.Namespace):
+    """The :class:`~transduce.inference.Runtime` the command line asks for."""
+    from .inference import Runtime
+    extra = {} if getattr(args, "worker_timeout", None) is None else {"worker_timeout_s": args.worker_timeout}
+    return Runtime(device=args.device, precision=args.precision, int8=args.int8, workers=getattr(args, "workers", 0),
+                   threads=args.threads, **extra)
+
+
+def _load(args: argparse.Namespace):
+    """The model directories of the command line, loaded for its runtime (the one front door)."""
+    from .inference import load
+    if args.worker_timeout is not None and not args.workers:
+        raise ConfigError("--worker-timeout: is for --workers")
     if args.draft is not None and args.beam not in (None, 1):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
-    if args.draft is not None and len(ensemble) > 1:
-        raise ConfigError("--draft: speculative decoding checks one model's proposals; drop the extra model dirs")
-    if args.workers:
-        if args.device not in ("auto", "cpu"):
-            raise ConfigError(f"--workers: worker processes decode on the CPU; got --device {args.device}")
-        if len(ensemble) > 1:
-            raise ConfigError("--workers: an ensemble decodes in this process; drop --workers")
-        return TranslatorPool.load(args.model_dir, args.workers, args.worker_threads, args.precision, int8, decode,
-                                   WORKER_TIMEOUT_S if args.worker_timeout is None else args.worker_timeout)
-    if args.draft is not None:
-        if decode.batch_tokens > 1:
-            logging.getLogger("transduce.inference").warning(
-                "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "
-                "decoding pays one sentence at a time (--batch-tokens 1); for a file's throughput, batched greedy "
-                "search without --draft is faster (BENCHMARKS.md, \"Speculative decoding\")")
-        return Translator.load(args.model_dir, args.device, args.precision, int8, decode, args.draft,
-                               args.draft_tokens, args.draft_threshold)
-    return Translator.load_ensemble(ensemble, args.device, args.precision, int8, decode)
-
-
-def _draft_summary(speculation) -> dict:
-    """A translator's speculative decoding statistics (``--draft``)."""
-    s = speculation.stats
-    return {"draft_tokens": speculation.tokens, "draft_threshold": speculation.threshold,
-            "acceptance": round(s.acceptance, 4),
-            "tokens_per_model_step": round(s.tokens_per_round, 3)}
+    translator = load([args.model_dir, *args.ensemble], runtime_of(args), args.draft)
+    if args.draft is not None and translator.settings(**decode_overrides(args)).batch_tokens > 1:
+        logging.getLogger("transduce.inference").warning(
+            "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "
+            "decoding pays one sentence at a time (--batch-tokens 1); for a file's throughput, batched greedy "
+            "search without --draft is faster (BENCHMARKS.md, \"Speculative decoding\")")
+    return translator
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate lines of text (stdin to stdout by default)")
-    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    _add_model_dirs(p, "model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--input", default=None, help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
     p.add_argument("--nbest", type=int, default=None,
@@ -256,19 +245,19 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
-    _add_search_options(p)
-    p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
+    _add_decode_options(p)
+    _add_runtime_options(p)
     p.set_defaults(func=_cmd_translate)
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from .inference import translate_file
-    with _load_translator(args) as translator:
-        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file)
-        draft = _draft_summary(translator.speculation) if args.draft else None
+    from .inference import draft_summary, translate_file
+    with _load(args) as translator:
+        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, **decode_overrides(args))
+        draft = draft_summary(translator)
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
-              f"tokens per step of the model (K = {draft['draft_tokens']})", file=sys.stderr)
+              "tokens per step of the model", file=sys.stderr)
     return 0
 
 
@@ -286,16 +275,16 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per batch (default: 32)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    _add_runtime_options(p, workers=False)
     p.set_defaults(func=_cmd_generate)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from .inference import GenerationConfig, Generator
     from .inference.files import atomic_output, iter_lines, one_line
-    from .inference.generate import GenerationConfig, Generator
     gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
                            args.min_new_tokens)
-    with Generator.load(args.model_dir, args.device) as generator:
+    with Generator.load(args.model_dir, runtime_of(args)) as generator:
         prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
         texts = generator.generate(prompts, gen)
     with atomic_output(args.output) as out:
@@ -314,31 +303,23 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--score", action="store_true",
                    help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
     p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default: 64)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    _add_runtime_options(p, workers=False)
     p.set_defaults(func=_cmd_classify)
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
     import json
 
-    from .errors import DataError
-    from .inference.classify import Classifier
-    from .inference.files import atomic_output, iter_lines
-    classifier = Classifier.load(args.model_dir, args.device)
-    if args.score:
-        if args.input is None:
-            raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
-        from .evaluation.heldout import score_labelled
-        print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
-        return 0
-    texts = []
-    for n, line in enumerate(iter_lines(args.input), 1):
-        fields = tuple(line.split("\t"))
-        if len(fields) > 2:
-            raise DataError(f"{args.input or '<stdin>'}:{n}: expected a text or text_a<TAB>text_b; "
-                              f"got {len(fields)} fields")
-        texts.append(fields)
-    labels = classifier.classify(texts, args.batch_size)
+    from .inference import Classifier
+    from .inference.files import atomic_output, read_texts
+    if args.score and args.input is None:
+        raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
+    with Classifier.load(args.model_dir, runtime_of(args)) as classifier:
+        if args.score:
+            from .evaluation.heldout import score_labelled
+            print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
+            return 0
+        labels = classifier.classify(read_texts(args.input), args.batch_size)
     with atomic_output(args.output) as out:
         out.write("".join(f"{label}\n" for label in labels))
     return 0
@@ -347,7 +328,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="score a model on a test set and print JSON: a translation model's BLEU/chrF, "
                        "a language model's perplexity, a masked LM's masked-token perplexity, a classifier's accuracy")
-    p.add_argument("model_dir", help="model directory; what it is scored on follows from its task")
+    _add_model_dirs(p, "model directory; what it is scored on follows from its task")
     p.add_argument("--src", default=None, help="translation: source file, one sentence per line")
     p.add_argument("--ref", required=True,
                    help="translation: reference file, aligned with --src; lm and mlm: the text to score, one "
@@ -362,48 +343,20 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="mlm: seeds which tokens are masked, per line (default: a default run's train.seed, "
                         "as its validation)")
-    _add_search_options(p)
+    _add_decode_options(p)
+    _add_runtime_options(p)
     p.set_defaults(func=_cmd_evaluate)
-
-
-# evaluate's options that only translation uses: (argparse dest, flag, value that means "not given")
-_TRANSLATION_ONLY = [("src", "--src", None), ("tok_ref", "--tok-ref", None), ("lang", "--lang", None),
-                     ("hyp_tokenized", "--hyp-tokenized", False), ("beam", "--beam", None),
-                     ("lenpen", "--lenpen", None), ("max_len_a", "--max-len-a", None),
-                     ("max_len_b", "--max-len-b", None), ("stop", "--stop", None), ("precision", "--precision", "fp32"),
-                     ("workers", "--workers", 0), ("worker_threads", "--worker-threads", 1),
-                     ("worker_timeout", "--worker-timeout", None)]
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from .config import model_task
-    from .evaluation import accuracy, evaluate_files, perplexity
-    from .model.io import load_model_config
-    task = model_task(load_model_config(args.model_dir))
-    if task == "translation":
-        if args.src is None:
-            raise ConfigError("--src: a translation model is scored by translating --src against --ref")
-        if args.seed is not None:
-            raise ConfigError("--seed: is for masked LMs (train.task mlm); this is a translation model")
-        with _load_translator(args) as translator:
-            result = evaluate_files(translator, args.src, args.ref, tok_ref_path=args.tok_ref, lang=args.lang,
-                                    hyps_tokenized=args.hyp_tokenized)
-            if args.draft:
-                result["draft"] = _draft_summary(translator.speculation)
-    else:
-        unused = [flag for dest, flag, unset in _TRANSLATION_ONLY if getattr(args, dest) != unset]
-        unused += ["--seed"] if task != "mlm" and args.seed is not None else []
-        unused += ["--batch-tokens"] if task == "classify" and args.batch_tokens is not None else []
-        if unused:
-            raise ConfigError(f"{unused[0]}: not used for a train.task {task} model, which is scored on --ref alone")
-        if task == "classify":
-            result = accuracy(args.model_dir, args.ref, device=args.device)
-        else:
-            seed = {} if args.seed is None else {"seed": args.seed}
-            result = perplexity(args.model_dir, args.ref, args.batch_tokens or DecodeConfig.batch_tokens,
-                                device=args.device, **seed)
+    from .evaluation import EvalFiles, evaluate_model
+    if args.worker_timeout is not None and not args.workers:
+        raise ConfigError("--worker-timeout: is for --workers")
+    files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized)
+    result = evaluate_model([args.model_dir, *args.ensemble], files, runtime_of(args), decode_overrides(args),
+                            args.draft, args.seed)
     print(json.dumps(result, indent=2, ensure_ascii=False))
     return 0
 
@@ -416,16 +369,15 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layer", type=int, default=-1, help="layer index, negative from the top (default: -1)")
     p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
     p.add_argument("--beam", type=int, default=None, help="beam size for the translation (default: the model's)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
+    _add_runtime_options(p, workers=False)
     p.set_defaults(func=_cmd_attention)
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from .inference import Translator, attention_maps
     from .viz.attention import plot_attention
-    translator = Translator.load(args.model_dir, args.device)
-    decode = translator.settings(beam=args.beam) if args.beam is not None else None
-    maps = attention_maps(translator, args.sentence, args.layer, args.head, decode)
+    with Translator.load(args.model_dir, runtime_of(args)) as translator:
+        maps = attention_maps(translator, args.sentence, args.layer, args.head, **decode_overrides(args))
     print(plot_attention(maps, args.out))
     return 0
 
@@ -506,29 +458,19 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="HTTP translation server with dynamic batching and a demo page")
-    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    _add_model_dirs(p, "model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--batch-tokens", type=int, default=None,
-                   help="source tokens per batch (default: the model's decoding settings, else 4096)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long to gather concurrent requests into one batch (default: 5)")
     p.add_argument("--no-batching", action="store_true", help="run each request on its own")
-    p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation (CPU)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; with --workers: per worker, default 1)")
-    p.add_argument("--workers", type=int, default=0,
-                   help="decode on the CPU in N worker processes, each batch spread over them (default: 0)")
-    p.add_argument("--worker-timeout", type=float, default=None, metavar="S",
-                   help="with --workers: a batch not answered within S seconds (more for large batches once the "
-                        "workers' speed is measured) counts as a hung worker: the workers are replaced and the "
-                        "batch retried once, else answered 503 (default: 120)")
     p.add_argument("--api-key-file", default=None,
                    help="a file holding the API key that POST requests must send as 'Authorization: Bearer KEY' "
                         "(default: $TRANSDUCE_API_KEY if set, else no key)")
     p.add_argument("--max-per-client", type=int, default=None,
                    help="requests one client address may have in flight; more are answered 429 (default: no limit)")
+    _add_decode_options(p)
+    _add_runtime_options(p)
     p.set_defaults(func=_cmd_serve)
 
 
@@ -549,18 +491,12 @@ def _api_key(path: str | None) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeConfig, serve
-    serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
-                                      batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
-                                      int8=args.int8, device=args.device, threads=args.threads,
-                                      workers=args.workers, api_key=_api_key(args.api_key_file),
-                                      max_per_client=args.max_per_client,
-                                      **_given(worker_timeout_s=args.worker_timeout)))
+    if args.worker_timeout is not None and not args.workers:
+        raise ConfigError("--worker-timeout: is for --workers")
+    cfg = ServeConfig(host=args.host, port=args.port, batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
+                      api_key=_api_key(args.api_key_file), max_per_client=args.max_per_client)
+    serve([args.model_dir, *args.ensemble], cfg, runtime_of(args), args.draft, decode_overrides(args))
     return 0
-
-
-def _given(**values):
-    """The keyword arguments that were given (not None): the others keep their one default."""
-    return {k: v for k, v in values.items() if v is not None}
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:

@@ -393,7 +393,11 @@ class DecodeConfig:
     Saved with a trained model (``decode`` in its config.yaml) and used by ``translate``,
     ``evaluate``, ``serve`` and :class:`~transduce.inference.Translator` unless told otherwise.
     ``min_len``: no EOS before this many output tokens. ``stop``: when beam search ends a
-    sentence (see :mod:`transduce.inference.beam`).
+    sentence (see :mod:`transduce.inference.search.beam`). With a draft model (speculative
+    decoding, :mod:`transduce.inference.search.speculative`): it proposes at most
+    ``draft_tokens`` tokens per step of the model, and stops proposing in a step once its latest
+    token's probability is below ``draft_threshold`` (0: always ``draft_tokens``); neither
+    changes the output.
     """
 
     beam: int = 4
@@ -405,9 +409,14 @@ class DecodeConfig:
     batch_tokens: int = 4096
     max_input_len: int = 1022
     stop: str = "k_finished"
+    draft_tokens: int = 4
+    draft_threshold: float = 0.0
 
     def __post_init__(self) -> None:
         _typecheck(self, "decode")
+        _check(self.draft_tokens >= 1, "decode.draft_tokens", f"must be >= 1; got {self.draft_tokens}")
+        _check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
+               f"must be in [0, 1); got {self.draft_threshold}")
         _check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")
         _one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
         for k in ("beam", "nbest", "batch_tokens", "max_input_len"):

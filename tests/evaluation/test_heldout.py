@@ -129,11 +129,11 @@ def test_cli_evaluate_lm_prints_json(corpus, capsys):
 
 
 @pytest.mark.parametrize("task,argv,message", [
-    ("lm", ["--src", "x.txt"], "--src: not used for a train.task lm model, which is scored on --ref alone"),
-    ("mlm", ["--beam", "2"], "--beam: not used for a train.task mlm model, which is scored on --ref alone"),
-    ("lm", ["--seed", "3"], "--seed: not used for a train.task lm model, which is scored on --ref alone"),
-    ("classify", ["--batch-tokens", "9"], "--batch-tokens: not used for a train.task classify model, which is "
-                                          "scored on --ref alone"),
+    ("lm", ["--src", "x.txt"], "src: not used for a train.task lm model, which is scored on ref alone"),
+    ("mlm", ["--beam", "2"], "decode.beam: not used for a train.task mlm model, which is scored on ref alone"),
+    ("lm", ["--seed", "3"], "seed: not used for a train.task lm model, which is scored on ref alone"),
+    ("classify", ["--batch-tokens", "9"], "decode.batch_tokens: not used for a train.task classify model, which is "
+                                          "scored on ref alone"),
 ])
 def test_cli_wrong_flags_for_the_task_are_one_line_errors(corpus, capsys, task, argv, message):
     assert main(["evaluate", str(_model_dir(corpus, task)), "--ref", str(corpus / "text.txt"), *argv]) == 2
@@ -142,8 +142,8 @@ def test_cli_wrong_flags_for_the_task_are_one_line_errors(corpus, capsys, task, 
 
 def test_translation_needs_src_and_perplexity_needs_a_language_model(model_dir, corpus, capsys):
     assert main(["evaluate", str(model_dir), "--ref", str(corpus / "text.txt")]) == 2
-    assert capsys.readouterr().err.strip() == ("transduce evaluate: error: --src: a translation model is scored "
-                                               "by translating --src against --ref")
+    assert capsys.readouterr().err.strip() == ("transduce evaluate: error: src: a translation model is scored "
+                                               "by translating src against ref")
     with pytest.raises(ConfigError, match="perplexity is for train.task lm or mlm models; this one is translation$"):
         perplexity(model_dir, corpus / "text.txt")
 

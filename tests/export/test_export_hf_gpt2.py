@@ -10,7 +10,7 @@ from transduce.config import RunConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.export import ExportError, export_model
 from transduce.inference import GenerationConfig, Generator
-from transduce.inference.generate import generate_ids
+from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, save_model
 from transduce.training.loop import run_training
 

@@ -11,7 +11,7 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError, DataError
 from transduce.inference import GenerationConfig, Generator, Translator
 from transduce.inference.speed import is_prepared
-from transduce.inference.generate import generate_ids
+from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, load_model, save_model
 
 SENTENCES = ["der hund sieht den ball", "die katze hat einen hut", "ein mann will das haus",

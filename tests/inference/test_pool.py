@@ -10,7 +10,8 @@ import torch
 
 from transduce.errors import CheckpointError, ConfigError
 from transduce.config import DecodeConfig
-from transduce.inference import AttentionChoice, SearchPool, SearchSpec, Translator, TranslatorPool, spread_batches
+from transduce.inference import (AttentionChoice, Runtime, SearchPool, SearchSpec, Translator, TranslatorPool,
+                                 spread_batches)
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
          "tea", "", "the bird sings a song", "a cat", "the dog and the cat sit by the river"]
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow  # starts worker processes (a few seconds each)
 
 @pytest.fixture(scope="module")
 def pool(model_dir):
-    with TranslatorPool.load(model_dir, workers=2) as p:
+    with TranslatorPool.load(model_dir, Runtime(workers=2)) as p:
         yield p
 
 
@@ -77,9 +78,9 @@ def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
 
 
 def test_pool_truncates_overlong_input_with_a_warning(model_dir, caplog):
-    with TranslatorPool.load(model_dir, workers=1, decode=DecodeConfig(max_input_len=4)) as short, \
+    with TranslatorPool.load(model_dir, Runtime(workers=1)) as short, \
             caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
-        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
+        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3, max_input_len=4)
     assert result[0].truncated and len(result[0].source_tokens) == 4
     assert "truncated" in caplog.text
 
@@ -90,7 +91,7 @@ def test_search_pool_runs_specs_on_id_batches(model_dir):
     model = load_model(model_dir)
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
     spec = SearchSpec(DecodeConfig(beam=3, nbest=2, max_len_b=5))
-    with SearchPool(model_dir, workers=1, threads=1) as pool:
+    with SearchPool(model_dir, Runtime(workers=1, threads=1)) as pool:
         outs = list(pool.map([src, src[:1]], spec))
     with torch.inference_mode():
         want = spec.run(model, src)
@@ -102,12 +103,12 @@ def test_search_pool_runs_specs_on_id_batches(model_dir):
 def test_pool_errors_are_one_line(model_dir, tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         TranslatorPool.load(tmp_path / "missing")
-    with pytest.raises(ConfigError, match="workers"):
-        TranslatorPool.load(model_dir, workers=0)
-    with pytest.raises(ConfigError, match="timeout"):
-        TranslatorPool.load(model_dir, timeout_s=0)
-    with pytest.raises(ConfigError, match="precision"):
-        TranslatorPool.load(model_dir, precision="fp8")
+    with pytest.raises(ConfigError, match="runtime.workers"):
+        TranslatorPool.load(model_dir, Runtime(workers=0))
+    with pytest.raises(ConfigError, match="runtime.worker_timeout_s"):
+        Runtime(workers=2, worker_timeout_s=0)
+    with pytest.raises(ConfigError, match="runtime.precision"):
+        Runtime(workers=2, precision="fp8")
     # A model directory whose weights are damaged: the workers' load error reaches the caller.
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -115,7 +116,7 @@ def test_pool_errors_are_one_line(model_dir, tmp_path):
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        TranslatorPool.load(broken, workers=2)
+        TranslatorPool.load(broken, Runtime(workers=2))
 
 
 def test_spread_batches_splits_the_costliest_until_every_worker_has_one():
@@ -145,18 +146,18 @@ def test_cli_workers_write_what_one_process_writes(model_dir, tmp_path, capsys):
     ref = tmp_path / "ref.txt"
     ref.write_text("\n".join(t.upper() for t in TEXTS) + "\n", encoding="utf-8")
     reports = []
-    for extra in ([], ["--workers", "2", "--worker-threads", "1"]):
+    for extra in ([], ["--workers", "2", "--threads", "1"]):
         assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--max-len-b", "5",
                      *extra]) == 0
         reports.append(json.loads(capsys.readouterr().out))
     assert reports[0]["bleu"] == reports[1]["bleu"] and reports[0]["chrf"] == reports[1]["chrf"]
 
 
-@pytest.mark.parametrize("argv,message", [(["--workers", "-1"], "--workers: must be >= 0"),
+@pytest.mark.parametrize("argv,message", [(["--workers", "-1"], "runtime.workers: must be >= 0"),
                                           (["--workers", "2", "--device", "cuda"], "decode on the CPU"),
-                                          (["--workers", "1", "--worker-threads", "0"], "threads must be >= 1"),
+                                          (["--workers", "1", "--threads", "0"], "runtime.threads: must be >= 1"),
                                           (["--workers", "1", "--worker-timeout", "0"], "must be > 0 seconds"),
-                                          (["--worker-timeout", "5"], "without --workers")])
+                                          (["--worker-timeout", "5"], "--worker-timeout: is for --workers")])
 def test_cli_worker_options_are_checked(model_dir, capsys, argv, message):
     from transduce.cli import main
 
@@ -176,9 +177,9 @@ def test_workers_end_when_their_parent_is_killed(model_dir, tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys, time\n"
-        "from transduce.inference import SearchPool\n"
+        "from transduce.inference import Runtime, SearchPool\n"
         "if __name__ == '__main__':\n"
-        "    pool = SearchPool(sys.argv[1], workers=2)\n"
+        "    pool = SearchPool(sys.argv[1], Runtime(workers=2))\n"
         "    print(' '.join(map(str, pool.pids)), flush=True)\n"
         "    time.sleep(600)\n", encoding="utf-8")
     parent = subprocess.Popen([sys.executable, str(script), str(model_dir)], stdout=subprocess.PIPE, text=True)
@@ -221,7 +222,7 @@ def test_a_killed_worker_is_replaced_and_its_batches_answered(model_dir, transla
     import time
 
     want = translator.translate(TEXTS, beam=2, max_len_b=6)
-    with TranslatorPool.load(model_dir, workers=2) as p:
+    with TranslatorPool.load(model_dir, Runtime(workers=2)) as p:
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
         before = list(p.pool.pids)
         os.kill(before[0], signal.SIGKILL)
@@ -241,7 +242,7 @@ def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translato
     from transduce.inference.pool import SLOW_FACTOR
 
     want = translator.translate(TEXTS, beam=2, max_len_b=6)
-    with TranslatorPool.load(model_dir, workers=1, timeout_s=1.5) as p:
+    with TranslatorPool.load(model_dir, Runtime(workers=1, worker_timeout_s=1.5)) as p:
         assert p.pool._deadline(1e9) == 1.5  # no speed measured yet
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
         # A slow but healthy worker is not taken for a hung one: a batch's deadline grows with
@@ -266,7 +267,7 @@ def test_a_batch_that_hangs_the_new_worker_too_is_lost_not_waited_on(model_dir):
 
     src = torch.tensor([[5, 6, 7, 2]])
     spec = SearchSpec(DecodeConfig(beam=2, max_len_b=4))
-    with SearchPool(model_dir, workers=1, timeout_s=1.0) as pool:
+    with SearchPool(model_dir, Runtime(workers=1, worker_timeout_s=1.0)) as pool:
         with pytest.raises(WorkerLost, match="did not answer within 1 s twice on the same batch"):
             list(pool.map([src], HangingSpec()))
         assert (pool.restarts, pool.hangs) == (2, 2)

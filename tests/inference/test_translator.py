@@ -10,7 +10,7 @@ import torch
 
 from transduce.errors import CheckpointError, ConfigError, TransduceError
 from transduce.config import DecodeConfig
-from transduce.inference import AttentionChoice, Translator, attention_maps
+from transduce.inference import AttentionChoice, Runtime, Translator, attention_maps
 from transduce.viz.attention import plot_attention
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
@@ -66,9 +66,9 @@ def test_closing_hands_the_model_back_plain_and_translation_still_works(model_di
 
 
 def test_overlong_input_is_truncated_with_a_warning(model_dir, caplog):
-    short = Translator.load(model_dir, decode=DecodeConfig(max_input_len=4))
+    short = Translator.load(model_dir)
     with caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
-        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3)
+        result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3, max_input_len=4)
     assert result[0].truncated and len(result[0].source_tokens) == 4
     assert not result[1].truncated
     assert "truncated" in caplog.text
@@ -78,7 +78,7 @@ def test_overlong_input_is_truncated_with_a_warning(model_dir, caplog):
 
 
 def test_bf16_autocast_runs_on_cpu(model_dir):
-    out = Translator.load(model_dir, precision="bf16").translate(TEXTS[:3], beam=2, max_len_b=4)
+    out = Translator.load(model_dir, Runtime(precision="bf16")).translate(TEXTS[:3], beam=2, max_len_b=4)
     assert len(out) == 3 and out[1] == ""
 
 
@@ -92,8 +92,8 @@ def test_sampling_through_the_translator_is_seeded(translator):
 def test_user_errors_are_one_line_transduce_errors(model_dir, tmp_path):
     with pytest.raises(CheckpointError, match="not found"):
         Translator.load(tmp_path / "missing")
-    with pytest.raises(ConfigError, match="precision"):
-        Translator.load(model_dir, precision="fp8")
+    with pytest.raises(ConfigError, match="runtime.precision"):
+        Translator.load(model_dir, Runtime(precision="fp8"))
     tr = Translator.load(model_dir)
     with pytest.raises(ConfigError, match="decode.nbest"):
         tr.translate_detailed(["a"], beam=2, nbest=3)
@@ -101,7 +101,7 @@ def test_user_errors_are_one_line_transduce_errors(model_dir, tmp_path):
         tr.translate_detailed(["a"], attention=AttentionChoice(head=99))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="CUDA"):
-            Translator.load(model_dir, device="cuda")
+            Translator.load(model_dir, Runtime(device="cuda"))
 
 
 def test_attention_maps_and_png(translator, tmp_path):

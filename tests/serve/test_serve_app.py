@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from transduce.errors import TransduceError
+from transduce.inference import Runtime
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs  # tests/export/toy_model.py, registered by conftest.py
 
@@ -139,7 +140,7 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
 
     sentences = [s for s, _ in toy_pairs(24, seed=5)]
     want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
-    service = load_service(trained_dir, ServeConfig(workers=2, batch_wait_ms=20.0, worker_timeout_s=2.0))
+    service = load_service(trained_dir, ServeConfig(batch_wait_ms=20.0), Runtime(workers=2, worker_timeout_s=2.0))
     with BackgroundServer(create_app(service)) as server:
         def ask(batch):
             r = httpx.post(server.url + "/translate", json={"sentences": batch, "beam": 3}, timeout=30)
@@ -180,10 +181,10 @@ def test_defaults_and_missing_extra():
     assert ServeConfig().host == "127.0.0.1"
     from transduce.errors import ConfigError
     for bad in (dict(workers=-1), dict(workers=2, device="cuda")):
-        with pytest.raises(ConfigError, match="serve.workers"):
-            ServeConfig(**bad)
-    with pytest.raises(ConfigError, match="serve.worker_timeout_s"):
-        ServeConfig(workers=2, worker_timeout_s=0)
+        with pytest.raises(ConfigError, match="runtime.workers"):
+            Runtime(**bad)
+    with pytest.raises(ConfigError, match="runtime.worker_timeout_s"):
+        Runtime(workers=2, worker_timeout_s=0)
     with pytest.raises(TransduceError, match=r"pip install 'transduce\[serve\]'"):
         require("transduce_no_such_package", "serve")
 
@@ -223,3 +224,49 @@ def test_api_key_file_errors_and_config(tmp_path, capsys):
     for bad in (dict(api_key=" "), dict(max_per_client=0)):
         with pytest.raises(ConfigError):
             ServeConfig(**bad)
+
+
+@pytest.fixture(scope="module")
+def serve_models(trained_dir, tmp_path_factory):
+    """A second member for ensembles (a copy) and a draft (the model's first decoder layer)."""
+    import shutil
+
+    from inference_helpers import layer_prefix_draft
+    root = tmp_path_factory.mktemp("serve-models")
+    shutil.copytree(trained_dir, root / "copy")
+    return {"copy": root / "copy", "draft": layer_prefix_draft(trained_dir, root / "draft")}
+
+
+# serve takes every model-loading option translate takes (one front door, inference.load):
+# each answers what `transduce translate` prints with the same options
+LOADING = {
+    "ensemble": (["{copy}"], {}),
+    "draft": (["--draft", "{draft}"], {}),
+    "bf16": (["--precision", "bf16"], {"precision": "bf16"}),
+    "int8": (["--int8"], {"int8": True}),
+    "workers": (["--workers", "2"], {"workers": 2}),
+    "ensemble-workers-beam": (["{copy}", "--workers", "2", "--beam", "2"], {"workers": 2}),
+}
+
+
+@pytest.mark.parametrize("option", list(LOADING))
+def test_serve_answers_what_translate_prints(trained_dir, serve_models, tmp_path, capsys, option):
+    from server_helpers import BackgroundServer
+    from transduce.cli import build_parser, decode_overrides, main
+    from transduce.serve import ServeConfig, create_app, load_service
+
+    flags, runtime = LOADING[option]
+    flags = [f.format(**{k: str(v) for k, v in serve_models.items()}) for f in flags]
+    sentences = [s for s, _ in toy_pairs(12, seed=21)]
+    (tmp_path / "in.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    assert main(["translate", str(trained_dir), *flags, "--device", "cpu", "--input", str(tmp_path / "in.txt")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    args = build_parser().parse_args(["serve", str(trained_dir), *flags])  # the same flags, as serve parses them
+    service = load_service([args.model_dir, *args.ensemble], ServeConfig(batch_wait_ms=1.0),
+                           Runtime(device="cpu", **runtime), args.draft, decode_overrides(args))
+    try:
+        with BackgroundServer(create_app(service)) as server:
+            r = httpx.post(server.url + "/translate", json={"sentences": sentences}, timeout=60)
+    finally:
+        service.close()
+    assert r.status_code == 200 and r.json()["translations"] == printed

@@ -139,7 +139,7 @@ def test_model_directories_keep_the_runs_decoding_settings(tmp_path):
     that directory uses it unless a flag says otherwise."""
     import yaml
 
-    from transduce.cli import build_parser, decode_settings
+    from transduce.cli import build_parser, decode_overrides
     from transduce.config import DecodeConfig
     from transduce.inference import Translator
 
@@ -155,11 +155,12 @@ def test_model_directories_keep_the_runs_decoding_settings(tmp_path):
     want = DecodeConfig(beam=5, lenpen=1.0)
     for d in [tmp_path / "model", tmp_path / "best", *list_checkpoints(tmp_path / "checkpoints")]:
         assert yaml.safe_load((d / "config.yaml").read_text())["decode"] == cfg.to_dict()["decode"], d
-    assert Translator.load(tmp_path / "model").decode == want
-    parser = build_parser()
-    assert decode_settings(parser.parse_args(["translate", str(tmp_path / "model")])) == want
-    flagged = decode_settings(parser.parse_args(["translate", str(tmp_path / "model"), "--beam", "2"]))
-    assert flagged == DecodeConfig(beam=2, lenpen=1.0)
+    translator = Translator.load(tmp_path / "model")
+    assert translator.decode == want
+    parser = build_parser()  # the flags given replace the saved settings, one by one
+    assert translator.settings(**decode_overrides(parser.parse_args(["translate", str(tmp_path / "model")]))) == want
+    flagged = decode_overrides(parser.parse_args(["translate", str(tmp_path / "model"), "--beam", "2"]))
+    assert flagged == {"beam": 2} and translator.settings(**flagged) == DecodeConfig(beam=2, lenpen=1.0)
 
 
 @pytest.mark.parametrize("train", [{}, {"pad_multiple": 8}, {"cuda_graphs": True, "pad_multiple": 8}])

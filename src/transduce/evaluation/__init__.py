@@ -4,5 +4,7 @@ models and masked LMs, accuracy and macro-F1 of classifiers."""
 from ..training.validation import corpus_bleu
 from .heldout import accuracy, perplexity
 from .metrics import evaluate, evaluate_files, score
+from .task import EvalFiles, evaluate_model
 
-__all__ = ["corpus_bleu", "score", "evaluate", "evaluate_files", "perplexity", "accuracy"]
+__all__ = ["corpus_bleu", "score", "evaluate", "evaluate_files", "perplexity", "accuracy", "EvalFiles",
+           "evaluate_model"]

@@ -54,7 +54,7 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
     if task not in _READS:
         raise ConfigError(f"{model_dir}: perplexity is for train.task lm or mlm models; this one is {task}")
     if batch_tokens < 1:
-        raise ConfigError(f"--batch-tokens: must be positive; got {batch_tokens}")
+        raise ConfigError(f"decode.batch_tokens: must be positive; got {batch_tokens}")
     side, extra = _READS[task]
     device = resolve_device(device)
     model, tokenizer = load_model(model_dir, device), Tokenizer.load(model_dir)
@@ -76,8 +76,9 @@ def accuracy(model_dir: str | os.PathLike, path: str | os.PathLike, batch_size: 
              device: str = "cpu") -> dict[str, Any]:
     """A classifier's accuracy and macro-F1 on a ``text<TAB>label`` file:
     ``{"task": "classify", "accuracy", "macro_f1", "sentences"}``."""
-    from ..inference.classify import Classifier
-    return {"task": "classify", **score_labelled(Classifier.load(model_dir, device), path, batch_size)}
+    from ..inference import Classifier, Runtime
+    with Classifier.load(model_dir, Runtime(device=device)) as classifier:
+        return {"task": "classify", **score_labelled(classifier, path, batch_size)}
 
 
 def score_labelled(classifier: "Classifier", path: str | os.PathLike, batch_size: int = 64) -> dict[str, Any]:

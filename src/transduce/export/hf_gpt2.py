@@ -21,7 +21,8 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import require
-from ..inference.generate import GenerationConfig, generate_ids
+from ..inference.generate import GenerationConfig
+from ..inference.search.lm import generate_ids
 from .base import ExportError, load_for_export, no_progress_bars
 from .verify import N_SPECIAL, check_close
 

@@ -4,15 +4,18 @@ the search algorithms (:mod:`.search`), the decode-time speed layer (:mod:`.spee
 
 from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
+from .classify import Classifier
 from .files import translate_file
 from .generate import GenerationConfig, Generator
 from .pool import SearchPool, TranslatorPool
+from .runtime import Runtime, load
 from .search import (AttentionChoice, DraftStats, SearchOutput, SearchSpec, Speculation, beam_search,
                      greedy_search, length_penalty, max_lengths, sample, speculative_search)
 from .speed import prepare_for_decoding, restore
-from .translator import BaseTranslator, Hypothesis, Translation, Translator
+from .translator import BaseTranslator, Hypothesis, Translation, Translator, draft_summary
 
 __all__ = [
+    "Runtime", "load", "Classifier", "draft_summary",
     "greedy_search", "beam_search", "sample", "speculative_search", "Speculation", "DraftStats",
     "SearchOutput", "length_penalty", "max_lengths",
     "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",

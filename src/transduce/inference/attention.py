@@ -47,12 +47,13 @@ def _select(weights: list[Tensor], layer: int, head: int | None) -> Tensor:
 
 
 def attention_maps(translator: Translator, text: str, layer: int = -1, head: int | None = None,
-                   decode: DecodeConfig | None = None) -> AttentionMaps:
-    """Translate ``text`` (with ``decode``, default the translator's settings) and return the
-    attention maps of ``layer`` (encoder, decoder and cross attention of that layer index)."""
+                   decode: DecodeConfig | None = None, **overrides) -> AttentionMaps:
+    """Translate ``text`` (with ``decode``, default the translator's settings, and ``overrides``
+    of its fields) and return the attention maps of ``layer`` (encoder, decoder and cross
+    attention of that layer index)."""
     model, cfg = translator.model, translator.model.config
-    check_layer_head(cfg, layer, head, "--layer")
-    result = translator.translate_detailed([text], decode)[0]
+    check_layer_head(cfg, layer, head, "layer")
+    result = translator.translate_detailed([text], decode, **overrides)[0]
     if not result.source_tokens:
         raise TransduceError("attention: the sentence is empty")
     best = result.best

@@ -10,32 +10,55 @@ import torch
 
 from ..data.batch import pad, token_types
 from ..data.labelled import encode_example
-from ..device import resolve_device
-from ..errors import CheckpointError, ConfigError
+from ..device import autocast_context, resolve_device
+from ..errors import ConfigError
+from .runtime import Runtime, apply_threads, model_dirs
+from .speed.cpu import quantize_dynamic_int8
 
 
 class Classifier:
-    """A classifier and its tokenizer: texts in, label names out."""
+    """A classifier and its tokenizer: texts in, label names out.
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device):
-        self.model, self.tokenizer, self.device = model.eval(), tokenizer, device
+    Args:
+        model: an encoder-only model with a classification head (``train.task: classify``).
+        tokenizer: its :class:`~transduce.data.tokenizer.Tokenizer`.
+        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime()):
+        self.device = resolve_device(runtime.device, "runtime.device")
+        autocast_context(self.device, runtime.precision, "runtime.precision")  # a bad precision fails here
+        if runtime.int8 and self.device.type != "cpu":
+            raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
+        if runtime.int8:
+            quantize_dynamic_int8(model, inplace=True)
+        self.model, self.tokenizer, self.runtime = model.to(self.device).eval(), tokenizer, runtime
         self.config = model.config
 
+    def close(self) -> None:
+        """Nothing is held beyond the model; here for the front doors' common ``with`` use."""
+
+    def __enter__(self) -> "Classifier":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu") -> "Classifier":
+    def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Classifier":
         """The model and tokenizer of a model directory; a one-line error for any other model."""
         from ..data.tokenizer import Tokenizer
         from ..model.io import load_model, load_model_config
 
-        if not os.path.isdir(model_dir):
-            raise CheckpointError(f"{model_dir}: model directory not found")
+        model_dir = model_dirs(model_dir)[0]
         cfg = load_model_config(model_dir)
         if cfg.arch != "encoder_only" or not cfg.labels:
             head = " with a masked-LM head" if cfg.arch == "encoder_only" else ""
             raise ConfigError(f"{model_dir}: classify needs a classifier (train.task classify); this is a "
                               f"model.arch={cfg.arch} model{head}")
-        device = resolve_device(device)
-        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device)
+        apply_threads(runtime)
+        device = resolve_device(runtime.device, "runtime.device")
+        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), runtime)
 
     @torch.no_grad()
     def classify(self, texts: Sequence[str | tuple[str, ...]], batch_size: int = 64) -> list[str]:
@@ -54,7 +77,8 @@ class Classifier:
             chunk = order[lo:lo + batch_size]
             ids = pad([rows[i] for i in chunk], cfg.pad_id, bos=True, eos=True).to(self.device)  # (B, T)
             types = token_types(ids) if cfg.type_vocab_size else None    # (B, T)
-            predicted = self.model.classify(self.model(ids, types)).argmax(-1)  # (B,)
+            with autocast_context(self.device, self.runtime.precision):
+                predicted = self.model.classify(self.model(ids, types)).argmax(-1)  # (B,)
             for i, k in zip(chunk, predicted.tolist()):
                 out[i] = cfg.labels[k]
         return out

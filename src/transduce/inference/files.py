@@ -67,6 +67,18 @@ def reporting(translator, progress: Progress) -> Iterator[Progress]:
         progress.close()
 
 
+def read_texts(path: str | os.PathLike | None) -> list[tuple[str, ...]]:
+    """The texts of a file (or stdin) for a classifier: one text, or ``text_a<TAB>text_b`` (a
+    sentence pair), a line; a one-line DataError naming the line for more fields."""
+    texts = []
+    for n, line in enumerate(iter_lines(path), 1):
+        fields = tuple(line.split("\t"))
+        if len(fields) > 2:
+            raise DataError(f"{path or '<stdin>'}:{n}: expected a text or text_a<TAB>text_b; got {len(fields)} fields")
+        texts.append(fields)
+    return texts
+
+
 def one_line(text: str) -> str:
     """Keep the one-line-per-input contract even if a detokenizer produced a line break."""
     return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
@@ -95,16 +107,17 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
     decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
-    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None,
+    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, **overrides,
 ) -> int:
-    """Translate a file (or stdin) line by line into a file (or stdout) with ``decode``
-    (default: the translator's settings); returns lines read. ``prefix_path``: a file aligned
-    with the input whose lines each translation must begin with (an empty line: no prefix).
+    """Translate a file (or stdin) line by line into a file (or stdout) with ``decode`` (default:
+    the translator's settings) and ``overrides`` of its fields (``nbest=4`` writes the 4 best as
+    ``SCORE<TAB>TEXT`` lines); returns lines read. ``prefix_path``: a file aligned with the input
+    whose lines each translation must begin with (an empty line: no prefix).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
     """
-    decode = decode or translator.decode
+    decode = translator.settings(decode, **overrides)
     n = 0
     lines = iter_lines(input_path, stdin)
     prefixes = None if prefix_path is None else iter(read_lines(prefix_path))

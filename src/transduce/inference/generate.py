@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from torch import Tensor
 
 from ..config import ModelConfig
-from ..device import resolve_device
-from ..errors import CheckpointError, ConfigError, DataError
-from .speed import new_cache, prepare_for_decoding, prepared, restore
-from .search.sampling import check_sampling, filter_logits
-from .search.common import step_log_probs
+from ..device import autocast_context, resolve_device
+from ..errors import ConfigError, DataError
+from .runtime import Runtime, apply_threads, model_dirs
+from .search.lm import generate_ids
+from .search.sampling import check_sampling
+from .speed import prepare_for_decoding, restore
 
 
 @dataclass(frozen=True)
@@ -59,53 +59,13 @@ def check_decoder_only(config: ModelConfig, what: str) -> None:
         raise ConfigError(f"{what}: needs a decoder_only model (a language model); this one is {config.arch}")
 
 
-@torch.no_grad()  # generation never needs gradients (and the pooled cache forbids them)
-def generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
-                 generator: torch.Generator | None = None) -> list[list[int]]:
-    """Continue each row of ``prompts`` (B, P), BOS first, all of one length; returns the new ids
-    of each row (without EOS), at most ``max_new_tokens`` and never past ``max_positions``.
-
-    The model runs prepared for decoding (:func:`~transduce.inference.speed.prepared`: projections
-    fused once, the pooled cache, few-query attention), as search does; only the last position of
-    the prompt is projected to the vocabulary.
-    """
-    with prepared(model):
-        return _generate_ids(model, prompts, gen, generator)
-
-
-def _generate_ids(model: torch.nn.Module, prompts: Tensor, gen: GenerationConfig,
-                  generator: torch.Generator | None) -> list[list[int]]:
-    cfg = model.config
-    steps = min(gen.max_new_tokens, cfg.max_positions - prompts.shape[1])
-    cache = new_cache(model)
-    states = model.decode(prompts, cache, project=False).states[:, -1]  # (B, D)
-    logits = model.output_proj(states)                                  # (B, V)
-    done = torch.zeros(prompts.shape[0], dtype=torch.bool, device=prompts.device)
-    new: list[Tensor] = []
-    for step in range(steps):
-        logp = step_log_probs(logits, cfg, step, gen.min_new_tokens)      # (B, V), no PAD or BOS
-        if gen.temperature == 0:
-            token = logp.argmax(dim=-1)                                   # (B,)
-        else:
-            probs = filter_logits(logp, gen.temperature, gen.top_k, gen.top_p).exp()
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        token = token.masked_fill(done, cfg.eos_id)
-        new.append(token)
-        done |= token == cfg.eos_id
-        if step == steps - 1 or bool(done.all()):
-            break
-        logits = model.decode(token[:, None], cache).logits[:, -1]
-    rows = torch.stack(new, dim=1).tolist() if new else [[] for _ in range(len(prompts))]
-    return [row[:row.index(cfg.eos_id)] if cfg.eos_id in row else row for row in rows]
-
-
 class Generator:
     """A language model and its tokenizer, continuing lists of prompts.
 
     Args:
         model: an eval-mode :class:`~transduce.model.DecoderOnlyLM`.
         tokenizer: its :class:`~transduce.data.tokenizer.Tokenizer` (the target side is the LM's).
-        device: "cpu", "cuda", "cuda:1" or "auto".
+        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`).
 
     The model is prepared for decoding in place, as a :class:`~transduce.inference.Translator`
     prepares its own (:func:`~transduce.inference.speed.prepare_for_decoding`: fused projections,
@@ -117,10 +77,15 @@ class Generator:
         >>> gen.generate(["der Hund"], GenerationConfig(temperature=0))       # doctest: +SKIP
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu"):
+    def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime()):
         check_decoder_only(model.config, "generate")
-        self.device = resolve_device(device)
-        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu")
+        self.device = resolve_device(runtime.device, "runtime.device")
+        autocast_context(self.device, runtime.precision, "runtime.precision")  # a bad precision fails here
+        if runtime.int8 and self.device.type != "cpu":
+            raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
+        self.runtime = runtime
+        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu",
+                                          int8=runtime.int8)
         self.tokenizer = tokenizer
         self.config = model.config
 
@@ -135,16 +100,16 @@ class Generator:
         self.close()
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu") -> "Generator":
+    def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Generator":
         """The model and tokenizer of a model directory; a one-line error for another arch."""
         from ..data.tokenizer import Tokenizer
         from ..model.io import load_model, load_model_config
 
-        if not os.path.isdir(model_dir):
-            raise CheckpointError(f"{model_dir}: model directory not found")
+        model_dir = model_dirs(model_dir)[0]
         check_decoder_only(load_model_config(model_dir), "generate")
-        device = resolve_device(device)
-        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), device)
+        apply_threads(runtime)
+        device = resolve_device(runtime.device, "runtime.device")
+        return cls(load_model(model_dir, device), Tokenizer.load(model_dir), runtime)
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """BOS + the ids of each prompt; a one-line DataError if one leaves no position free."""
@@ -164,8 +129,10 @@ class Generator:
         new: list[list[int]] = [[] for _ in rows]
         for batch in _same_length_batches([len(r) for r in rows], gen.batch_size):
             ids = torch.tensor([rows[i] for i in batch], device=self.device)  # (B, P)
-            for i, out in zip(batch, generate_ids(self.model, ids, gen, generator)):
-                new[i] = out
+            with autocast_context(self.device, self.runtime.precision):
+                out = generate_ids(self.model, ids, gen, generator)
+            for i, row in zip(batch, out):
+                new[i] = row
         return [self.tokenizer.decode(row[1:] + out, side="tgt") for row, out in zip(rows, new)]
 
 

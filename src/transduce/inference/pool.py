@@ -30,18 +30,17 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
+from .runtime import ModelDirs, Runtime, model_dirs
 from .search import SearchOutput, SearchSpec
-from ..device import check_precision
-from .translator import BaseTranslator, Translator, input_limit
+from .translator import BaseTranslator, Translator, load_search_model, shared_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +55,10 @@ START_TIMEOUT_S = 300.0
 PARENT_POLL_S = 0.5
 
 # A batch not answered within its deadline means a hung worker (SIGSTOP, an endless loop, a
-# deadlock): the deadline is the larger of WORKER_TIMEOUT_S and SLOW_FACTOR times what the batch
+# deadlock): the deadline is the larger of runtime.worker_timeout_s and SLOW_FACTOR times what the batch
 # should take at the slowest speed the pool has measured (seconds per searched position), so a
 # slow but healthy worker, or a large batch on a big model, is given what it needs once the pool
 # has seen a batch of that model.
-WORKER_TIMEOUT_S = 120.0
 SLOW_FACTOR = 10.0
 
 # This worker process's Translator, or the error that loading it raised (set once by
@@ -99,9 +97,10 @@ def _unpack(parts: tuple[_Packed | None, ...]) -> SearchOutput:
     return SearchOutput(*(None if p is None else p.tensor() for p in parts))
 
 
-def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barrier) -> None:
-    """Load the model in a fresh worker, prepared as ``transduce translate`` prepares it (a CPU
-    :class:`~transduce.inference.Translator`, int8 if asked). An error is kept, not raised:
+def _init_worker(dirs: list[str], draft: str | None, runtime: Runtime, barrier) -> None:
+    """Load the model (an ensemble of ``dirs``, a ``draft``) in a fresh worker, prepared as
+    ``transduce translate`` prepares it (a CPU :class:`~transduce.inference.Translator` on
+    ``runtime``). An error is kept, not raised:
     raised here it would only break the pool ("a child process terminated abruptly"); raised by
     the first task, the parent gets it with its message."""
     # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
@@ -110,15 +109,15 @@ def _init_worker(model_dir: str, threads: int, precision: str, int8: bool, barri
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="transduce-parent-watch",
                      daemon=True).start()
     try:
-        torch.set_num_threads(threads)
-        from ..model import load_model
-
+        torch.set_num_threads(runtime.worker_threads)
         # No tokenizer: workers only search ids, and a SearchPool needs none in the directory.
-        _WORKER["translator"] = Translator(load_model(model_dir, "cpu"), None, "cpu", precision, int8)
+        model, speculation = load_search_model(dirs, draft, torch.device("cpu"))
+        _WORKER["translator"] = Translator(model, None, replace(runtime, device="cpu", workers=0),
+                                           speculation=speculation)
     except TransduceError as err:
         _WORKER["error"] = err
     except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
-        _WORKER["error"] = CheckpointError(f"{model_dir}: a decoding worker could not load it: "
+        _WORKER["error"] = CheckpointError(f"{dirs[0]}: a decoding worker could not load it: "
                                            f"{type(err).__name__}: {err}")
 
 
@@ -153,14 +152,15 @@ def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None
     translator = _WORKER["translator"]
     start = time.perf_counter()
     with torch.inference_mode(), translator.autocast():
-        out = _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor()))
+        out = _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor(),
+                             translator.speculation))
     return time.perf_counter() - start, out
 
 
 def _positions(src: Tensor, spec: SearchSpec) -> float:
     """What a search of the (B, S) batch ``src`` costs, in positions searched: sentences x beam x
     the longest output allowed (the measure the pool's deadlines scale with)."""
-    beam = spec.decode.beam if spec.temperature is None else 1
+    beam = 1 if spec.temperature else spec.decode.beam
     return src.shape[0] * beam * (spec.decode.max_len_a * src.shape[1] + spec.decode.max_len_b + 1)
 
 
@@ -173,14 +173,12 @@ class SearchPool:
     """Worker processes with a copy of a model each, searching batches of source ids.
 
     Args:
-        model_dir: a model directory (``config.yaml`` + ``model.safetensors``).
-        workers: number of processes (one per core is the usual choice).
-        threads: torch threads in each worker.
-        precision: "fp32", or "bf16" CPU autocast in the workers.
-        int8: dynamic int8 quantisation of the workers' linear layers.
-        timeout_s: the least time a batch may take before its worker counts as hung (see
-            ``WORKER_TIMEOUT_S``; a batch's deadline grows with its size once the pool has
-            measured its speed).
+        paths: a model directory (``config.yaml`` + ``model.safetensors``), or several (an ensemble).
+        runtime: ``workers`` processes (one per core is the usual choice) of ``worker_threads``
+            torch threads each, with ``precision`` (fp32, or bf16 CPU autocast) and ``int8``;
+            ``worker_timeout_s``: the least time a batch may take before its worker counts as
+            hung (a batch's deadline grows with its size once the pool has measured its speed).
+        draft: a draft model directory (speculative decoding in every worker).
 
     The workers are started and have loaded the model when the constructor returns (a model
     that cannot be loaded raises its one-line error here); ``pids`` are their process ids.
@@ -193,20 +191,18 @@ class SearchPool:
     :class:`WorkerLost`. Nothing is lost silently and nothing hangs.
     """
 
-    def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
-                 precision: str = "fp32", int8: bool = False, timeout_s: float = WORKER_TIMEOUT_S):
-        if workers < 1 or threads < 1:
-            raise ConfigError(f"workers and threads must be >= 1; got workers={workers}, threads={threads}")
-        if not timeout_s > 0:
-            raise ConfigError(f"worker timeout: must be > 0 seconds; got {timeout_s}")
-        check_precision(precision)
-        self.workers, self.timeout_s = workers, float(timeout_s)
+    def __init__(self, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),
+                 draft: str | os.PathLike | None = None):
+        if runtime.workers < 1:
+            raise ConfigError(f"runtime.workers: a pool needs at least one worker; got {runtime.workers}")
+        self.workers, self.timeout_s = runtime.workers, runtime.worker_timeout_s
         self.restarts = self.hangs = 0
         self.pids: list[int] = []
         self._rate = 0.0  # the slowest seconds per searched position measured so far
-        self._init = (str(model_dir), threads, precision, int8)
+        dirs = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        self._init = (dirs, None if draft is None else os.fspath(draft), runtime)
         self._open()
-        logger.info("%d decoding worker(s) ready, %d thread(s) each", workers, threads)
+        logger.info("%d decoding worker(s) ready, %d thread(s) each", self.workers, runtime.worker_threads)
 
     def _open(self) -> None:
         """Start the worker processes and wait until each has loaded the model."""
@@ -249,7 +245,7 @@ class SearchPool:
         self.pids = sorted(f.result() for f in futures)
 
     def _deadline(self, positions: float) -> float:
-        """Seconds a batch of ``positions`` may take (see ``WORKER_TIMEOUT_S``)."""
+        """Seconds a batch of ``positions`` may take (see ``SLOW_FACTOR``)."""
         return max(self.timeout_s, SLOW_FACTOR * self._rate * positions)
 
     def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None
@@ -340,30 +336,28 @@ class TranslatorPool(BaseTranslator):
     :meth:`close`, to stop the workers.
 
     Args:
-        model_dir: the model directory (the parent loads only its config and tokenizer).
-        workers, threads, precision, int8, timeout_s: as :class:`SearchPool`.
-        decode: the default decoding settings (default: the model directory's saved ones).
+        paths, runtime, draft: as :class:`SearchPool` (the parent loads only the configuration,
+            the tokenizer and the decoding settings of the first directory).
     """
 
-    def __init__(self, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1,
-                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None,
-                 timeout_s: float = WORKER_TIMEOUT_S):
-        from ..data.tokenizer import Tokenizer
+    def __init__(self, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),
+                 draft: str | os.PathLike | None = None):
         from ..model.io import load_decode_config, load_model_config
 
-        self.config = load_model_config(model_dir)  # a missing directory or bad config fails here
-        self.tokenizer = Tokenizer.load(model_dir)
-        self.decode = decode or load_decode_config(model_dir)
-        self.max_input_len = input_limit(self.config, self.decode.max_input_len)
-        self.precision = precision
-        self.pool = SearchPool(model_dir, workers, threads, precision, int8, timeout_s)
+        dirs = model_dirs(paths)
+        self.config = load_model_config(dirs[0])  # a bad config fails here
+        self.tokenizer = shared_tokenizer(dirs, draft)
+        self.decode = load_decode_config(dirs[0])
+        if draft is not None:  # speculative decoding is greedy search (or sampling)
+            self.decode = replace(self.decode, beam=1, nbest=1)
+        self.runtime = runtime
+        self.pool = SearchPool(dirs, runtime, draft)
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, workers: int = 2, threads: int = 1, precision: str = "fp32",
-             int8: bool = False, decode: DecodeConfig | None = None, timeout_s: float = WORKER_TIMEOUT_S
-             ) -> "TranslatorPool":
+    def load(cls, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),
+             draft: str | os.PathLike | None = None) -> "TranslatorPool":
         """The same as the constructor; named like :meth:`Translator.load`."""
-        return cls(model_dir, workers, threads, precision, int8, decode, timeout_s)
+        return cls(paths, runtime, draft)
 
     def close(self) -> None:
         self.pool.close()

@@ -28,6 +28,7 @@ from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.dispatch import SearchSpec
 from .search.sampling import check_sampling
+from .runtime import ModelDirs, Runtime, apply_threads, model_dirs
 from .search.speculative import Speculation, check_draft
 from .speed import prepare_for_decoding, restore
 
@@ -91,15 +92,14 @@ class BaseTranslator:
 
     Subclasses say where the searches run: :class:`Translator` in this process,
     :class:`~transduce.inference.pool.TranslatorPool` in worker processes. They set
-    ``tokenizer``, ``config`` (the model's :class:`~transduce.config.ModelConfig`), ``decode``
-    (the default :class:`~transduce.config.DecodeConfig`) and ``max_input_len``, and implement
-    :meth:`_search`.
+    ``tokenizer``, ``config`` (the model's :class:`~transduce.config.ModelConfig`) and ``decode``
+    (the default :class:`~transduce.config.DecodeConfig`, whose fields each call may replace),
+    and implement :meth:`_search`.
     """
 
     tokenizer: object
     config: object
     decode: DecodeConfig
-    max_input_len: int
     progress: Progress | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
@@ -147,7 +147,7 @@ class BaseTranslator:
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
-        return self._run(texts, SearchSpec(decode, attention), decode.batch_tokens, prefix)
+        return self._run(texts, SearchSpec(decode, attention), prefix)
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
@@ -156,27 +156,27 @@ class BaseTranslator:
         check_sampling(temperature, top_k, top_p)
         decode = self.settings(decode, **overrides)
         spec = SearchSpec(decode, temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
-        return self._run(texts, spec, decode.batch_tokens)
+        return self._run(texts, spec)
 
-    def encode_source(self, text: str) -> tuple[list[int], bool]:
-        """Source ids (no EOS), cut to ``max_input_len``; returns (ids, truncated)."""
+    def encode_source(self, text: str, max_input_len: int | None = None) -> tuple[list[int], bool]:
+        """Source ids (no EOS), cut to ``max_input_len`` (default: :attr:`decode`'s, capped by
+        what learned positions can represent); returns (ids, truncated)."""
+        limit = input_limit(self.config, self.decode.max_input_len if max_input_len is None else max_input_len)
         ids = self.tokenizer.encode(text, side="src")
-        if len(ids) <= self.max_input_len:
+        if len(ids) <= limit:
             return ids, False
-        logger.warning("input of %d tokens truncated to max_input_len=%d: %.40r...",
-                       len(ids), self.max_input_len, text)
-        return ids[: self.max_input_len], True
+        logger.warning("input of %d tokens truncated to max_input_len=%d: %.40r...", len(ids), limit, text)
+        return ids[:limit], True
 
-    def _run(self, texts: Sequence[str], spec: SearchSpec, batch_tokens: int,
-             prefix: Sequence[str] | None = None) -> list[Translation]:
+    def _run(self, texts: Sequence[str], spec: SearchSpec, prefix: Sequence[str] | None = None) -> list[Translation]:
         """Tokenize, search in length-sorted batches, and return results in input order."""
         if prefix is not None and len(prefix) != len(texts):
             raise ConfigError(f"prefix: {len(prefix)} prefixes for {len(texts)} texts (one per text)")
-        results = [self._source(text) for text in texts]
+        results = [self._source(text, spec.decode.max_input_len) for text in texts]
         todo = [i for i, r in enumerate(results) if r.source_tokens]
         eos = self.config.eos_id
-        batches = [[todo[j] for j in batch]
-                   for batch in self._batches([len(results[i].source_tokens) + 1 for i in todo], batch_tokens)]
+        lengths = [len(results[i].source_tokens) + 1 for i in todo]
+        batches = [[todo[j] for j in batch] for batch in self._batches(lengths, spec.decode.batch_tokens)]
         sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
                    for index in batches]
         prefixes = None
@@ -191,8 +191,8 @@ class BaseTranslator:
                 self.progress.advance(len(index))
         return results
 
-    def _source(self, text: str) -> Translation:
-        ids, truncated = self.encode_source(text)
+    def _source(self, text: str, max_input_len: int) -> Translation:
+        ids, truncated = self.encode_source(text, max_input_len)
         pieces = self.tokenizer.pieces(ids, side="src")
         empty = [Hypothesis("", [], [], 0.0, 0.0)] if not ids else []
         return Translation(text, ids, pieces, empty, truncated)
@@ -218,21 +218,21 @@ class BaseTranslator:
 
 
 class Translator(BaseTranslator):
-    """A model and its tokenizer, ready to translate lists of sentences.
+    """A model and its tokenizer, ready to translate lists of sentences in this process.
 
     Args:
         model: an eval-mode :class:`~transduce.model.Transformer` (or anything with the same
-            ``encode``/``decode``/``new_cache``/``config``).
+            ``encode``/``decode``/``new_cache``/``config``, such as an
+            :class:`~transduce.inference.search.ensemble.Ensemble`).
         tokenizer: a :class:`~transduce.data.tokenizer.Tokenizer` (``encode``/``decode``/``pieces``).
-        device: "cpu", "cuda", "cuda:1" or "auto".
-        precision: "fp32", or "bf16"/"fp16" autocast (fp16 on CUDA only).
-        int8: dynamic int8 quantisation of the linear layers (CPU only).
-        decode: the default decoding settings (:attr:`decode`); ``max_input_len``: longer inputs
-            are cut to this many tokens, with a warning.
-        speculation: a draft model (same tokenizer) and how many tokens it proposes per step of
-            ``model``: greedy search and sampling then run as speculative decoding (same output,
-            :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a beam
-            search asked for is refused; its ``stats`` count the accepted proposals.
+        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`;
+            ``workers`` is :class:`~transduce.inference.pool.TranslatorPool`'s).
+        decode: the default decoding settings (:attr:`decode`); inputs longer than
+            ``max_input_len`` are cut to that many tokens, with a warning.
+        speculation: a draft model (same tokenizer) that proposes tokens for ``model`` to check:
+            greedy search and sampling then run as speculative decoding (same output,
+            :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a
+            beam search asked for is refused; its ``stats`` count the accepted proposals.
 
     The model is prepared for decoding in place (:func:`~transduce.inference.speed.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
@@ -241,31 +241,27 @@ class Translator(BaseTranslator):
     without those copies: do that before training a model you translated with.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: str | torch.device = "cpu",
-                 precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None,
-                 speculation: Speculation | None = None):
+    def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime(),
+                 decode: DecodeConfig | None = None, speculation: Speculation | None = None):
         if model.config.arch != "encoder_decoder":
             raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
                               + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
                                  else ""))
-        self.device = resolve_device(device)
-        autocast_context(self.device, precision)  # a bad precision fails here, not at the first search
-        if int8 and self.device.type != "cpu":
-            raise ConfigError(f"--int8: dynamic int8 quantisation runs on CPU only; got device {self.device} "
-                              "(use --device cpu)")
-        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu", int8=int8)
+        self.device = resolve_device(runtime.device, "runtime.device")
+        autocast_context(self.device, runtime.precision, "runtime.precision")  # a bad precision fails here
+        if runtime.int8 and self.device.type != "cpu":
+            raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
+        self.runtime = runtime
+        self.model = _prepared(model, self.device, runtime)
         self.speculation = speculation
         if speculation is not None:
             check_draft(model.config, speculation.draft.config)
-            speculation.draft = prepare_for_decoding(speculation.draft.to(self.device).eval(),
-                                                     onednn=self.device.type == "cpu", int8=int8)
+            speculation.draft = _prepared(speculation.draft, self.device, runtime)
         self.tokenizer = tokenizer
-        self.precision = precision
         self.config = model.config
         self.decode = decode or DecodeConfig()
         if speculation is not None:  # speculative decoding is greedy search (or sampling)
-            self.decode = replace(self.decode, beam=1)
-        self.max_input_len = input_limit(self.config, self.decode.max_input_len)
+            self.decode = replace(self.decode, beam=1, nbest=1)
 
     def close(self) -> None:
         """Undo the preparation and drop the kept weight copies (see
@@ -276,45 +272,25 @@ class Translator(BaseTranslator):
             restore(self.speculation.draft)
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, device: str | torch.device = "cpu", precision: str = "fp32",
-             int8: bool = False, decode: DecodeConfig | None = None, draft: str | os.PathLike | None = None,
-             draft_tokens: int = 4, draft_threshold: float = 0.0) -> "Translator":
-        """Load the model, tokenizer and decoding settings of a model directory; ``decode``
-        replaces the saved settings. ``draft``: a model directory with the same tokenizer, whose
-        model proposes up to ``draft_tokens`` tokens per step (speculative decoding), stopping
-        early below ``draft_threshold`` (:class:`~transduce.inference.search.speculative.Speculation`)."""
-        from ..model.io import load_decode_config, load_model
+    def load(cls, paths: ModelDirs, runtime: Runtime = Runtime(),
+             draft: str | os.PathLike | None = None) -> "Translator":
+        """The model, tokenizer and saved decoding settings of a model directory, or the
+        :class:`~transduce.inference.search.ensemble.Ensemble` of several (one tokenizer for all;
+        the first one's decoding settings); ``draft``: a model directory of the same tokenizer
+        whose model proposes tokens (speculative decoding). Prefer
+        :func:`~transduce.inference.runtime.load`, which also builds pools."""
+        from ..model.io import load_decode_config
 
-        others = [] if draft is None else [draft]
-        tokenizer = _shared_tokenizer(model_dir, others, "--draft: ", "a draft must share the model's (train it "
-                                     "with --set data.tokenizer=MODEL_DIR)")
-        device = resolve_device(device)
-        decode = decode or load_decode_config(model_dir)
-        speculation = None
-        if draft is not None:
-            speculation = Speculation(load_model(draft, device), draft_tokens, threshold=draft_threshold)
-        return cls(load_model(model_dir, device), tokenizer, device, precision, int8, decode, speculation)
-
-    @classmethod
-    def load_ensemble(cls, model_dirs: Sequence[str | os.PathLike], device: str | torch.device = "cpu",
-                      precision: str = "fp32", int8: bool = False, decode: DecodeConfig | None = None
-                      ) -> "Translator":
-        """A Translator over the :class:`~transduce.inference.search.ensemble.Ensemble` of the models in
-        ``model_dirs`` (one tokenizer for all; a one-line error otherwise), with the first
-        directory's decoding settings unless ``decode`` is given. One directory: :meth:`load`."""
-        from ..model.io import load_decode_config, load_model
-        from .search.ensemble import Ensemble
-
-        if len(model_dirs) == 1:
-            return cls.load(model_dirs[0], device, precision, int8, decode)
-        tokenizer = _shared_tokenizer(model_dirs[0], model_dirs[1:], "", "an ensemble needs one tokenizer")
-        device = resolve_device(device)
-        ensemble = Ensemble([load_model(d, device) for d in model_dirs])
-        return cls(ensemble, tokenizer, device, precision, int8, decode or load_decode_config(model_dirs[0]))
+        dirs = model_dirs(paths)
+        tokenizer = shared_tokenizer(dirs, draft)
+        device = resolve_device(runtime.device, "runtime.device")
+        apply_threads(runtime)
+        model, speculation = load_search_model(dirs, draft, device)
+        return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """Autocast to bf16/fp16 when ``precision`` asks for it, else nothing."""
-        return autocast_context(self.device, self.precision)
+        """Autocast to bf16/fp16 when ``runtime.precision`` asks for it, else nothing."""
+        return autocast_context(self.device, self.runtime.precision)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
                 ) -> Iterator[SearchOutput]:
@@ -325,19 +301,52 @@ class Translator(BaseTranslator):
             yield out  # outside the block: the caller does not run in inference mode
 
 
-def _shared_tokenizer(model_dir: str | os.PathLike, others: Sequence[str | os.PathLike], flag: str, why: str):
-    """The tokenizer of ``model_dir``, after a one-line error unless every directory exists and
-    each of ``others`` has the same one (``flag`` prefixes that error, ``why`` ends it)."""
+def _prepared(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
+    """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says."""
+    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8)
+
+
+def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device
+                      ) -> tuple[torch.nn.Module, Speculation | None]:
+    """The model a search runs on, from directories checked by :func:`shared_tokenizer`: one
+    model, or the :class:`~transduce.inference.search.ensemble.Ensemble` of several; and the
+    draft model's :class:`~transduce.inference.search.speculative.Speculation`, if any."""
+    from ..model.io import load_model
+    from .search.ensemble import Ensemble
+
+    if draft is not None and len(dirs) > 1:
+        raise ConfigError("draft: speculative decoding checks one model's proposals; give one model directory")
+    model = load_model(dirs[0], device) if len(dirs) == 1 else Ensemble([load_model(d, device) for d in dirs])
+    return model, None if draft is None else Speculation(load_model(draft, device))
+
+
+def shared_tokenizer(dirs: Sequence[str], draft: str | os.PathLike | None = None):
+    """The tokenizer of ``dirs[0]``, after a one-line error unless the other directories (an
+    ensemble) and the ``draft`` exist and have the same one."""
     from ..data.tokenizer import Tokenizer
 
-    for path in (model_dir, *others):
+    others = [(d, "model_dirs", "an ensemble needs one tokenizer") for d in dirs[1:]]
+    if draft is not None:
+        others.append((os.fspath(draft), "draft", "a draft must share the model's (train it with "
+                       "--set data.tokenizer=MODEL_DIR)"))
+    for path, _, _ in others:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory not found")
-    tokenizer = Tokenizer.load(model_dir)
-    for path in others:
+    tokenizer = Tokenizer.load(dirs[0])
+    for path, key, why in others:
         if Tokenizer.load(path).digest() != tokenizer.digest():
-            raise ConfigError(f"{flag}{path} has another tokenizer than {model_dir}; {why}")
+            raise ConfigError(f"{key}: {path} has another tokenizer than {dirs[0]}; {why}")
     return tokenizer
+
+
+def draft_summary(translator) -> dict | None:
+    """A translator's speculative decoding statistics so far (None without a draft model, or
+    when the draft runs in worker processes, whose statistics stay there)."""
+    speculation = getattr(translator, "speculation", None)
+    if speculation is None:
+        return None
+    s = speculation.stats
+    return {"acceptance": round(s.acceptance, 4), "tokens_per_model_step": round(s.tokens_per_round, 3)}
 
 
 def input_limit(config, max_input_len: int) -> int:

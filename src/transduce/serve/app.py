@@ -30,7 +30,8 @@ from importlib import resources
 from typing import Any, Hashable
 
 from ..errors import ConfigError, TransduceError, require
-from ..inference.pool import WORKER_TIMEOUT_S, WorkerLost
+from ..inference.pool import WorkerLost
+from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
 from ..inference.search import AttentionChoice
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
@@ -44,7 +45,6 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8000
-    batch_tokens: int | None = None  # None: the model's decoding settings (DecodeConfig.batch_tokens)
     batch_wait_ms: float = 5.0
     batching: bool = True
     max_body_bytes: int = 256 * 1024
@@ -52,11 +52,6 @@ class ServeConfig:
     max_sentence_chars: int = 2000
     max_queued: int = 1024
     request_timeout_s: float = 30.0
-    int8: bool = False
-    device: str = "cpu"
-    threads: int | None = None
-    workers: int = 0
-    worker_timeout_s: float = WORKER_TIMEOUT_S  # a batch unanswered this long means a hung worker (see inference.pool)
     api_key: str | None = field(default=None, repr=False)  # required as "Authorization: Bearer KEY"
     max_per_client: int | None = None  # requests one client address may have in flight (429 beyond)
 
@@ -65,16 +60,11 @@ class ServeConfig:
             raise ConfigError("serve.api_key: is empty")
         if self.max_per_client is not None and self.max_per_client <= 0:
             raise ConfigError(f"serve.max_per_client: must be positive; got {self.max_per_client}")
-        for key in ("batch_tokens", "max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
+        for key in ("max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
-        if self.workers < 0 or (self.workers and self.device not in ("cpu", "auto")):
-            raise ConfigError(f"serve.workers: must be >= 0, and worker processes decode on the CPU; "
-                              f"got workers={self.workers}, device={self.device!r}")
-        if not self.worker_timeout_s > 0:
-            raise ConfigError(f"serve.worker_timeout_s: must be positive; got {self.worker_timeout_s}")
         if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
             raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
 
@@ -83,15 +73,22 @@ class TranslationService:
     """The model side of the server: a Translator run by a DynamicBatcher's worker thread.
 
     Args:
-        translator: a :class:`~transduce.inference.Translator` or
+        translator: what :func:`~transduce.inference.load` returns for a translation model: a
+            :class:`~transduce.inference.Translator` (one model, an ensemble, with a draft) or a
             :class:`~transduce.inference.TranslatorPool` (only the batcher's thread uses it; a pool
             spreads each batch over its worker processes).
-        cfg: the server settings (token budget, batching wait, queue size).
+        cfg: the server settings (batching wait, queue size, limits).
+        defaults: decoding settings replacing the model's own (DecodeConfig field -> value); a
+            request's settings replace these; ``batch_tokens`` is also the batcher's token budget.
     """
 
-    def __init__(self, translator, cfg: ServeConfig):
+    def __init__(self, translator, cfg: ServeConfig, defaults: dict[str, Any] | None = None):
+        if translator.config.arch != "encoder_decoder":
+            raise ConfigError(f"serve: needs a translation model (encoder_decoder); this one is "
+                              f"{translator.config.arch}")
         self.translator, self.cfg = translator, cfg
-        self.batch_tokens = cfg.batch_tokens or translator.decode.batch_tokens
+        self.defaults = translator.settings(**(defaults or {}))
+        self.batch_tokens = self.defaults.batch_tokens
         self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
                                       max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
 
@@ -107,8 +104,8 @@ class TranslationService:
         return [attention_payload(r) for r in self.translator.translate_detailed(items, decode, attention)]
 
     def settings(self, **fields) -> Any:
-        """The model's decoding settings with a request's fields and the server's batch size."""
-        return self.translator.settings(batch_tokens=self.batch_tokens, nbest=1, **fields)
+        """The server's decoding settings with a request's fields (one best translation each)."""
+        return self.translator.settings(self.defaults, nbest=1, **fields)
 
     def close(self) -> None:
         self.batcher.close()
@@ -124,21 +121,18 @@ def attention_payload(result) -> dict[str, Any]:
     return {"translation": best.text, "source": source, "target": target, "matrix": matrix}
 
 
-def load_service(model_dir: str | os.PathLike, cfg: ServeConfig) -> TranslationService:
-    """Load the model directory into a TranslationService (int8, threads and worker processes as
-    configured; with workers, ``threads`` is per worker)."""
-    import torch
-
-    from ..inference.pool import TranslatorPool
-    from ..inference.translator import Translator
-
-    if cfg.workers:
-        pool = TranslatorPool.load(model_dir, cfg.workers, cfg.threads or 1, int8=cfg.int8,
-                                   timeout_s=cfg.worker_timeout_s)
-        return TranslationService(pool, cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    return TranslationService(Translator.load(model_dir, cfg.device, int8=cfg.int8), cfg)
+def load_service(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(),
+                 draft: str | os.PathLike | None = None, defaults: dict[str, Any] | None = None
+                 ) -> TranslationService:
+    """The model directories (one, or an ensemble; a ``draft``) loaded for ``runtime`` by the
+    one front door (:func:`~transduce.inference.load`), served with ``cfg`` and the decoding
+    ``defaults``."""
+    translator = load(paths, runtime, draft)
+    try:
+        return TranslationService(translator, cfg, defaults)
+    except BaseException:
+        translator.close()
+        raise
 
 
 class ApiError(Exception):
@@ -333,16 +327,19 @@ def create_app(service: TranslationService, title: str = "transduce"):
     return app
 
 
-def serve(model_dir: str | os.PathLike, cfg: ServeConfig) -> None:
-    """Load ``model_dir`` and serve it with uvicorn until interrupted (``transduce serve``)."""
+def serve(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None,
+          defaults: dict[str, Any] | None = None) -> None:
+    """Load the model directories as :func:`load_service` does and serve them with uvicorn until
+    interrupted (``transduce serve``)."""
     uvicorn = require("uvicorn", "serve", "serving")
     require("fastapi", "serve", "serving")
-    service = load_service(model_dir, cfg)
+    service = load_service(paths, cfg, runtime, draft, defaults)
+    model_dir = model_dirs(paths)[0]
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
         logger.warning("serving on %s: reachable from other machines, and without an API key anyone can use "
                        "it (serve --api-key-file FILE or $TRANSDUCE_API_KEY)", cfg.host)
     settings = {**asdict(cfg), "api_key": None if cfg.api_key is None else "(set)"}
-    logger.info("serving %s on http://%s:%d (settings: %s)", model_dir, cfg.host, cfg.port, settings)
+    logger.info("serving %s on http://%s:%d (settings: %s; %s)", model_dir, cfg.host, cfg.port, settings, runtime)
     try:
         uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
                     host=cfg.host, port=cfg.port, log_level="info")

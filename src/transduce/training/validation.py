@@ -79,8 +79,9 @@ def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfi
 def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]], cfg: RunConfig,
                     device: torch.device) -> float:
     """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``."""
-    from ..inference.translator import Translator
-    with Translator(model, tokenizer, device=device) as translator:  # gives the training model back as it was
+    from ..inference import Runtime, Translator
+    # (the block's end gives the training model back as it was)
+    with Translator(model, tokenizer, Runtime(device=str(device))) as translator:
         hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
                                     max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
     return corpus_bleu(hyps, [t for _, t in texts])

@@ -3,6 +3,8 @@ tokens distributed as the model's own samples, caches cut back past rejections."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -31,8 +33,9 @@ def test_greedy_with_a_disagreeing_draft_equals_greedy_search(k, min_len):
     model, draft = tiny_transformer(VOCAB, seed=0), tiny_transformer(VOCAB, seed=1, n_decoder_layers=1)
     src = random_sources([5, 3, 9, 1, 7, 2], VOCAB, seed=0)
     decode = DecodeConfig(max_len_a=1.0, max_len_b=6, min_len=min_len)
-    spec = Speculation(draft, k)
-    _assert_same(greedy_search(model, src, decode), speculative_search(model, src, spec, decode))
+    spec = Speculation(draft)
+    _assert_same(greedy_search(model, src, decode),
+                 speculative_search(model, src, spec, replace(decode, draft_tokens=k)))
     assert 0 < spec.stats.acceptance < 1  # rejections happened
 
 
@@ -42,8 +45,8 @@ def test_the_model_as_its_own_draft_accepts_everything(k):
     model = tiny_transformer(VOCAB, seed=2)
     src = random_sources([6, 4, 8], VOCAB, seed=2)
     decode = DecodeConfig(max_len_a=0.0, max_len_b=20)
-    spec = Speculation(model, k)
-    out = speculative_search(model, src, spec, decode)
+    spec = Speculation(model)
+    out = speculative_search(model, src, spec, replace(decode, draft_tokens=k))
     _assert_same(greedy_search(model, src, decode), out)
     assert spec.stats.acceptance == 1.0
     # each target pass emits k + 1 tokens until a row ends
@@ -60,12 +63,12 @@ def test_rows_accepting_different_counts_match_each_alone():
         draft.decoder_layers[-1].ffn.fc2.weight.mul_(1.5)
     src = random_sources([7, 2, 9, 4, 5], VOCAB, seed=3)
     decode = DecodeConfig(max_len_a=1.0, max_len_b=8)
-    batched = speculative_search(model, src, Speculation(draft, 4), decode)
+    batched = speculative_search(model, src, Speculation(draft), decode)  # (4 tokens by default)
     _assert_same(greedy_search(model, src, decode), batched)
     accepted = []
     for i in range(src.shape[0]):
         n = int((src[i] != 0).sum())
-        spec = Speculation(draft, 4)
+        spec = Speculation(draft)
         alone = speculative_search(model, src[i:i + 1, :n], spec, decode)
         assert alone.hypothesis(0) == batched.hypothesis(i)
         accepted.append(spec.stats.acceptance)
@@ -78,15 +81,16 @@ def test_learned_positions_stop_at_the_last_position():
     draft = tiny_transformer(VOCAB, seed=5, positions="learned", max_positions=12, n_decoder_layers=1)
     src = random_sources([10, 3], VOCAB, seed=4)
     decode = DecodeConfig(max_len_a=2.0, max_len_b=10)  # limits beyond 12 positions: capped
-    _assert_same(greedy_search(model, src, decode), speculative_search(model, src, Speculation(draft, 8), decode))
+    _assert_same(greedy_search(model, src, decode),
+                 speculative_search(model, src, Speculation(draft), replace(decode, draft_tokens=8)))
 
 
 def test_a_draft_with_another_vocabulary_is_refused():
     model, draft = tiny_transformer(VOCAB), tiny_transformer(VOCAB + 1)
-    with pytest.raises(ConfigError, match="^--draft: the draft's model.src_vocab_size is 41"):
-        speculative_search(model, random_sources([3], VOCAB), Speculation(draft, 2))
-    with pytest.raises(ConfigError, match="--draft-tokens: must be >= 1"):
-        Speculation(model, 0)
+    with pytest.raises(ConfigError, match="^draft: the draft's model.src_vocab_size is 41"):
+        speculative_search(model, random_sources([3], VOCAB), Speculation(draft))
+    with pytest.raises(ConfigError, match="decode.draft_tokens: must be >= 1"):
+        DecodeConfig(draft_tokens=0)
 
 
 def _two_token_probs(model, src, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,10 +119,11 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def test_a_draft_stopping_below_its_threshold_keeps_the_output(threshold):
     model, draft = tiny_transformer(VOCAB, seed=0), tiny_transformer(VOCAB, seed=1, n_decoder_layers=1)
     src = random_sources([5, 3, 9, 1, 7, 2], VOCAB, seed=0)
-    decode = DecodeConfig(max_len_a=1.0, max_len_b=6)
-    spec = Speculation(draft, 8, threshold=threshold)
-    _assert_same(greedy_search(model, src, decode), speculative_search(model, src, spec, decode))
-    full = Speculation(draft, 8)
+    decode = DecodeConfig(max_len_a=1.0, max_len_b=6, draft_tokens=8)
+    spec = Speculation(draft)
+    _assert_same(greedy_search(model, src, decode),
+                 speculative_search(model, src, spec, replace(decode, draft_threshold=threshold)))
+    full = Speculation(draft)
     speculative_search(model, src, full, decode)
     # the draft stopped early in some rounds: fewer proposals per round than K
     assert spec.stats.proposed / spec.stats.rounds < full.stats.proposed / full.stats.rounds
@@ -126,8 +131,8 @@ def test_a_draft_stopping_below_its_threshold_keeps_the_output(threshold):
 
 
 def test_a_threshold_outside_0_1_is_refused():
-    with pytest.raises(ConfigError, match="--draft-threshold"):
-        Speculation(tiny_transformer(VOCAB, seed=0), 4, threshold=1.0)
+    with pytest.raises(ConfigError, match="decode.draft_threshold"):
+        DecodeConfig(draft_threshold=1.0)
 
 
 @torch.inference_mode()
@@ -138,9 +143,9 @@ def test_speculative_sampling_draws_from_the_models_distribution(k, threshold):
     model = tiny_transformer(vocab, seed=6, tie_output=False)
     draft = tiny_transformer(vocab, seed=7, n_decoder_layers=1, tie_output=False)
     src = random_sources([3], vocab, seed=6)
-    decode = DecodeConfig(max_len_a=0.0, max_len_b=3, min_len=3)  # three tokens, no EOS
-    sample = lambda logp: filter_logits(logp, temperature)  # noqa: E731
-    spec = Speculation(draft, k, threshold=threshold)
+    decode = DecodeConfig(max_len_a=0.0, max_len_b=3, min_len=3, draft_tokens=k, draft_threshold=threshold)
+    sample = lambda logp: filter_logits(logp, temperature)  # noqa: E731  (three tokens, no EOS)
+    spec = Speculation(draft)
     out = speculative_search(model, src.expand(rows, -1), spec, decode, sample, torch.Generator().manual_seed(0))
     pairs, exact = _two_token_probs(model, src, temperature)
     index = {tuple(p.tolist()): i for i, p in enumerate(pairs)}
@@ -159,8 +164,8 @@ def test_speculative_sampling_draws_from_the_models_distribution(k, threshold):
 def test_stats_count_rounds_and_tokens():
     model = tiny_transformer(VOCAB, seed=8)
     src = random_sources([4], VOCAB, seed=8)
-    spec = Speculation(model, 3, stats=DraftStats())
-    out = speculative_search(model, src, spec, DecodeConfig(max_len_a=0.0, max_len_b=9, min_len=9))
+    spec = Speculation(model, stats=DraftStats())
+    out = speculative_search(model, src, spec, DecodeConfig(max_len_a=0.0, max_len_b=9, min_len=9, draft_tokens=3))
     assert int(out.lengths[0, 0]) == 9 and EOS not in out.hypothesis(0)[:-1]
     assert spec.stats.tokens == 9 and spec.stats.rounds == 3  # 4 + 4 + 1 tokens
 
@@ -177,17 +182,17 @@ def test_translator_with_a_draft_translates_as_greedy_search(trained_dir, toy_dr
     from transduce.inference import Translator
 
     texts = [s for s, _ in toy_pairs(120, seed=99)]
-    plain = Translator.load(trained_dir, decode=DecodeConfig(beam=1))
-    expected = plain.translate_detailed(texts)
+    plain = Translator.load(trained_dir)
+    expected = plain.translate_detailed(texts, beam=1)
     for k in (1, 2, 4, 8):
-        with Translator.load(trained_dir, draft=toy_draft_dir, draft_tokens=k) as tr:
-            got = tr.translate_detailed(texts)
+        with Translator.load(trained_dir, draft=toy_draft_dir) as tr:
+            got = tr.translate_detailed(texts, draft_tokens=k)
             assert [t.best.tokens for t in got] == [t.best.tokens for t in expected]
             assert [t.best.ended for t in got] == [t.best.ended for t in expected]
             assert 0 < tr.speculation.stats.acceptance < 1
     # one sentence a batch: no row waits for another, so a step of the model keeps more tokens
-    with Translator.load(trained_dir, draft=toy_draft_dir, draft_tokens=4) as tr:
-        got = tr.translate_detailed(texts[:20], batch_tokens=1)
+    with Translator.load(trained_dir, draft=toy_draft_dir) as tr:
+        got = tr.translate_detailed(texts[:20], batch_tokens=1, draft_tokens=4)
         assert [t.best.tokens for t in got] == [t.best.tokens for t in expected[:20]]
         assert tr.speculation.stats.tokens_per_round > 1.2
 
@@ -195,20 +200,20 @@ def test_translator_with_a_draft_translates_as_greedy_search(trained_dir, toy_dr
 def test_translator_refuses_a_beam_attention_and_another_tokenizer(trained_dir, toy_draft_dir, model_dir):
     from transduce.inference import AttentionChoice, Translator
 
-    tr = Translator.load(trained_dir, decode=DecodeConfig(beam=5), draft=toy_draft_dir)
-    assert tr.decode.beam == 1  # the default settings become greedy
+    tr = Translator.load(trained_dir, draft=toy_draft_dir)
+    assert tr.decode.beam == 1  # the default settings become greedy (the model's are beam 4)
     with pytest.raises(ConfigError, match="^decode.beam: speculative decoding is greedy .*got beam 3"):
         tr.translate(["the dog"], beam=3)
     with pytest.raises(ConfigError, match="^attention: speculative decoding records no attention"):
         tr.translate_detailed(["the dog"], attention=AttentionChoice())
-    with pytest.raises(ConfigError, match="^--draft: .* has another tokenizer than"):
+    with pytest.raises(ConfigError, match="^draft: .* has another tokenizer than"):
         Translator.load(trained_dir, draft=model_dir)
 
 
 def test_sampling_through_the_translator_with_a_draft_is_seeded(trained_dir, toy_draft_dir):
     from transduce.inference import Translator
 
-    with Translator.load(trained_dir, draft=toy_draft_dir, draft_tokens=3) as tr:
-        a = tr.sample(["the red dog runs", "a bird sings"], temperature=1.5, seed=3)
-        b = tr.sample(["the red dog runs", "a bird sings"], temperature=1.5, seed=3)
+    with Translator.load(trained_dir, draft=toy_draft_dir) as tr:
+        a = tr.sample(["the red dog runs", "a bird sings"], temperature=1.5, seed=3, draft_tokens=3)
+        b = tr.sample(["the red dog runs", "a bird sings"], temperature=1.5, seed=3, draft_tokens=3)
     assert [t.best.tokens for t in a] == [t.best.tokens for t in b]

@@ -2,7 +2,7 @@
 
 A spec is a plain frozen value (worker processes are sent it,
 :class:`~transduce.inference.pool.TranslatorPool`); :meth:`SearchSpec.run` picks, in this
-order, speculative decoding (a draft model given), sampling (``temperature`` set), the static
+order, speculative decoding (a draft model given), sampling (``temperature`` > 0), the static
 search (CUDA graphs; by default on CUDA when it can run), greedy search (``beam`` 1) or beam
 search. The algorithms never choose among themselves.
 """
@@ -28,14 +28,15 @@ from .static import static_search, unsupported
 class SearchSpec:
     """The settings of one search, runnable on any batch of source ids.
 
-    ``decode.beam`` 1 is greedy search; ``temperature`` set means sampling (``beam``,
-    ``lenpen``, ``nbest`` and ``stop`` unused). ``static``: run the static-shape search
+    ``decode.beam`` 1 is greedy search; ``temperature`` > 0 means sampling (``beam``,
+    ``lenpen``, ``nbest`` and ``stop`` unused; 0 is greedy, as in
+    :class:`~transduce.config.GenerationConfig`). ``static``: run the static-shape search
     (:mod:`.static`; True), never (False), or by default (None) on CUDA where it can.
     """
 
     decode: DecodeConfig = DecodeConfig()
     attention: AttentionChoice | None = None
-    temperature: float | None = None
+    temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
@@ -50,7 +51,7 @@ class SearchSpec:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work without a draft model")
             return self._speculative(model, src, speculation)
-        if self.temperature is not None:
+        if self.temperature:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
             return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
@@ -74,7 +75,7 @@ class SearchSpec:
 
     def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
         check_speculative(self.decode, self.attention)
-        if self.temperature is None:
+        if not self.temperature:
             return speculative_search(model, src, speculation, self.decode)
         generator = None if self.seed is None else torch.Generator(device=src.device).manual_seed(self.seed)
 

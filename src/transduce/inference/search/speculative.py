@@ -59,35 +59,28 @@ class DraftStats:
 
 @dataclass
 class Speculation:
-    """A draft model with the target's vocabulary and special ids, at most K (``tokens``)
-    proposals per round, and the statistics of the searches run with it (see :func:`check_draft`).
+    """A draft model with the target's vocabulary and special ids (see :func:`check_draft`), and
+    the statistics of the searches run with it.
 
-    ``threshold``: a row stops offering proposals in a round after one whose probability (the
-    draft's own, after filtering when sampling) is below it, and the draft stops when every row
-    has; 0 always offers K. A draft unsure of its token is likely to be rejected, and a rejected
-    proposal costs a draft step for nothing. The output does not depend on it: each position
-    after the last offer is the model's own choice (greedy) or draw (sampling), and whether a
-    position is offered depends only on the tokens before it."""
+    How many tokens it proposes per round, at most K, is ``decode.draft_tokens``. With
+    ``decode.draft_threshold`` a row stops offering proposals in a round after one whose
+    probability (the draft's own, after filtering when sampling) is below it, and the draft stops
+    when every row has; 0 always offers K. A draft unsure of its token is likely to be rejected,
+    and a rejected proposal costs a draft step for nothing. The output does not depend on it: each
+    position after the last offer is the model's own choice (greedy) or draw (sampling), and
+    whether a position is offered depends only on the tokens before it."""
 
     draft: Seq2Seq
-    tokens: int = 4
-    threshold: float = 0.0
     stats: DraftStats = field(default_factory=DraftStats)
-
-    def __post_init__(self) -> None:
-        if self.tokens < 1:
-            raise ConfigError(f"--draft-tokens: must be >= 1; got {self.tokens}")
-        if not 0.0 <= self.threshold < 1.0:
-            raise ConfigError(f"--draft-threshold: must be in [0, 1); got {self.threshold}")
 
 
 def check_draft(target_config, draft_config) -> None:
     """A one-line ConfigError unless the draft reads and writes the target's token ids."""
     if getattr(draft_config, "arch", "encoder_decoder") != "encoder_decoder":
-        raise ConfigError(f"--draft: needs an encoder_decoder model; the draft is {draft_config.arch}")
+        raise ConfigError(f"draft: needs an encoder_decoder model; the draft is {draft_config.arch}")
     for key in ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
         if getattr(target_config, key) != getattr(draft_config, key):
-            raise ConfigError(f"--draft: the draft's model.{key} is {getattr(draft_config, key)}, the model's "
+            raise ConfigError(f"draft: the draft's model.{key} is {getattr(draft_config, key)}, the model's "
                               f"{getattr(target_config, key)}: a draft must share the model's tokenizer")
 
 
@@ -121,7 +114,7 @@ def speculative_search(model: Seq2Seq, src: Tensor, speculation: Speculation,
                        decode: DecodeConfig = DecodeConfig(), sample: Filter | None = None,
                        generator: torch.Generator | None = None) -> SearchOutput:
     """Greedy search (``sample`` None) or sampling from ``sample``'s filtered distribution, with
-    ``speculation``'s draft proposing ``speculation.tokens`` tokens per target pass.
+    ``speculation``'s draft proposing ``decode.draft_tokens`` tokens per target pass.
 
     Same conventions, length limits and output as
     :func:`~transduce.inference.search.greedy.greedy_search` / :func:`~transduce.inference.search.sampling.sample`
@@ -139,8 +132,8 @@ class _Search:
 
     def __init__(self, model: Seq2Seq, src: Tensor, speculation: Speculation, decode: DecodeConfig,
                  sample: Filter | None, generator: torch.Generator | None):
-        self.model, self.draft, self.k = model, speculation.draft, speculation.tokens
-        self.log_threshold = math.log(speculation.threshold) if speculation.threshold > 0 else None
+        self.model, self.draft, self.k = model, speculation.draft, decode.draft_tokens
+        self.log_threshold = math.log(decode.draft_threshold) if decode.draft_threshold > 0 else None
         self.stats, self.decode, self.sample, self.generator = speculation.stats, decode, sample, generator
         cfg = self.cfg = model.config
         b, device = src.shape[0], src.device

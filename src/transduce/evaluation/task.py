@@ -1,0 +1,90 @@
+"""Score a model directory on a test set, whatever its task: what ``transduce evaluate`` runs.
+
+A translation model (or an ensemble, or one with a draft) translates the source file and is
+scored against the references (sacrebleu BLEU and chrF, :func:`~.metrics.evaluate_files`); a
+language model or masked LM gets its perplexity on the text (:func:`~.heldout.perplexity`); a
+classifier its accuracy and macro-F1 on labelled lines (:func:`~.heldout.accuracy`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..config import DecodeConfig, model_task
+from ..errors import ConfigError
+from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
+
+
+@dataclass(frozen=True)
+class EvalFiles:
+    """What a model is scored on.
+
+    Attributes:
+        ref: translation: the references, aligned with ``src``; lm and mlm: the text to score;
+            classify: ``text<TAB>label`` lines.
+        src: translation only: the source sentences.
+        tok_ref: translation only: lowercased Moses-tokenized references (adds ``bleu_moses_lc``).
+        lang: the target language of ``tok_ref`` (Moses rules).
+        hyp_tokenized: the model writes tokenized text already (score it as it is).
+    """
+
+    ref: str
+    src: str | None = None
+    tok_ref: str | None = None
+    lang: str | None = None
+    hyp_tokenized: bool = False
+
+
+def evaluate_model(paths: ModelDirs, files: EvalFiles, runtime: Runtime = Runtime(),
+                   overrides: dict[str, Any] | None = None, draft: str | None = None,
+                   seed: int | None = None) -> dict[str, Any]:
+    """Score the model directories on ``files`` as their task says (see the module docstring);
+    ``overrides`` replace the saved decoding settings (DecodeConfig field -> value), ``seed``
+    masks a masked LM's text. A setting the task does not use is a one-line ConfigError."""
+    from ..model.io import load_model_config
+    from .heldout import accuracy, perplexity
+
+    dirs, overrides = model_dirs(paths), dict(overrides or {})
+    task = model_task(load_model_config(dirs[0]))
+    if task == "translation":
+        return _evaluate_translation(dirs, files, runtime, overrides, draft, seed)
+    _check_unused(task, dirs, files, runtime, overrides, draft, seed)
+    if task == "classify":
+        return accuracy(dirs[0], files.ref, device=runtime.device)
+    kwargs = {} if seed is None else {"seed": seed}
+    return perplexity(dirs[0], files.ref, overrides.get("batch_tokens", DecodeConfig.batch_tokens),
+                      device=runtime.device, **kwargs)
+
+
+def _evaluate_translation(dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],
+                          draft: str | None, seed: int | None) -> dict[str, Any]:
+    from ..inference import draft_summary
+    from .metrics import evaluate_files
+
+    if files.src is None:
+        raise ConfigError("src: a translation model is scored by translating src against ref")
+    if seed is not None:
+        raise ConfigError("seed: is for masked LMs (train.task mlm); this is a translation model")
+    with load(dirs, runtime, draft) as translator:
+        decode = translator.settings(**overrides)
+        result = evaluate_files(translator, files.src, files.ref, decode, tok_ref_path=files.tok_ref, lang=files.lang,
+                                hyps_tokenized=files.hyp_tokenized)
+        summary = draft_summary(translator)
+    if summary is None:
+        return result
+    return {**result, "draft": {"draft_tokens": decode.draft_tokens, "draft_threshold": decode.draft_threshold,
+                                **summary}}
+
+
+def _check_unused(task: str, dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],
+                  draft: str | None, seed: int | None) -> None:
+    """A ConfigError naming the first setting that a model scored on ``ref`` alone does not use."""
+    given = [f.name for f in fields(EvalFiles) if f.name != "ref" and getattr(files, f.name)]
+    given += [f"decode.{k}" for k in overrides if task == "classify" or k != "batch_tokens"]
+    given += [f"runtime.{f.name}" for f in fields(Runtime) if f.name not in ("device", "threads")
+              and getattr(runtime, f.name) != f.default]
+    given += ["model_dirs (an ensemble)"] * (len(dirs) > 1) + ["draft"] * (draft is not None)
+    given += ["seed"] * (seed is not None and task != "mlm")
+    if given:
+        raise ConfigError(f"{given[0]}: not used for a train.task {task} model, which is scored on ref alone")
