@@ -9,22 +9,13 @@ import torch
 
 from ..config import RunConfig
 from ..data.batching import token_budget_batches
+from ..data.encoder_inputs import VALID_STREAM, classification_batch, masked_batch, masking_generator
 from ..data.prepared import TokenPairs
 from ..errors import DataError
 from ..model.transformer import Transformer
-from .encoder_tasks import VALID_STREAM, classification_batch, classification_loss, masked_batch, masking_generator
+from .encoder_tasks import classification_loss
 from .loss import label_smoothed_loss
 from .step import batch_loss, final_states, unwrapped
-
-
-def token_lengths(pairs: TokenPairs, task: str) -> tuple:
-    """The (source, target) lengths that size a task's batches: an LM reads only the target
-    side, a masked LM or a classifier only the source side, translation both."""
-    if task == "lm":
-        return pairs.tgt_lens, pairs.tgt_lens
-    if task in ("mlm", "classify"):
-        return pairs.src_lens, pairs.src_lens
-    return pairs.src_lens, pairs.tgt_lens
 
 
 def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
@@ -43,7 +34,7 @@ def heldout_loss(model: torch.nn.Module, pairs: TokenPairs, task: str, max_token
     (``task`` translation or lm: every target token and EOS; mlm: the selected tokens, sentence
     ``j`` masked by the key (seed, VALID_STREAM, 0, j)), batched by ``max_tokens``. Batching
     does not change the sums (up to float rounding)."""
-    plan = token_budget_batches(*token_lengths(pairs, task), max_tokens, seed=0, epoch=0, shuffle=False)
+    plan = token_budget_batches(*pairs.task_lengths(task), max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
     for i in range(len(plan)):
@@ -64,7 +55,7 @@ def heldout_loss(model: torch.nn.Module, pairs: TokenPairs, task: str, max_token
 def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
                         device: torch.device) -> dict[str, float]:
     """A classifier's per-sentence smoothed loss and its accuracy over ``pairs`` (eval mode)."""
-    plan = token_budget_batches(*token_lengths(pairs, "classify"), cfg.data.max_tokens, seed=0, epoch=0,
+    plan = token_budget_batches(*pairs.task_lengths("classify"), cfg.data.max_tokens, seed=0, epoch=0,
                                 shuffle=False)
     loss, correct = 0.0, 0
     for i in range(len(plan)):
