@@ -49,12 +49,12 @@ import torch
 
 from transduce.config import ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
+from transduce.data.encoder_inputs import masked_batch
 from transduce.export.hf_bert import bert_config, bert_state_dict
 from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
 from transduce.inference.generate import GenerationConfig, Generator
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, EncoderOnly
-from transduce.training.encoder_tasks import masked_batch
 from transduce.training.step import build_optimizer, forward_backward
 
 PAD, BOS, EOS, FIRST_ORDINARY = 0, 1, 2, 4

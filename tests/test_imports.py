@@ -68,3 +68,8 @@ def test_no_import_cycle_between_packages():
     for unit in graph:
         visit(unit, [unit])
     assert not cycles, cycles[:5]
+
+
+def test_evaluation_knows_nothing_of_training():
+    """A run's validation takes BLEU and the held-out loss from evaluation/, never the reverse."""
+    assert "training" not in _imports()["evaluation"]

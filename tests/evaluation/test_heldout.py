@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from transduce.cli import main
 from transduce.config import DecodeConfig, ModelConfig, RunConfig, with_vocab
 from transduce.data import toy
+from transduce.data.encoder_inputs import VALID_STREAM, mask_tokens, masking_generator
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.errors import ConfigError
 from transduce.evaluation import accuracy, perplexity
 from transduce.model import build_model, load_model
 from transduce.training.checkpoint import save_model_dir
-from transduce.training.encoder_tasks import VALID_STREAM, mask_tokens, masking_generator
 from transduce.training.loop import run_training
 
 MODELS = {

@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from transduce.config import ModelConfig
+from transduce.data.encoder_inputs import mask_tokens
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transduce.model import EncoderOnly
-from transduce.training.encoder_tasks import classification_loss, mask_tokens, masked_lm_loss
+from transduce.training.encoder_tasks import classification_loss, masked_lm_loss
 
 MASK = 49  # the last id of a 50-token vocabulary
 

@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from transduce.config import ModelConfig, RunConfig, save_yaml
 from transduce.data.batch import collate
+from transduce.data.encoder_inputs import classification_batch
 from transduce.cli import main
 from transduce.data.labelled import read_labelled
 from transduce.evaluation.metrics import classification_scores
 from transduce.inference.classify import Classifier
 from transduce.errors import ConfigError, DataError
 from transduce.model import EncoderOnly, load_model
-from transduce.training.encoder_tasks import classification_batch
 from transduce.training.loop import run_training
 from transduce.training.step import forward_backward
 

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 from transduce.config import ModelConfig, RunConfig
 from transduce.data.batch import collate
+from transduce.data.encoder_inputs import masked_batch, masking_generator
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.errors import ConfigError
 from transduce.model import EncoderOnly, load_model
-from transduce.training.encoder_tasks import masked_batch, masking_generator
 from transduce.training.loop import run_training
 from transduce.training.step import forward_backward
 

@@ -225,6 +225,15 @@ class TokenPairs:
         lo, hi = self.offsets[i], self.offsets[i + 1]
         return self.tokens[0][lo[0]:hi[0]], self.tokens[1][lo[1]:hi[1]]
 
+    def task_lengths(self, task: str) -> tuple[np.ndarray, np.ndarray]:
+        """The (source, target) lengths that size a ``train.task``'s batches: an LM reads only the
+        target side, a masked LM or a classifier only the source side, translation both."""
+        if task == "lm":
+            return self.tgt_lens, self.tgt_lens
+        if task in ("mlm", "classify"):
+            return self.src_lens, self.src_lens
+        return self.src_lens, self.tgt_lens
+
     def rows(self, side: int, indices: Sequence[int]) -> list[np.ndarray]:
         return [self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]] for i in indices]
 

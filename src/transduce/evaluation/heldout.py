@@ -2,28 +2,94 @@
 for ``train.task`` lm, mlm and classify; translation models are scored by :mod:`.metrics`).
 
 - lm: perplexity exp(NLL / tokens) of each line's tokens and EOS given BOS and the tokens before;
-- mlm: the same over BERT's masked tokens, each line masked by a seeded key of its own (the
-  validation code's masking, :func:`~transduce.training.validation.heldout_loss`), so the figure
-  depends on the seed but not on the batching;
+- mlm: the same over BERT's masked tokens, each line masked by a seeded key of its own (as a
+  run's validation masks, both through :func:`heldout_loss`), so the figure depends on the seed
+  but not on the batching;
 - classify: accuracy and macro-F1 of a ``text<TAB>label`` file
   (:func:`score_labelled`, as ``classify --score``).
+
+:func:`heldout_loss` is also a run's validation loss: the trainer passes its label-smoothed loss
+as ``batch_loss``; here the default is the plain NLL (:func:`batch_nll`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from ..config import TrainConfig, model_task
 from ..errors import ConfigError, DataError
 from .metrics import classification_scores
 
 if TYPE_CHECKING:
+    from ..data.batch import Batch
+    from ..data.prepared import TokenPairs
     from ..inference.classify import Classifier
 
 DEFAULT_SEED = TrainConfig.seed  # a default run's validation masking
 _READS = {"lm": ("tgt", 1), "mlm": ("src", 2)}  # side of the tokenizer, positions beside the tokens (BOS, EOS)
+
+# (model, batch on the model's device) -> the batch's summed loss, summed NLL and the number of
+# tokens they are over (0-dim tensors): what heldout_loss adds up.
+BatchLoss = Callable[[torch.nn.Module, "Batch"], tuple[Tensor, Tensor, Tensor]]
+
+
+def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, Tensor]:
+    """The plain cross-entropy (no label smoothing) of ``batch``'s labels, summed, as both the
+    loss and the NLL, and the count of labels that are not PAD: every target token and EOS of a
+    translation model or LM; for a masked LM (its batch from
+    :func:`~transduce.data.encoder_inputs.masked_batch`) the selected tokens, through its head
+    on those positions only."""
+    cfg, pad = model.config, model.config.pad_id
+    if cfg.arch == "encoder_only":
+        from ..data.batch import token_types
+        from ..data.tokenizer import PAD_ID
+        pad = PAD_ID                                                     # the masking's "not selected"
+        keep = batch.tgt_out != pad                                      # (B, T)
+        states = model(batch.src, token_types(batch.src) if cfg.type_vocab_size else None)  # (B, T, D)
+        logits, labels = model.mlm_logits(states[keep]), batch.tgt_out[keep]              # (N, V), (N,)
+    else:
+        logits = model(batch.tgt_in) if cfg.arch == "decoder_only" else model(batch.src, batch.tgt_in)
+        logits, labels = logits.flatten(0, 1), batch.tgt_out.flatten()  # (B * T, V), (B * T,)
+    nll = F.cross_entropy(logits.float(), labels, ignore_index=pad, reduction="sum")
+    return nll, nll, (labels != pad).sum()
+
+
+@torch.no_grad()
+def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tokens: int, seed: int,
+                 device: torch.device, batch_loss: BatchLoss = batch_nll) -> tuple[float, float, int]:
+    """Summed loss and NLL of held-out ``pairs`` and the token count they are over, batched by
+    ``max_tokens``; batching does not change the sums (up to float rounding).
+
+    Args:
+        model: a plain (not DDP or compiled) model in eval mode.
+        pairs: the held-out pairs (an LM reads their target side, a masked LM their source side).
+        task: ``train.task``, translation, lm or mlm (mlm: sentence ``j`` masked by the key
+            (seed, VALID_STREAM, 0, j), the same at every call).
+        max_tokens: the token budget of a batch.
+        seed: the masked LM's masking.
+        device: where the model is.
+        batch_loss: one batch's sums (:data:`BatchLoss`); the plain NLL by default.
+    """
+    from ..data.batching import token_budget_batches
+    from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator
+
+    plan = token_budget_batches(*pairs.task_lengths(task), max_tokens, seed=0, epoch=0, shuffle=False)
+    loss = nll = 0.0
+    n = 0
+    for i in range(len(plan)):
+        batch = pairs.batch(plan[i])
+        if task == "mlm":
+            keys = [masking_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
+            batch = masked_batch(batch, model.mask_id, keys)
+        batch_sum, batch_nll_sum, count = batch_loss(model, batch.to(device))
+        loss, nll, n = loss + batch_sum.item(), nll + batch_nll_sum.item(), n + int(count)
+    return loss, nll, n
 
 
 def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_tokens: int = 4096,
@@ -48,7 +114,6 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
     from ..data.tokenizer import Tokenizer
     from ..device import resolve_device
     from ..model.io import load_model, load_model_config
-    from ..training.validation import heldout_loss
 
     task = model_task(load_model_config(model_dir))
     if task not in _READS:

@@ -1,8 +1,8 @@
 """Corpus metrics with sacrebleu (Post, 2018, https://arxiv.org/abs/1804.08771).
 
 The paper reports BLEU (Table 2); we report sacrebleu's detokenized BLEU with its signature
-(so numbers are comparable across papers), chrF, and lowercased BLEU. The single number
-training uses for validation is :func:`~transduce.training.validation.corpus_bleu`.
+(so numbers are comparable across papers), chrF, and lowercased BLEU; a run's validation takes
+its one number, :func:`corpus_bleu`, from here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ logger = logging.getLogger(__name__)
 def _check(hyps: Sequence[str], refs: Sequence[str]) -> None:
     if len(hyps) != len(refs):
         raise DataError(f"{len(hyps)} hypotheses but {len(refs)} references")
+
+
+def corpus_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """sacrebleu corpus BLEU (default 13a tokenization, case-sensitive), 0-100: validation's one
+    number (:func:`score` reports more)."""
+    from sacrebleu.metrics import BLEU
+
+    _check(hyps, refs)
+    return float(BLEU().corpus_score(list(hyps), [list(refs)]).score)
 
 
 def classification_scores(predicted: Sequence[str], gold: Sequence[str]) -> dict[str, Any]:

@@ -13,7 +13,8 @@ The [MASK] token is the model's last id, ``src_vocab_size - 1`` (:attr:`EncoderO
 an encoder_only model is built with one row more than its tokenizer has pieces, so every
 tokenizer serves unchanged, its ids included, and no text can ever encode to [MASK].
 
-The model returns logits; the masking and the losses live in :mod:`transduce.training.encoder_tasks`.
+The model returns logits; the masking lives in :mod:`transduce.data.encoder_inputs`, the losses in
+:mod:`transduce.training.encoder_tasks`.
 
 Legend: B batch, T length, D d_model, V vocabulary (src_vocab_size), K classes.
 """

@@ -27,6 +27,7 @@ from ..config import RunConfig, save_yaml, with_vocab
 from ..data.batch import Batch
 from ..data.batching import BatchPlan, round_up, token_budget_batches
 from ..data.corpus import sample_tokens
+from ..data.encoder_inputs import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from ..data.prepare import prepared_for_run
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.tokenizer import Tokenizer
@@ -37,13 +38,11 @@ from .checkpoint import (average_checkpoints, latest_checkpoint, list_checkpoint
                          save_checkpoint, save_model_dir)
 from .distributed import (DistInfo, all_gather_object, barrier, collective_failure, init_distributed,
                           is_collective_error, shutdown_distributed)
-from .encoder_tasks import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
 from .graphs import GraphedStep
 from .progress import Progress, TensorBoardLog
 from .schedule import learning_rate
 from .step import (build_optimizer, clip_and_step, compile_model, forward_backward, is_fused,
                    load_optimizer_state)
-from .validation import token_lengths
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary, grow_vocab_rows
 
 logger = logging.getLogger("transduce.training")
@@ -269,7 +268,7 @@ class Trainer:
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
             multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
-            plan = token_budget_batches(*token_lengths(pairs, self.cfg.task), dc.max_tokens, self.cfg.train.seed,
+            plan = token_budget_batches(*pairs.task_lengths(self.cfg.task), dc.max_tokens, self.cfg.train.seed,
                                         epoch, multiple=multiple)
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch

@@ -28,8 +28,9 @@ def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
     """The states before the output projection (B, T, D) for ``batch``'s labels: the
     encoder-decoder reads source and target input, a decoder-only LM only the target input, an
-    encoder-only model only the (masked) source (see :func:`~.encoder_tasks.masked_batch`) and,
-    with token types, their segments (a sentence pair's second is type 1)."""
+    encoder-only model only the (masked) source (see
+    :func:`~transduce.data.encoder_inputs.masked_batch`) and, with token types, their segments (a
+    sentence pair's second is type 1)."""
     cfg = unwrapped(model).config
     if cfg.arch == "decoder_only":
         return model(batch.tgt_in, project=False)
