@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from . import progress
-from .config import EXTEND_VOCAB, DecodeConfig
+from .config import EXTEND_VOCAB, DecodeConfig, GenerationConfig
 from .errors import ConfigError, TransduceError
 
 
@@ -294,7 +294,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .inference.files import atomic_output, iter_lines, one_line
-    from .inference.generate import GenerationConfig, Generator
+    from .inference.generate import Generator
     gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
                            args.min_new_tokens)
     with Generator.load(args.model_dir, args.device) as generator:

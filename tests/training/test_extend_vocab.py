@@ -10,12 +10,12 @@ import torch
 import yaml
 
 from transduce.cli import main
-from transduce.config import DecodeConfig, RunConfig, with_vocab
+from transduce.config import DecodeConfig, GenerationConfig, RunConfig, with_vocab
 from transduce.data import toy
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError
 from transduce.inference.classify import Classifier
-from transduce.inference.generate import GenerationConfig, Generator
+from transduce.inference.generate import Generator
 from transduce.inference.translator import Translator
 from transduce.model import build_model, load_model
 from transduce.model.io import unique_state_dict

@@ -6,7 +6,8 @@ from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
 from .beam import beam_search
 from .files import translate_file
-from .generate import GenerationConfig, Generator
+from ..config import GenerationConfig
+from .generate import Generator
 from .pool import SearchPool, TranslatorPool
 from .sampling import sample
 from .fast import prepare_for_decoding, restore
