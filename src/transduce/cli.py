@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from . import progress
-from .config import EXTEND_VOCAB, DecodeConfig, GenerationConfig
+from .config import EXTEND_VOCAB, WORKER_TIMEOUT_S, DecodeConfig, GenerationConfig, ServeConfig
 from .errors import ConfigError, TransduceError
 
 
@@ -207,7 +207,6 @@ def _load_translator(args: argparse.Namespace):
     """The Translator the search options ask for: in this process, or a pool of CPU workers."""
     from .errors import ConfigError
     from .inference import Translator, TranslatorPool
-    from .inference.pool import WORKER_TIMEOUT_S
     int8 = getattr(args, "int8", False)
     decode = decode_settings(args)
     if args.workers < 0:
@@ -550,7 +549,7 @@ def _api_key(path: str | None) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import ServeConfig, serve
+    from .serve import serve
     serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,
