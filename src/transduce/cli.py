@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import __version__
 from . import progress
-from .config import EXTEND_VOCAB, DecodeConfig
+from .config import EXTEND_VOCAB, WORKER_TIMEOUT_S, DecodeConfig, GenerationConfig, ServeConfig
 from .errors import ConfigError, TransduceError
 
 
@@ -54,6 +54,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
                reverse: bool = False, init_from: str | None = None, extend_vocab: int | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
+    from .model.io import saved_model_settings
     from .training import loop
 
     run_dir = Path(out) if out else default_run_dir(config_path, reverse)
@@ -65,7 +66,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         overrides = [*overrides, f"train.init_from={init_from}"]
     if extend_vocab is not None:
         overrides = [*overrides, f"train.extend_vocab={extend_vocab}"]
-    loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
+    loop.run_training(load_run_config(config_path, overrides, saved_model_settings), run_dir, resume)
     return 0
 
 
@@ -80,7 +81,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from .config import load_run_config
     from .data.prepare import prepare_dataset
-    cfg = load_run_config(args.config, args.overrides).with_init_tokenizer()
+    from .model.io import saved_model_settings
+    cfg = load_run_config(args.config, args.overrides, saved_model_settings).with_init_tokenizer()
     data = prepare_dataset(cfg.data, args.out, args.workers, seed=cfg.train.seed)
     m = data.manifest
     for split, entry in m["splits"].items():
@@ -205,7 +207,6 @@ def _load_translator(args: argparse.Namespace):
     """The Translator the search options ask for: in this process, or a pool of CPU workers."""
     from .errors import ConfigError
     from .inference import Translator, TranslatorPool
-    from .inference.pool import WORKER_TIMEOUT_S
     int8 = getattr(args, "int8", False)
     decode = decode_settings(args)
     if args.workers < 0:
@@ -292,7 +293,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .inference.files import atomic_output, iter_lines, one_line
-    from .inference.generate import GenerationConfig, Generator
+    from .inference.generate import Generator
     gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
                            args.min_new_tokens)
     with Generator.load(args.model_dir, args.device) as generator:
@@ -548,7 +549,7 @@ def _api_key(path: str | None) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import ServeConfig, serve
+    from .serve import serve
     serve(args.model_dir, ServeConfig(host=args.host, port=args.port, batch_tokens=args.batch_tokens,
                                       batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                                       int8=args.int8, device=args.device, threads=args.threads,

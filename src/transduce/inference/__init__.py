@@ -5,7 +5,8 @@ the search algorithms (:mod:`.search`), the decode-time speed layer (:mod:`.spee
 from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
 from .files import translate_file
-from .generate import GenerationConfig, Generator
+from ..config import GenerationConfig
+from .generate import Generator
 from .pool import SearchPool, TranslatorPool
 from .search import (AttentionChoice, DraftStats, SearchOutput, SearchSpec, Speculation, beam_search,
                      greedy_search, length_penalty, max_lengths, sample, speculative_search)

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
+from ..config import WORKER_TIMEOUT_S, DecodeConfig
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
 from .search import SearchOutput, SearchSpec
@@ -59,8 +59,7 @@ PARENT_POLL_S = 0.5
 # deadlock): the deadline is the larger of WORKER_TIMEOUT_S and SLOW_FACTOR times what the batch
 # should take at the slowest speed the pool has measured (seconds per searched position), so a
 # slow but healthy worker, or a large batch on a big model, is given what it needs once the pool
-# has seen a batch of that model.
-WORKER_TIMEOUT_S = 120.0
+# has seen a batch of that model (WORKER_TIMEOUT_S, serve.worker_timeout_s's default: config/serve.py).
 SLOW_FACTOR = 10.0
 
 # This worker process's Translator, or the error that loading it raised (set once by
