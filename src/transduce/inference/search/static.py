@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from ...config import DecodeConfig
 from ...device import autocast_dtype
+from ...model.attention import full_attention_only
 from ...model.embeddings import LearnedPositions, SinusoidalPositions
 from ...model.transformer import Transformer
 from ..speed import STATIC_SEARCHES
@@ -73,7 +74,7 @@ def unsupported(model: nn.Module, attention: AttentionChoice | None) -> str | No
         return f"static decoding runs a Transformer; got {type(model).__name__}"
     if model.training:
         return "static decoding runs an eval-mode model"
-    if not model.config.attention == model.config.cross_attention == "full":
+    if not full_attention_only(model):
         return "static decoding runs full attention only; use static=False for local or linformer models"
     if attention is not None:
         return "static decoding records no attention maps; use static=False"

@@ -155,7 +155,7 @@ class FastAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:
-        if self.pattern.kind != "full":  # local and Linformer attention keep the model's own path
+        if not self.is_full:  # local and Linformer attention keep the model's own kernel
             k, v, mask = repeat_shared_rows(q.shape[0], k, v, mask)
             return super().attend(q, k, v, mask, is_causal, need_weights, start)
         dropout = self.dropout if self.training else 0.0
