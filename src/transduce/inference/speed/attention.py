@@ -153,7 +153,7 @@ class FastAttention(MultiHeadAttention):
         """Bring the kept fused layers (and their own kept casts) up to date with the
         projections' weights, in place."""
         with torch.no_grad():
-            for names in list(self._fused_cache):
+            for names in list(self.__dict__.get("_fused_layers", ())):
                 fused = self._fused(names)
                 if isinstance(fused, CastLinear):
                     fused.refresh()
