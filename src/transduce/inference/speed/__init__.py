@@ -78,7 +78,7 @@ def refresh(model: nn.Module) -> None:
             module.refresh()
 
 
-# Where :mod:`~transduce.inference.static` keeps a model's captured searches (and their memory).
+# Where :mod:`~transduce.inference.search.static` keeps a model's captured searches (and their memory).
 STATIC_SEARCHES = "_static_searches"
 
 
