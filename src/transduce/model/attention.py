@@ -96,6 +96,10 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # The keys a cached position may see, as a key mask (True = may attend) over what ``append``
+    # returns. None: this cache holds only positions written so far, each visible to the newest
+    # (Sec. 3.2.3); a cache that reserves room for later positions must mask that room out.
+    key_mask = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
