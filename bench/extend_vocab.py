@@ -33,6 +33,7 @@ from transduce.config import load_run_config
 from transduce.data.corpus import read_lines
 from transduce.data.tokenizer import UNK_ID, Tokenizer
 from transduce.evaluation import perplexity
+from transduce.model.io import saved_model_settings
 from transduce.training.loop import run_training
 
 DEMO_LM = Path(__file__).resolve().parents[1] / "src" / "transduce" / "demo_lm.yaml"
@@ -64,7 +65,7 @@ def _fine_tune(work: Path, name: str, base: Path, m30k: Path, steps: int, extend
                  f"train.save_every={steps}", "train.warmup_steps=0", "train.num_threads=2"]
     if extend is not None:
         overrides.append(f"train.extend_vocab={extend}")
-    run_training(load_run_config(str(DEMO_LM), overrides), work / name)
+    run_training(load_run_config(str(DEMO_LM), overrides, saved_model_settings), work / name)
     records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     return records[-1]["elapsed"] / steps  # the training loop's time, without preparing the data
 

@@ -47,12 +47,12 @@ from typing import Callable
 
 import torch
 
-from transduce.config import ModelConfig, TrainConfig
+from transduce.config import GenerationConfig, ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
 from transduce.data.encoder_inputs import masked_batch
 from transduce.export.hf_bert import bert_config, bert_state_dict
 from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
-from transduce.inference.generate import GenerationConfig, Generator
+from transduce.inference.generate import Generator
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, EncoderOnly
 from transduce.training.step import build_optimizer, forward_backward

@@ -137,7 +137,8 @@ def decode_section(device: torch.device, dry: bool, runs: int) -> dict:
     cfg = ModelConfig(src_vocab_size=s["vocab"], tgt_vocab_size=s["vocab"], d_model=s["d"], n_heads=s["h"],
                       n_encoder_layers=s["layers"], n_decoder_layers=s["layers"], d_ff=s["ff"], dropout=0.0,
                       share_embeddings=True, max_positions=512)
-    ours = prepare_for_decoding(Transformer(cfg).to(device).eval())  # as a Translator keeps it (graphs too)
+    # as a Translator keeps it (graphs too), with bf16 copies of the linear weights for autocast
+    ours = prepare_for_decoding(Transformer(cfg).to(device).eval(), cast=torch.bfloat16)
     src = torch.randint(3, s["vocab"], (s["sentences"], s["src_len"] + 1), device=device)
     src[:, -1] = EOS
     hf = guarded(hf_decoder, s, device)

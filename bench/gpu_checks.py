@@ -3,8 +3,8 @@
 ``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.search.static``) against
 the eager ones on small random models: tokens and lengths equal, scores within 1e-4 in fp32
 (agreement under bf16 autocast reported); a graph captured, reused by a second batch of the same
-padded shape, and seeing weights changed in place. Models are prepared for decoding, as a
-Translator's.
+padded shape, and seeing weights changed in place (fp32, and bf16 through the kept casts). Models
+are prepared for decoding, as a Translator's, with bf16 casts kept.
 
 ``train_checks``: the graphed training step (``transduce.training.graphs``) against the same
 step run eagerly over two bucket shapes in fp32 and bf16, the device-side skip of a NaN step,
@@ -37,7 +37,8 @@ def _model(vocab: int, seed: int, device: str, **shape) -> Transformer:
     model = Transformer(cfg).to(device).eval()
     with torch.no_grad():
         model.output_proj.weight[EOS] *= 4.0  # some hypotheses end early, at different steps
-    return prepare_for_decoding(model)  # as a Translator does (and eager searches then keep the graphs)
+    # as a Translator does (and eager searches then keep the graphs); bf16 autocast reads kept casts
+    return prepare_for_decoding(model, cast=torch.bfloat16)
 
 
 def _sources(lengths: list[int], vocab: int, seed: int, device: str) -> torch.Tensor:
@@ -112,21 +113,30 @@ def _check_bf16(model: Transformer, src: torch.Tensor, decode: DecodeConfig, cud
     return r
 
 
-def _check_weights_changed_in_place(model: Transformer, src: torch.Tensor) -> dict:
-    """Weights changed in place (as by an optimizer step): the kept graph reads the new ones."""
+def _check_weights_changed_in_place(model: Transformer, src: torch.Tensor, bf16: bool) -> dict:
+    """Weights changed in place (as by an optimizer step): the kept graph reads the new ones
+    (the parameters, and the fused projections and casts refreshed in place before it runs),
+    as a graph captured afresh does; in fp32 it also equals the eager search."""
     decode = SEARCHES["beam4"]
-    with torch.inference_mode():
+    autocast = torch.autocast(src.device.type, dtype=torch.bfloat16, enabled=bf16)
+    with torch.inference_mode(), autocast:
         before = _search(model, src, decode, True)
     kept = list(model.__dict__.get(STATIC_SEARCHES, {}).values())
     with torch.no_grad():
         for p in model.decoder_layers.parameters():
             p.mul_(1.3)
-    with torch.inference_mode():
+    with torch.inference_mode(), autocast:
         graphed = _search(model, src, decode, True)  # the kept graph, before any eager search
         r = _compare(_search(model, src, decode, False), graphed)
-    r["same_graph"] = list(model.__dict__.get(STATIC_SEARCHES, {}).values()) == kept
+        same_graph = list(model.__dict__.get(STATIC_SEARCHES, {}).values()) == kept
+        model.__dict__.pop(STATIC_SEARCHES, None)
+        fresh = _search(model, src, decode, True)   # captured now, with the new weights
+    r["same_graph"] = same_graph
     r["output_changed"] = not torch.equal(before.scores, graphed.scores)
-    r["passed"] = r["tokens_equal"] and r["lengths_equal"] and r["same_graph"] and r["output_changed"]
+    r["fresh_graph_equal"] = bool(torch.equal(fresh.tokens, graphed.tokens) and torch.equal(fresh.lengths,
+                                                                                           graphed.lengths))
+    r["passed"] = (bf16 or (r["tokens_equal"] and r["lengths_equal"])) and r["same_graph"] \
+        and r["output_changed"] and r["fresh_graph_equal"]
     return r
 
 
@@ -144,7 +154,8 @@ def decode_checks(device: str = "cuda") -> dict:
             out[f"{m_name}/{s_name}/fp32"] = _guarded(lambda: _check_search(model, src, decode, cuda))
             out[f"{m_name}/{s_name}/bf16"] = _guarded(lambda: _check_bf16(model, src, decode, cuda))
     model = _model(500, 0, device, **shape, **MODELS["sinusoidal_post"])
-    out["weights_changed_in_place"] = _guarded(lambda: _check_weights_changed_in_place(model, src))
+    out["weights_changed_in_place"] = _guarded(lambda: _check_weights_changed_in_place(model, src, False))
+    out["weights_changed_in_place/bf16"] = _guarded(lambda: _check_weights_changed_in_place(model, src, True))
     out["auto_dispatch"] = {"passed": SearchSpec().uses_static(model, src) == cuda}
     out["passed"] = all(r["passed"] for r in out.values())
     return out

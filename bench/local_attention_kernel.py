@@ -7,7 +7,7 @@ One attention (B = 1, H = 4, Dh = 64, self-attention) at each length, side by si
 - ``local_5d``: the previous blocked local attention (commit 809143d): all blocks as one 5-D SDPA
   call over unfolded key windows, which only SDPA's math kernel takes (it keeps the W x 3W
   weights of every block);
-- ``local``: :func:`transduce.model.attention.local_attention` as it is now (4-D, fused kernel).
+- ``local``: :func:`transduce.model.local_attention.local_attention` as it is now (4-D, fused kernel).
 
 "saved MB" is the size of the distinct storages autograd keeps for the backward pass (the
 activation memory that grows with T), counted with ``saved_tensors_hooks``; time is the median
@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transduce.model.attention import local_attention
+from transduce.model.local_attention import local_attention
 from transduce.model.masks import local_mask
 
 

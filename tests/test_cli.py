@@ -173,7 +173,7 @@ def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, capl
     assert report["draft"]["draft_tokens"] == 4 and 0 < report["draft"]["acceptance"] <= 1
     for argv, message in (
             (["--beam", "4"], "--draft: speculative decoding is greedy; got --beam 4"),
-            (["--draft-tokens", "0"], "decode.draft_tokens: must be >= 1"),
+            (["--draft-tokens", "0"], "decode.draft_tokens: must be positive"),
     ):
         assert main(["translate", str(trained_dir), "--input", str(src), "--draft", str(draft), *argv]) == 2
         assert message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -82,7 +82,7 @@ def test_bad_yaml_files(tmp_path, text, match):
 def test_missing_file_and_bad_override(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_run_config(tmp_path / "nope.yaml")
-    with pytest.raises(ConfigError, match="--set"):
+    with pytest.raises(ConfigError, match=r"^override: expected section.key=value"):
         apply_overrides({}, ["max_steps=3"])
 
 
@@ -181,8 +181,10 @@ def test_translation_with_learned_positions_needs_room_for_eos_and_bos():
 
 
 def test_init_from_supplies_the_model_keys_the_config_does_not_give(tmp_path):
+    from transduce.model.io import saved_model_settings
     init = tmp_path / "init"
     save_yaml({"model": {"d_model": 48, "n_heads": 4, "dropout": 0.1, "activation": "gelu"}}, init / "config.yaml")
-    cfg = load_run_config(None, ["train.init_from=" + str(init), "model.dropout=0.3"])
+    cfg = load_run_config(None, ["train.init_from=" + str(init), "model.dropout=0.3"], saved_model_settings)
     assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.activation, cfg.model.dropout) == (48, 4, "gelu", 0.3)
-    assert load_run_config(None, [f"train.init_from={tmp_path / 'missing'}"]).model.d_model == 512  # reported later
+    missing = load_run_config(None, [f"train.init_from={tmp_path / 'missing'}"], saved_model_settings)
+    assert missing.model.d_model == 512  # reported later

@@ -54,6 +54,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
                reverse: bool = False, init_from: str | None = None, extend_vocab: int | None = None) -> int:
     """``transduce train``: returns the process exit status."""
     from .config import load_run_config
+    from .model.io import saved_model_settings
     from .training import loop
 
     run_dir = Path(out) if out else default_run_dir(config_path, reverse)
@@ -65,7 +66,7 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
         overrides = [*overrides, f"train.init_from={init_from}"]
     if extend_vocab is not None:
         overrides = [*overrides, f"train.extend_vocab={extend_vocab}"]
-    loop.run_training(load_run_config(config_path, overrides), run_dir, resume)
+    loop.run_training(load_run_config(config_path, overrides, saved_model_settings), run_dir, resume)
     return 0
 
 
@@ -80,7 +81,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 def _cmd_prepare(args: argparse.Namespace) -> int:
     from .config import load_run_config
     from .data.prepare import prepare_dataset
-    cfg = load_run_config(args.config, args.overrides).with_init_tokenizer()
+    from .model.io import saved_model_settings
+    cfg = load_run_config(args.config, args.overrides, saved_model_settings).with_init_tokenizer()
     data = prepare_dataset(cfg.data, args.out, args.workers, seed=cfg.train.seed)
     m = data.manifest
     for split, entry in m["splits"].items():

@@ -173,7 +173,8 @@ def run_lm_demo(out: str | os.PathLike = "runs/demo_lm", steps: int | None = Non
     validation perplexity and a few continuations of test-sentence openings."""
     from .atomic import atomic_write_text
     from .data.prepare import split_sources
-    from .inference.generate import GenerationConfig, Generator
+    from .config import GenerationConfig
+    from .inference.generate import Generator
     from .training.checkpoint import latest_checkpoint
     from .training.loop import run_training
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from transduce.cli import main
-from transduce.config import RunConfig
+from transduce.config import GenerationConfig, RunConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.export import ExportError, export_model
-from transduce.inference import GenerationConfig, Generator
+from transduce.inference import Generator
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, save_model
 from transduce.training.loop import run_training

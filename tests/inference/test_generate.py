@@ -6,10 +6,10 @@ import sys
 import pytest
 import torch
 
-from transduce.config import model_preset
+from transduce.config import GenerationConfig, model_preset
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError, DataError
-from transduce.inference import GenerationConfig, Generator, Translator
+from transduce.inference import Generator, Translator
 from transduce.inference.speed import is_prepared
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, load_model, save_model

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from transduce.config import ModelConfig
 from transduce.errors import ConfigError
 from transduce.model import DecoderOnlyLM, MultiHeadAttention, Transformer
-from transduce.model.attention import AttentionPattern, local_attention
+from transduce.model.attention import AttentionPattern
+from transduce.model.local_attention import local_attention
 from transduce.model.masks import causal_mask, combine, local_mask
 from attention_helpers import B, D, DH, H, _key_mask, decode_step_by_step
 

@@ -17,7 +17,8 @@ def live_server(trained_dir):
     pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not installed")
     pytest.importorskip("uvicorn", reason="the 'serve' extra (uvicorn) is not installed")
     from server_helpers import BackgroundServer
-    from transduce.serve import ServeConfig, create_app, load_service
+    from transduce.config import ServeConfig
+    from transduce.serve import create_app, load_service
 
     service = load_service(trained_dir, ServeConfig(batch_wait_ms=20.0, max_sentences=8, max_sentence_chars=200,
                                                    max_body_bytes=8192))

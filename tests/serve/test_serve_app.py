@@ -117,7 +117,8 @@ class _StubTranslator:
 
 def test_timeouts_and_failures_are_answered(trained_dir):
     from server_helpers import BackgroundServer
-    from transduce.serve import ServeConfig, TranslationService, create_app
+    from transduce.config import ServeConfig
+    from transduce.serve import TranslationService, create_app
 
     service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.3),
                                  ServeConfig(request_timeout_s=0.1, batch_wait_ms=1))
@@ -136,7 +137,8 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
     """``serve --workers 2``: each batch spread over two processes; answers as one process gives,
     also after a worker is killed (SIGKILL) and after the workers hang (SIGSTOP)."""
     from server_helpers import BackgroundServer
-    from transduce.serve import ServeConfig, create_app, load_service
+    from transduce.config import ServeConfig
+    from transduce.serve import create_app, load_service
 
     sentences = [s for s, _ in toy_pairs(24, seed=5)]
     want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=3)))
@@ -175,7 +177,7 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
 
 
 def test_defaults_and_missing_extra():
-    from transduce.serve import ServeConfig
+    from transduce.config import ServeConfig
     from transduce.errors import require
 
     assert ServeConfig().host == "127.0.0.1"
@@ -193,7 +195,8 @@ def test_an_api_key_guards_the_post_routes_and_clients_are_limited(trained_dir):
     """serve --api-key-file: 401 without the key or with a wrong one; the page and /health stay
     open; --max-per-client: a client's requests beyond the limit in flight are answered 429."""
     from server_helpers import BackgroundServer
-    from transduce.serve import ServeConfig, TranslationService, create_app
+    from transduce.config import ServeConfig
+    from transduce.serve import TranslationService, create_app
 
     service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.4),
                                  ServeConfig(api_key="s3cret", max_per_client=1, batching=False, batch_wait_ms=1))
@@ -214,7 +217,7 @@ def test_an_api_key_guards_the_post_routes_and_clients_are_limited(trained_dir):
 
 def test_api_key_file_errors_and_config(tmp_path, capsys):
     from transduce.cli import main
-    from transduce.serve import ServeConfig
+    from transduce.config import ServeConfig
     from transduce.errors import ConfigError
 
     (tmp_path / "empty").write_text("\n")

@@ -10,12 +10,12 @@ import torch
 import yaml
 
 from transduce.cli import main
-from transduce.config import DecodeConfig, RunConfig, with_vocab
+from transduce.config import DecodeConfig, GenerationConfig, RunConfig, with_vocab
 from transduce.data import toy
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError
 from transduce.inference.classify import Classifier
-from transduce.inference.generate import GenerationConfig, Generator
+from transduce.inference.generate import Generator
 from transduce.inference.translator import Translator
 from transduce.model import build_model, load_model
 from transduce.model.io import unique_state_dict
@@ -183,7 +183,7 @@ def test_nothing_new_to_add_is_a_warning_and_trains_on(corpus, tmp_path, caplog)
 def test_errors_are_one_line(corpus, tmp_path):
     root, pairs, _ = corpus
     init = _init_dir(root, pairs, "lm")
-    with pytest.raises(ConfigError, match=r"^train.extend_vocab: needs train.init_from \(--init-from MODEL_DIR\)"):
+    with pytest.raises(ConfigError, match=r"^train.extend_vocab: needs train.init_from: the model whose vocabulary"):
         _cfg(root, "lm", init, init_from=None)
     with pytest.raises(ConfigError, match=r"^train.extend_vocab: must be a positive number of new pieces; got 0$"):
         _cfg(root, "lm", init, extend_vocab=0)
@@ -201,8 +201,8 @@ def test_cli_extend_vocab_and_resume(corpus, tmp_path, capsys):
     cfg["train"].update(init_from=None, extend_vocab=None, save_every=2)
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["train", str(tmp_path / "cfg.yaml"), "--extend-vocab"]) == 2
-    assert capsys.readouterr().err.strip() == ("transduce train: error: train.extend_vocab: needs train.init_from "
-                                               "(--init-from MODEL_DIR): the model whose vocabulary it extends")
+    assert capsys.readouterr().err.strip() == ("transduce train: error: train.extend_vocab: needs train.init_from: "
+                                               "the model whose vocabulary it extends")
     assert main(["train", str(tmp_path / "cfg.yaml"), "--init-from", str(init), "--extend-vocab", "7",
                  "--out", str(out), "--set", "train.max_steps=2"]) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())

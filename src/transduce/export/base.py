@@ -81,13 +81,13 @@ def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
 def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     """The eager model (eval, CPU, float32) and its tokenizer (None if absent and not needed)."""
     from ..data.tokenizer import Tokenizer
-    from ..model import load_model
+    from ..model import full_attention_only, load_model
 
     model = load_model(model_dir).float().eval()
-    for key in ("attention", "cross_attention"):
-        kind = getattr(model.config, key)
-        if kind != "full":
-            raise ExportError(f"cannot export model.{key}={kind}: the exported formats run full attention only")
+    if not full_attention_only(model):
+        cfg = model.config
+        raise ExportError(f"cannot export this model (model.attention={cfg.attention}, model.cross_attention="
+                          f"{cfg.cross_attention}): the exported formats run full attention only")
     if Tokenizer.exists(model_dir):
         return model, Tokenizer.load(model_dir)
     if need_tokenizer:

@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import GenerationConfig, ModelConfig
 from ..errors import require
-from ..inference.generate import GenerationConfig
 from ..inference.search.lm import generate_ids
 from .base import ExportError, load_for_export, no_progress_bars
 from .verify import N_SPECIAL, check_close

@@ -6,7 +6,8 @@ from .attention import AttentionMaps, attention_maps
 from .batching import length_sorted_batches, spread_batches
 from .classify import Classifier
 from .files import translate_file
-from .generate import GenerationConfig, Generator
+from ..config import GenerationConfig
+from .generate import Generator
 from .pool import SearchPool, TranslatorPool
 from .runtime import Runtime, load
 from .search import (AttentionChoice, DraftStats, SearchOutput, SearchSpec, Speculation, beam_search,

@@ -10,47 +10,16 @@ batch, so no row needs padding or shifted positions.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from ..config import ModelConfig
+from ..config import GenerationConfig, ModelConfig
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError, DataError
-from .runtime import Runtime, apply_threads, model_dirs
+from .runtime import Runtime, apply_threads, model_dirs, prepared_for
 from .search.lm import generate_ids
-from .search.sampling import check_sampling
-from .speed import prepare_for_decoding, restore
-
-
-@dataclass(frozen=True)
-class GenerationConfig:
-    """How to continue a prompt: at most ``max_new_tokens`` tokens, greedy (``temperature`` 0)
-    or sampled (``top_k`` 0 and ``top_p`` 1.0 are off), ``seed`` for a private generator (None:
-    the global RNG), ``batch_size`` prompts at a time; EOS is forbidden for the first
-    ``min_new_tokens`` (as Hugging Face's ``min_new_tokens``; ``max_new_tokens`` too makes every
-    continuation that long, unless ``max_positions`` comes first)."""
-
-    max_new_tokens: int = 50
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    batch_size: int = 32
-    min_new_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens: must be positive; got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ConfigError(f"min_new_tokens: must be in [0, max_new_tokens={self.max_new_tokens}]; "
-                              f"got {self.min_new_tokens}")
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size: must be positive; got {self.batch_size}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature: must be >= 0 (0 = greedy); got {self.temperature}")
-        check_sampling(self.temperature or 1.0, self.top_k, self.top_p)
+from .speed import restore
 
 
 def check_decoder_only(config: ModelConfig, what: str) -> None:
@@ -84,8 +53,7 @@ class Generator:
         if runtime.int8 and self.device.type != "cpu":
             raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
         self.runtime = runtime
-        self.model = prepare_for_decoding(model.to(self.device).eval(), onednn=self.device.type == "cpu",
-                                          int8=runtime.int8)
+        self.model = prepared_for(model, self.device, runtime)
         self.tokenizer = tokenizer
         self.config = model.config
 

@@ -1,5 +1,5 @@
-"""Where and how a model runs (:class:`Runtime`), and the one function that loads model
-directories for it (:func:`load`).
+"""The one function that loads model directories (:func:`load`) for where and how they run
+(:class:`~transduce.config.Runtime`).
 
 Every way in (the CLI, the server, Python) loads through :func:`load`, as CTranslate2's
 Translator, Generator and Encoder share one set of runtime arguments: the device, the precision,
@@ -16,64 +16,16 @@ Examples:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from ..config import model_task
+from ..config import Runtime, model_task
 from ..device import PRECISIONS
 from ..errors import CheckpointError, ConfigError
 
-# A batch not answered within this many seconds (or more, for large batches once the workers'
-# speed is measured) counts as a hung worker (see :mod:`~transduce.inference.pool`).
-WORKER_TIMEOUT_S = 120.0
-
 # One model directory, or several (an ensemble).
 ModelDirs = str | os.PathLike | Sequence[str | os.PathLike]
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """Where and how a model runs; checked on creation (one-line errors naming ``runtime.KEY``).
-
-    Attributes:
-        device: "cpu", "cuda", "cuda:N" or "auto" (CUDA if available).
-        precision: "fp32", or "bf16"/"fp16" autocast (fp16 on CUDA only).
-        int8: dynamic int8 quantisation of the linear layers (CPU only).
-        workers: decode in this many CPU worker processes, each with its own copy of the model
-            and each call's batches spread over them (0: in this process).
-        threads: torch threads (per worker with ``workers``, default 1 there; else torch's choice).
-        worker_timeout_s: with ``workers``, a batch not answered within this many seconds (more
-            for large batches once the workers' speed is measured) counts as a hung worker, which
-            is replaced and the batch retried once.
-    """
-
-    device: str = "auto"
-    precision: str = "fp32"
-    int8: bool = False
-    workers: int = 0
-    threads: int | None = None
-    worker_timeout_s: float = WORKER_TIMEOUT_S
-
-    def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"runtime.precision: must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
-        if self.workers < 0:
-            raise ConfigError(f"runtime.workers: must be >= 0; got {self.workers}")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"runtime.threads: must be >= 1; got {self.threads}")
-        if not self.worker_timeout_s > 0:
-            raise ConfigError(f"runtime.worker_timeout_s: must be > 0 seconds; got {self.worker_timeout_s:g}")
-        if self.workers and self.device not in ("cpu", "auto"):
-            raise ConfigError(f"runtime.workers: worker processes decode on the CPU; got device {self.device!r}")
-        if self.int8 and self.device not in ("cpu", "auto"):
-            raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device!r}")
-
-    @property
-    def worker_threads(self) -> int:
-        """Torch threads of each worker process."""
-        return self.threads or 1
 
 
 def model_dirs(paths: ModelDirs) -> list[str]:
@@ -118,6 +70,15 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
         from .classify import Classifier
         return Classifier.load(dirs[0], runtime)
     raise ConfigError(f"{dirs[0]}: a train.task mlm model has nothing to run; score it with transduce evaluate")
+
+
+def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
+    """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says
+    (:func:`~transduce.inference.speed.prepare_for_decoding`): int8, or weights kept in the
+    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers."""
+    from .speed import prepare_for_decoding
+    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8,
+                                cast=PRECISIONS[runtime.precision])
 
 
 def apply_threads(runtime: Runtime) -> None:

@@ -28,9 +28,9 @@ from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.dispatch import SearchSpec
 from .search.sampling import check_sampling
-from .runtime import ModelDirs, Runtime, apply_threads, model_dirs
+from .runtime import ModelDirs, Runtime, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
-from .speed import prepare_for_decoding, restore
+from .speed import restore
 
 logger = logging.getLogger(__name__)
 
@@ -252,11 +252,11 @@ class Translator(BaseTranslator):
         if runtime.int8 and self.device.type != "cpu":
             raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
         self.runtime = runtime
-        self.model = _prepared(model, self.device, runtime)
+        self.model = prepared_for(model, self.device, runtime)
         self.speculation = speculation
         if speculation is not None:
             check_draft(model.config, speculation.draft.config)
-            speculation.draft = _prepared(speculation.draft, self.device, runtime)
+            speculation.draft = prepared_for(speculation.draft, self.device, runtime)
         self.tokenizer = tokenizer
         self.config = model.config
         self.decode = decode or DecodeConfig()
@@ -299,11 +299,6 @@ class Translator(BaseTranslator):
                 out = spec.run(self.model, src.to(self.device),
                                None if prefix is None else prefix.to(self.device), self.speculation).cpu()
             yield out  # outside the block: the caller does not run in inference mode
-
-
-def _prepared(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
-    """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says."""
-    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8)
 
 
 def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device

@@ -1,5 +1,9 @@
 """Scaled dot-product and multi-head attention (Sec. 3.2), with an explicit key/value cache.
 
+A :class:`MultiHeadAttention` picks its kernel once, when it is built: :class:`FullAttention`
+(Eq. 1, the paper) or, for long inputs, local attention (:mod:`~transduce.model.local_attention`)
+or Linformer (:mod:`~transduce.model.linformer`).
+
 Legend: B batch, H heads, Tq query length, Tk key length, D d_model, Dh = D / H.
 Masks are boolean, True = may attend (see :mod:`transduce.model.masks`).
 """
@@ -13,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import ConfigError
 from .embeddings import RotaryEmbedding
-from .masks import causal_mask, combine, local_mask
+from .linformer import LinformerAttention
+from .local_attention import LocalAttention
+from .masks import causal_mask, combine
 
 
 def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
@@ -54,163 +59,26 @@ def scaled_dot_product_attention(
     return out, weights
 
 
-def local_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int = 0,
-    is_causal: bool = False, start: int = 0, dropout: float = 0.0,
-) -> Tensor:
-    """Eq. 1 under :func:`~transduce.model.masks.local_mask`, in O(Tq * (W + G)) time and memory.
+class FullAttention:
+    """The paper's attention, Eq. 1 over every key: the kernel of ``model.attention="full"``,
+    called by :meth:`MultiHeadAttention.attend` (``start`` does not apply)."""
 
-    The queries go in blocks of ``window``; each block attends only to the keys that its band can
-    reach, [block start - W, block end + W) (causal: up to the block end), sliced out of k and v,
-    plus the ``n_global`` first keys as extra columns. Queries of global positions attend to
-    every key (whole rows, O(G * Tk)). No (Tq x Tk) tensor is ever made.
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, start: int,
+                 dropout: float) -> Tensor:
+        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal)[0]
 
-    Args:
-        mask: a key mask broadcastable to (B, H, 1, Tk) (padding), or (B, H, Tq, Tk), or None.
-        start: position of the first query; keys are at positions 0..Tk-1 (with a cache, the
-            queries are the last Tq of Tk positions: ``start = Tk - Tq``). Without ``is_causal``
-            (cross-attention) a query past the last key stands at the last key's position.
-
-    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) -> (B, H, Tq, Dh).
-    """
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    n_rows = min(max(n_global - start, 0), t_q)  # queries that are global tokens
-    spans = [(0, n_rows, 0, min(t_k, start + n_rows) if is_causal else t_k)] if n_rows else []
-    if t_q - n_rows > window and (mask is None or mask.shape[-2] == 1) and (is_causal or start + t_q <= t_k):
-        # many blocks: all at once (one kernel call instead of one per block)
-        band = _band_blocks(q[:, :, n_rows:], k, v, mask, window, n_global, is_causal, start + n_rows, dropout)
-        if not n_rows:
-            return band
-        return torch.cat([local_attention(q[:, :, :n_rows], k, v, mask, window, n_global, is_causal, start,
-                                          dropout), band], dim=2)
-    for a in range(n_rows, t_q, window):
-        b = min(a + window, t_q)
-        if is_causal:
-            lo, hi = max(0, start + a - window), min(t_k, start + b)
-        else:  # (queries past the last key, in cross-attention, stand at the last key)
-            lo, hi = max(0, min(start + a, t_k - 1) - window), min(t_k, min(start + b - 1, t_k - 1) + window + 1)
-        spans.append((a, b, lo, hi))
-    outs = []
-    for a, b, lo, hi in spans:
-        g = min(n_global, lo)  # global keys left of the slice, added as extra columns
-        k_pos = torch.arange(lo, hi, device=q.device)
-        kb, vb = k[:, :, lo:hi], v[:, :, lo:hi]                          # (B, H, hi - lo, Dh)
-        if g:
-            k_pos = torch.cat([torch.arange(g, device=q.device), k_pos])
-            kb, vb = torch.cat([k[:, :, :g], kb], dim=2), torch.cat([v[:, :, :g], vb], dim=2)
-        q_pos = torch.arange(start + a, start + b, device=q.device)
-        m = local_mask(q_pos if is_causal else q_pos.clamp(max=t_k - 1), k_pos, window, n_global, is_causal)
-        if mask is not None:
-            m = m & (mask if mask.shape[-2] == 1 else mask[..., a:b, :]).index_select(-1, k_pos)
-        outs.append(scaled_dot_product_attention(q[:, :, a:b], kb, vb, m, dropout)[0])  # (B, H, b - a, Dh)
-    return torch.cat(outs, dim=2)
-
-
-def _band_blocks(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, window: int, n_global: int,
-                 is_causal: bool, start: int, dropout: float) -> Tensor:
-    """:func:`local_attention` of queries none of which is global nor past the last key, as
-    one 4-D SDPA call that the fused (flash) CPU kernel takes: block j of W queries over its
-    window of 3W keys (causal 2W), plus the global keys as extra columns, the band as a mask.
-
-    Every sentence's queries and keys are copied once into a flat buffer of ``n`` blocks of W
-    (the nb query blocks, plus one block of the keys before ``start`` and one of the keys past
-    the last query block, where they exist), so that the key windows of all blocks of all
-    sentences are one overlapping strided view (block i's window starts i*W rows in): no copy
-    per window, and the (B * n) blocks are the batch of the fused kernel, whose memory for the
-    backward pass is O(T) (it keeps the log-sum-exp, not the weights). Blocks that only carry a
-    halo are computed and dropped. SDPA's fused CPU kernels refuse dropout on the weights
-    (``model.attention_dropout`` > 0): then SDPA takes its math kernel, which keeps them.
-
-    Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask (B, 1, 1, Tk) or None -> (B, H, Tq, Dh).
-    """
-    b, h, t_q, dh = q.shape
-    t_k, w, dev = k.shape[-2], window, q.device
-    nb, span = -(-t_q // w), (2 if is_causal else 3) * w
-    if (b == 1 and mask is not None and not n_global and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling() and bool(mask.all())):
-        mask = None  # (the encoder passes a key mask even where nothing is padded: see below)
-    before = int(start > 0)                             # a block of keys before the first query
-    after = int(not is_causal and start + nb * w < t_k)  # a block of keys past the last query block
-    n = before + nb + after
-    first = start - before * w                          # key position at a sentence's buffer row 0
-
-    def flat(x: Tensor, lo: int, hi: int, at: int, pad: int) -> Tensor:
-        """Rows lo..hi of x (B, H, T, Dh) into zeros (pad + B * n * W + pad, H, Dh), sentence
-        s's n * W rows from pad + s * n * W on, row lo at offset ``at`` in them."""
-        buf = x.new_zeros(b, n * w, h, dh)
-        buf[:, at:at + hi - lo] = x[:, :, lo:hi].transpose(1, 2)
-        return F.pad(buf.view(b * n * w, h, dh), (0, 0, 0, 0, pad, pad)) if pad else buf.view(b * n * w, h, dh)
-
-    lo, hi = max(first, 0), min(first + n * w, t_k)
-    # window of block i (all sentences) = buffer rows i*W .. i*W + span, i.e. key positions
-    # first + (i mod n - 1) * W + 0..span-1 of its sentence (the W rows of zeros in front)
-    k_buf, v_buf = flat(k, lo, hi, lo - first, w), flat(v, lo, hi, lo - first, w)
-
-    def windows(buf: Tensor, a: int, c: int) -> Tensor:
-        """The key windows of blocks a..c, a strided view of ``buf`` -> (c - a, H, span, Dh).
-        (A view of the rows they cover, not a slice of all windows: the backward pass of a
-        slice would build a gradient for every window.)"""
-        return buf[a * w:(c - 1) * w + span].unfold(0, span, w).permute(0, 1, 3, 2)
-
-    qb = flat(q, 0, t_q, before * w, 0).view(b * n, w, h, dh).transpose(1, 2)             # (B*n, H, W, Dh)
-
-    # The band is the same (W x span) pattern in every block (query i sits at window row W + i);
-    # blocks differ only in which window keys exist (positions in [G, Tk), not padded)
-    band = local_mask(torch.arange(w, device=dev) + w, torch.arange(span, device=dev), w, 0, is_causal)[0, 0]
-    blk = torch.arange(n, device=dev) - before                             # block index of each buffer block
-    k_pos = start + (blk[:, None] - 1) * w + torch.arange(span, device=dev)  # (n, span)
-    halo = ((blk < 0) | (blk >= nb))[:, None]                              # halo-only blocks: see anything
-    keys = ((k_pos >= n_global) & (k_pos < t_k) | halo).repeat(b, 1)       # (B*n, span)
-    if mask is not None:  # key padding, per sentence: its positions in the same windows
-        pad_keys = F.pad(mask.reshape(b, t_k)[:, lo:hi], (lo - first, first + n * w - hi), value=False)
-        pad_keys = F.pad(pad_keys.reshape(-1), (w, w), value=False).unfold(0, span, w)[:b * n]  # (B*n, span)
-        keys = keys & (pad_keys | halo.repeat(b, 1))
-    g_keys = None
-    if n_global:  # the global keys, as extra columns of every block (band queries see them all)
-        g_keys = torch.ones(b * n, n_global, dtype=torch.bool, device=dev)
-        if mask is not None:
-            g_keys = mask.reshape(b, t_k)[:, :n_global].repeat_interleave(n, 0) | halo.repeat(b, 1)
-        kg, vg = (x[:, :, :n_global].repeat_interleave(n, 0) for x in (k, v))  # (B*n, H, G, Dh)
-        kb, vb = torch.cat([kg, windows(k_buf, 0, b * n)], dim=-2), torch.cat([vg, windows(v_buf, 0, b * n)], dim=-2)
-
-    def block_mask(a: int, c: int) -> Tensor:
-        """The mask of buffer blocks a..c -> (c - a, 1, W, [G +] span)."""
-        m = band & keys[a:c, None, :]                                      # (c - a, W, span)
-        if g_keys is not None:
-            m = torch.cat([g_keys[a:c, None, :].expand(-1, w, -1), m], dim=-1)
-        return m[:, None]
-
-    # One sequence, no padding, no global keys: the blocks whose windows lie inside [0, Tk) all
-    # have the same band, so they share one (W x span) mask instead of one each (the fused
-    # kernel keeps its mask, as floats, for the backward pass: 3x the size of q otherwise)
-    groups = [(0, b * n, False)]
-    if b == 1 and mask is None and not n_global:
-        i0 = min(max(before, -(-(w - first) // w)), before + nb)           # first block with keys >= 0
-        i1 = max(min(before + nb, (t_k - span - first) // w + 2), i0)      # past the last with keys < Tk
-        if i1 > i0:
-            groups = [(a, c, shared) for a, c, shared in ((before, i0, False), (i0, i1, True),
-                                                          (i1, before + nb, False)) if c > a]
-    def kv(a: int, c: int) -> tuple[Tensor, Tensor]:
-        if n_global:  # (one group, all blocks)
-            return kb, vb
-        return windows(k_buf, a, c), windows(v_buf, a, c)
-
-    outs = [F.scaled_dot_product_attention(qb[a:c], *kv(a, c), dropout_p=dropout,
-                                           attn_mask=band[None, None] if shared else block_mask(a, c))
-            for a, c, shared in groups]                                    # (blocks, H, W, Dh)
-    out = torch.cat(outs) if len(outs) > 1 else outs[0]
-    skip = (before - groups[0][0]) * w                                     # rows of dropped halo blocks
-    out = out.transpose(1, 2).reshape(b, -1, h, dh)[:, skip:skip + t_q]
-    return out.transpose(1, 2)                                             # (B, H, Tq, Dh)
+    def with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                     dropout: float) -> tuple[Tensor, Tensor]:
+        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights=True)
 
 
 @dataclass(frozen=True)
 class AttentionPattern:
-    """Which keys a query sees: "full" (the paper), "local" (``window`` positions each side and
-    ``n_global`` global tokens, :func:`local_attention`) or "linformer" (keys and values
-    projected along the sequence to ``linformer_k`` rows by learned (k x ``max_len``) matrices;
-    Wang et al., 2020, https://arxiv.org/abs/2006.04768, Eq. 7, one E and F per layer shared
-    by the heads)."""
+    """Which keys a query sees: "full" (the paper, :class:`FullAttention`), "local" (``window``
+    positions each side and ``n_global`` global tokens,
+    :class:`~transduce.model.local_attention.LocalAttention`) or "linformer" (keys and values
+    projected along the sequence to ``linformer_k`` rows by learned (k x ``max_len``) matrices,
+    :class:`~transduce.model.linformer.LinformerAttention`)."""
 
     kind: str = "full"
     window: int = 0
@@ -228,6 +96,10 @@ class LayerCache:
     self_v: Tensor | None = None
     cross_k: Tensor | None = None
     cross_v: Tensor | None = None
+    # The keys a cached position may see, as a key mask (True = may attend) over what ``append``
+    # returns. None: this cache holds only positions written so far, each visible to the newest
+    # (Sec. 3.2.3); a cache that reserves room for later positions must mask that room out.
+    key_mask = None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
@@ -276,7 +148,8 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on attention weights.
         bias: whether the four projections have biases.
         rope: a rotary embedding applied to q and k (self-attention only), or None.
-        pattern: which keys each query sees (full attention by default).
+        pattern: which keys each query sees (full attention by default); it picks the module's
+            ``kernel`` once, here.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
@@ -290,9 +163,22 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rope = rope
-        if pattern.kind == "linformer":  # E and F of Linformer's Eq. 7, applied along the sequence
+        self.kernel = self._kernel(pattern)
+
+    def _kernel(self, pattern: AttentionPattern) -> FullAttention | LocalAttention | LinformerAttention:
+        """The attention this module runs, chosen once: the one place that asks the kind."""
+        if pattern.kind == "local":
+            return LocalAttention(pattern.window, pattern.n_global)
+        if pattern.kind == "linformer":  # E and F of Linformer's Eq. 7, parameters of this module
             self.e_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
             self.f_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
+            return LinformerAttention(self.e_proj, self.f_proj)
+        return FullAttention()
+
+    @property
+    def is_full(self) -> bool:
+        """Whether this module runs the paper's full attention (Eq. 1 over every key)."""
+        return isinstance(self.kernel, FullAttention)
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -345,30 +231,16 @@ class MultiHeadAttention(nn.Module):
         output projection -> (B, Tq, D) and (B, H, Tq, Tk) weights if ``need_weights``.
         ``start`` is the position of the first query (local attention's band needs it)."""
         dropout = self.dropout if self.training else 0.0
-        p = self.pattern
-        if p.kind != "full" and need_weights:
-            raise ConfigError(f"model.attention: attention maps need full attention; this model has {p.kind} attention")
-        if p.kind == "local":
-            out, weights = local_attention(q, k, v, mask, p.window, p.n_global, is_causal, start, dropout), None
-        elif p.kind == "linformer":
-            k, v = self.linformer_project(k, v, mask)                    # (B, H, k, Dh)
-            out, weights = scaled_dot_product_attention(q, k, v, None, dropout)
+        if need_weights:  # (only full attention has them: the others raise a ConfigError)
+            out, weights = self.kernel.with_weights(q, k, v, mask, is_causal, dropout)
         else:
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
+            out, weights = self.kernel(q, k, v, mask, is_causal, start, dropout), None
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, -1)                      # (B, Tq, D)
         return self.out_proj(out), weights
 
-    def linformer_project(self, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """E K and F V (Linformer Eq. 7) over the first S columns of E and F; padded keys and
-        values are zeroed first, so that they add nothing and need no mask after.
 
-        Shape: k, v (B, H, S, Dh), mask (B, 1, 1, S) key mask or None -> two (B, H, k, Dh).
-        """
-        s, max_len = k.shape[-2], self.e_proj.in_features
-        if s > max_len:
-            raise ConfigError(f"model.max_positions: linformer attention spans {max_len} positions; got {s}")
-        if mask is not None:
-            keep = mask.transpose(-2, -1)                                 # (B, 1, S, 1)
-            k, v = k.masked_fill(~keep, 0.0), v.masked_fill(~keep, 0.0)
-        return self.e_proj.weight[:, :s] @ k, self.f_proj.weight[:, :s] @ v   # (k, S) @ (B, H, S, Dh)
+def full_attention_only(model: nn.Module) -> bool:
+    """Whether every attention module of ``model`` runs the paper's full attention, as chosen
+    when it was built (what exports and static decoding need)."""
+    return all(m.is_full for m in model.modules() if isinstance(m, MultiHeadAttention))

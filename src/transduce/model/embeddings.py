@@ -22,6 +22,15 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     return table.float()
 
 
+def _rows(table: Tensor, start: int | Tensor, length: int) -> Tensor:
+    """Rows start..start+length-1 of a (P, D) position table. A 0-dim tensor ``start`` (a
+    position kept on the device, as a decoding step replayed from a CUDA graph keeps it) is read
+    through ``index_select``, which needs no host read; the table must already reach that far."""
+    if isinstance(start, Tensor):
+        return table.index_select(0, torch.arange(length, device=table.device) + start)  # (length, D)
+    return table[start:start + length]
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions; the table grows on demand, so any length works."""
 
@@ -30,12 +39,11 @@ class SinusoidalPositions(nn.Module):
         self.dim = dim
         self.register_buffer("table", sinusoidal_table(n_positions, dim), persistent=False)
 
-    def forward(self, start: int, length: int) -> Tensor:
-        """Positions start..start+length-1. Shape: (length, D)."""
-        end = start + length
-        if end > self.table.shape[0]:
-            self.table = sinusoidal_table(max(end, 2 * self.table.shape[0]), self.dim).to(self.table.device)
-        return self.table[start:end]
+    def forward(self, start: int | Tensor, length: int) -> Tensor:
+        """Positions start..start+length-1 (``start`` an int or a 0-dim tensor). Shape: (length, D)."""
+        if not isinstance(start, Tensor) and start + length > self.table.shape[0]:
+            self.table = sinusoidal_table(max(start + length, 2 * self.table.shape[0]), self.dim).to(self.table.device)
+        return _rows(self.table, start, length)
 
 
 class LearnedPositions(nn.Module):
@@ -46,11 +54,12 @@ class LearnedPositions(nn.Module):
         self.weight = nn.Parameter(torch.empty(n_positions, dim))
         nn.init.normal_(self.weight, std=dim ** -0.5)
 
-    def forward(self, start: int, length: int) -> Tensor:
-        end = start + length
-        if end > self.weight.shape[0]:
-            raise ValueError(f"sequence of {end} positions exceeds model.max_positions={self.weight.shape[0]}")
-        return self.weight[start:end]
+    def forward(self, start: int | Tensor, length: int) -> Tensor:
+        """Positions start..start+length-1 (``start`` an int or a 0-dim tensor). Shape: (length, D)."""
+        n = self.weight.shape[0]
+        if not isinstance(start, Tensor) and start + length > n:
+            raise ValueError(f"sequence of {start + length} positions exceeds model.max_positions={n}")
+        return _rows(self.weight, start, length)
 
 
 class RotaryEmbedding(nn.Module):

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -20,7 +21,7 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path
 from ..checksums import record, verify
-from ..config import DecodeConfig, ModelConfig, config_from_dict, model_config_from_dict, read_yaml, save_yaml
+from ..config import DecodeConfig, ModelConfig, from_dict, read_yaml, save_yaml
 from ..errors import CheckpointError, ConfigError, one_line
 from .encoder_only import EncoderOnly
 from .lm import DecoderOnlyLM
@@ -124,7 +125,7 @@ def load_decode_config(directory: str | os.PathLike) -> DecodeConfig:
     if section is None:
         return DecodeConfig()
     try:
-        return config_from_dict(DecodeConfig, section, "decode")
+        return from_dict(DecodeConfig, section, "decode")
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
@@ -138,9 +139,22 @@ def load_model_config(directory: str | os.PathLike) -> ModelConfig:
     if not isinstance(d, dict) or not isinstance(d.get("model"), dict):
         raise CheckpointError(f"{directory / CONFIG}: has no 'model' section")
     try:
-        return model_config_from_dict(d["model"])
+        return from_dict(ModelConfig, d["model"], "model")
     except ConfigError as e:
         raise CheckpointError(f"{directory / CONFIG}: {e}") from None
+
+
+def saved_model_settings(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``model`` mapping saved in a model directory's config.yaml, unchecked, or None when the
+    directory has no such file or section: what a run with ``train.init_from`` lays its own model
+    keys over (:func:`~transduce.config.load_run_config`). A missing directory is left for
+    training to report."""
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        return None
+    saved = read_yaml(path)
+    model = saved.get("model") if isinstance(saved, dict) else None
+    return model if isinstance(model, dict) else None
 
 
 def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

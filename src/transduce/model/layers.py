@@ -154,4 +154,4 @@ class DecoderLayer(nn.Module):
         # The cache keeps every position; local attention slices the last W (+ global) out of it.
         k, v = cache.append(k, v)                                         # (B, H, start+T, Dh)
         causal = h.shape[1] > 1  # a single new position may see the whole cache
-        return self.self_attn.attend(q, k, v, None, is_causal=causal, need_weights=need_weights, start=start)
+        return self.self_attn.attend(q, k, v, cache.key_mask, is_causal=causal, need_weights=need_weights, start=start)

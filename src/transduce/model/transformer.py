@@ -67,8 +67,8 @@ class Embedder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: Tensor, start: int = 0, token_types: Tensor | None = None) -> Tensor:
-        """ids (B, T) -> (B, T, D); ``token_types`` (B, T) ids, type 0 everywhere if None."""
+    def forward(self, ids: Tensor, start: int | Tensor = 0, token_types: Tensor | None = None) -> Tensor:
+        """ids (B, T) at positions start.. -> (B, T, D); ``token_types`` (B, T) ids, type 0 everywhere if None."""
         x = self.tokens(ids)                                              # (B, T, D)
         if self.positions is not None:
             x = x + self.positions(start, ids.shape[1]).to(x.dtype)
@@ -136,7 +136,9 @@ class Transformer(nn.Module):
 
         Without ``cache``: ``tgt`` (B, T) is the whole shifted target (teacher forcing).
         With ``cache`` (start with ``model.new_cache()``): ``tgt`` (B, t) holds only the new
-        tokens; the cache is extended and returned, so each step costs the same.
+        tokens; the cache is extended and returned, so each step costs the same. The new tokens
+        start at ``cache.length``: an int, or a 0-dim tensor advanced in place (a cache of
+        preallocated buffers, whose step a CUDA graph can replay).
         ``project=False`` leaves ``logits`` None, for a loss or search that applies
         ``output_proj`` to the ``states`` itself.
         """

@@ -4,7 +4,8 @@ Concurrent requests are gathered into token-budget batches by :class:`DynamicBat
 page at ``/`` translates typed sentences and shows each translation's cross-attention.
 """
 
-from .app import ServeConfig, TranslationService, create_app, load_service, serve
+from ..config import ServeConfig
+from .app import TranslationService, create_app, load_service, serve
 from .batcher import BatchStats, DynamicBatcher
 
 __all__ = ["ServeConfig", "TranslationService", "create_app", "load_service", "serve",

@@ -25,10 +25,11 @@ import asyncio
 import hmac
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from importlib import resources
 from typing import Any, Hashable
 
+from ..config import ServeConfig
 from ..errors import ConfigError, TransduceError, require
 from ..inference.pool import WorkerLost
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
@@ -37,36 +38,6 @@ from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """Server settings; every limit is a field, checked on creation."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    batch_wait_ms: float = 5.0
-    batching: bool = True
-    max_body_bytes: int = 256 * 1024
-    max_sentences: int = 64
-    max_sentence_chars: int = 2000
-    max_queued: int = 1024
-    request_timeout_s: float = 30.0
-    api_key: str | None = field(default=None, repr=False)  # required as "Authorization: Bearer KEY"
-    max_per_client: int | None = None  # requests one client address may have in flight (429 beyond)
-
-    def __post_init__(self) -> None:
-        if self.api_key is not None and not self.api_key.strip():
-            raise ConfigError("serve.api_key: is empty")
-        if self.max_per_client is not None and self.max_per_client <= 0:
-            raise ConfigError(f"serve.max_per_client: must be positive; got {self.max_per_client}")
-        for key in ("max_body_bytes", "max_sentences", "max_sentence_chars", "max_queued"):
-            if getattr(self, key) is not None and getattr(self, key) <= 0:
-                raise ConfigError(f"serve.{key}: must be positive; got {getattr(self, key)}")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"serve.port: must be in [0, 65535]; got {self.port}")
-        if self.batch_wait_ms < 0 or self.request_timeout_s <= 0:
-            raise ConfigError("serve.batch_wait_ms must be >= 0 and serve.request_timeout_s > 0")
 
 
 class TranslationService:

@@ -89,7 +89,7 @@ def test_a_draft_with_another_vocabulary_is_refused():
     model, draft = tiny_transformer(VOCAB), tiny_transformer(VOCAB + 1)
     with pytest.raises(ConfigError, match="^draft: the draft's model.src_vocab_size is 41"):
         speculative_search(model, random_sources([3], VOCAB), Speculation(draft))
-    with pytest.raises(ConfigError, match="decode.draft_tokens: must be >= 1"):
+    with pytest.raises(ConfigError, match="decode.draft_tokens: must be positive"):
         DecodeConfig(draft_tokens=0)
 
 

@@ -1,6 +1,6 @@
-"""Static-shape decoding (inference/static.py) against the eager searches and the model's own
-KV cache. On CPU the static step runs eagerly; capture and replay are checked on a GPU by
-bench/gpu_checks.py's ``decode_checks``."""
+"""Static-shape decoding (inference/search/static.py) against the eager searches; its cache and
+kept weights are tested in tests/inference/speed. On CPU the static step runs eagerly; capture
+and replay are checked on a GPU by bench/gpu_checks.py's ``decode_checks``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from transduce.inference import SearchSpec, greedy_search, prepare_for_decoding,
 from transduce.inference.search import static as static_module
 from transduce.inference.speed import STATIC_SEARCHES
 from transduce.inference.search.static import StaticSearch, static_search
+from transduce.model.layers import DecoderLayer
 
 LENGTHS = [3, 9, 1, 14, 6, 2, 11]  # sentences that finish at different steps
 
@@ -90,46 +91,39 @@ def test_checking_for_the_end_less_often_changes_nothing(check_every):
                      static_search(model, src, decode, greedy=True, check_every=check_every))
 
 
-@pytest.mark.parametrize("positions,norm", [("sinusoidal", "post"), ("learned", "pre"), ("rope", "pre")])
-def test_static_buffers_give_the_kv_cache_logits(positions, norm):
-    """Step by step with teacher forcing, over buffers longer than the target and sources
-    padded past their length: the logits of the model's own KV-cache decoding."""
-    model = _model(5, positions, norm)
-    src = random_sources([4, 8, 2], seed=5)
-    tgt = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(5))
-    tgt[:, 0] = model.config.bos_id
-    b, s = src.shape
+def test_model_decode_is_what_runs(monkeypatch):
+    """No layer is written twice: each step of a static search calls the model's decoder layers."""
+    model, src = _model(2, "rope", "pre"), random_sources(LENGTHS, seed=2)
+    calls = []
+    forward = DecoderLayer.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(type(kwargs.get("cache", args[3] if len(args) > 3 else None)).__name__)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(DecoderLayer, "forward", counted)
+    decode = DecodeConfig(beam=1, max_len_a=0.0, max_len_b=5)
     with torch.inference_mode():
-        enc = model.encode(src)
-        cache = model.new_cache()
-        search = StaticSearch(model, b, 0, s + 5, 16, torch.float32, DecodeConfig(), src.device)
-        search.load([layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers], enc.mask,
-                    torch.full((b,), 16))
-        for t in range(tgt.shape[1]):
-            expected = model.decode(tgt[:, t:t + 1], enc, cache).logits[:, 0]   # (B, V)
-            search.last.copy_(tgt[:, t])
-            got = model.output_proj(search._decode())
-            search.pos += 1
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        static_search(model, src, decode, greedy=True, check_every=100)
+    assert calls == ["StaticLayerCache"] * (5 * len(model.decoder_layers))
 
 
-def test_weights_cast_once_per_search_give_what_autocast_gives():
-    """Under autocast the step reads bf16 copies of the linear weights, refreshed by ``load``:
-    bit for bit what autocast's own cast at each call gives, also after a weight changes."""
-    model, src = _model(6, "rope", "pre"), random_sources([4, 8, 2], seed=6)
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        enc = model.encode(src)
-        cross = [layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers]
-        search = StaticSearch(model, 3, 0, 16, 16, cross[0][0].dtype, DecodeConfig(), src.device)
-        assert search.casts and all(cast.dtype == torch.bfloat16 for *_, cast in search.casts)
-        for scale in (1.0, 1.5):
-            model.decoder_layers[0].ffn.fc1.weight.mul_(scale)
-            search.load(cross, enc.mask, torch.full((3,), 16))
-            plain = search._decode()
-            with search._cast_weights():
-                cast = search._decode()
-            assert torch.equal(cast, plain)
-    assert all(isinstance(p, torch.nn.Parameter) for p in model.parameters())  # given back
+@pytest.mark.parametrize("beam", [1, 3])
+def test_kept_casts_give_what_autocast_gives(beam):
+    """Under autocast, a model prepared with ``cast=`` reads its kept bf16 weights: bit for bit
+    the search autocast's own casts give, also after the weights change in place."""
+    plain, cast = _model(6, "rope", "pre"), prepare_for_decoding(_model(6, "rope", "pre"), cast=torch.bfloat16)
+    src = random_sources(LENGTHS, seed=6)
+    decode = DecodeConfig(beam=beam, nbest=1, max_len_a=1.0, max_len_b=4)
+    for scale in (1.0, 1.5):
+        with torch.no_grad():
+            for model in (plain, cast):
+                model.decoder_layers[0].ffn.fc1.weight.mul_(scale)
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            want = static_search(plain, src, decode, greedy=beam == 1)
+            got = static_search(cast, src, decode, greedy=beam == 1)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.scores, want.scores)
+    assert any("_cast" in m.__dict__ for m in cast.modules())
 
 
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned", "rope"])
@@ -137,7 +131,7 @@ def test_weights_cast_once_per_search_give_what_autocast_gives():
 def test_a_step_never_reads_a_device_value_on_the_host(positions, beam, stop):
     """What a CUDA graph needs: meta tensors have no values, so ``bool()``, ``.item()``,
     ``nonzero`` or a boolean index anywhere in the step would raise here."""
-    model = tiny_transformer(positions=positions, norm="pre").to("meta")
+    model = prepare_for_decoding(tiny_transformer(positions=positions, norm="pre").to("meta"))
     decode = DecodeConfig(beam=max(beam, 1), nbest=1, stop=stop, min_len=2)
     search = StaticSearch(model, 8, beam, 16, 16, torch.float32, decode, torch.device("meta"))
     search.load([], torch.ones(8, 1, 1, 16, dtype=torch.bool, device="meta"), torch.ones(8, dtype=torch.long,

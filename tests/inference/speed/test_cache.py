@@ -1,10 +1,13 @@
-"""The pooled search cache (inference.speed.cache): equal to the model's own KV cache."""
+"""The search caches (inference.speed.cache): equal to the model's own KV cache."""
 
 import pytest
 import torch
 
-from transduce.inference.speed.cache import CACHE_CHUNK, PooledKVCache, PooledLayerCache
+from inference_helpers import random_sources, tiny_transformer
+from transduce.inference.speed import prepare_for_decoding
+from transduce.inference.speed.cache import CACHE_CHUNK, PooledKVCache, PooledLayerCache, StaticKVCache
 from transduce.model.attention import LayerCache
+from transduce.model.transformer import EncoderOutput
 
 
 @pytest.mark.parametrize("reorder_every", [1, 7, 0])  # beam search; rows leaving now and then; sampling
@@ -37,3 +40,54 @@ def test_cache_reorder_selects_cross_rows_separately():
     assert out.reorder(torch.tensor([1, 0, 3, 2]), cross=False).cross_k.flatten().tolist() == [2, 0]
     one = PooledKVCache([PooledLayerCache(cross_k=layer.cross_k, cross_v=layer.cross_v)])
     assert one.reorder(torch.tensor([1]), cross=True).layers[0].cross_k.flatten().tolist() == [1]
+
+
+def _loaded_static_cache(model, enc, rows: int, t_cap: int, s_cap: int) -> StaticKVCache:
+    """A static cache of ``rows`` rows over ``enc``'s sentences, its cross entries loaded."""
+    cfg = model.config
+    h, dh = cfg.n_heads, cfg.d_model // cfg.n_heads
+    b = enc.mask.shape[0]
+    cache = StaticKVCache.empty(len(model.decoder_layers), (rows, h, t_cap, dh), (b, h, s_cap, dh), torch.float32,
+                                torch.device("cpu"))
+    cache.load([layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers])
+    return cache
+
+
+@pytest.mark.parametrize("positions,norm", [("sinusoidal", "post"), ("learned", "pre"), ("rope", "pre")])
+@pytest.mark.parametrize("beam", [1, 2])
+def test_static_cache_gives_the_kv_cache_logits(positions, norm, beam):
+    """``model.decode`` step by step (teacher forcing) on a static cache, with room past the
+    target, sources padded past their length, K beams sharing a sentence's cross row and a
+    beam reorder midway: the logits of the model's own KV cache."""
+    model = prepare_for_decoding(tiny_transformer(seed=5, positions=positions, norm=norm, max_positions=64))
+    src = random_sources([4, 8, 2], seed=5)
+    b, s = src.shape
+    tgt = torch.randint(4, 40, (b * beam, 7), generator=torch.Generator().manual_seed(5))
+    tgt[:, 0] = model.config.bos_id
+    # beams swap within each sentence (rows 2i, 2i+1) after step 3
+    swap = torch.arange(b * beam).view(b, beam).flip(1).reshape(-1)
+    with torch.inference_mode():
+        enc = model.encode(src)
+        static = _loaded_static_cache(model, enc, b * beam, 16, s + 5)
+        padded = EncoderOutput(enc.memory, torch.nn.functional.pad(enc.mask, (0, 5)))  # (B, 1, 1, S + 5)
+        expanded = enc.index_select(torch.arange(b).repeat_interleave(beam))
+        cache = model.new_cache()
+        for t in range(tgt.shape[1]):
+            expected = model.decode(tgt[:, t:t + 1], expanded, cache).logits[:, 0]       # (N, V)
+            length = static.length
+            got = model.decode(tgt[:, t:t + 1], padded, static).logits[:, 0]
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+            assert static.length is length and int(static.length) == t + 1 == cache.length  # advanced in place
+            if t == 3:
+                cache, static = cache.reorder(swap), static.reorder(swap)
+
+
+def test_static_cache_takes_one_position_per_step():
+    cache = StaticKVCache.empty(1, (2, 1, 8, 3), (2, 1, 4, 3), torch.float32, torch.device("cpu"))
+    layer = cache.layers[0]
+    k = torch.randn(2, 1, 1, 3)
+    full_k, _ = layer.append(k, k)
+    assert full_k is layer.self_k and torch.equal(full_k[:, :, 0:1], k)
+    assert layer.key_mask.flatten().tolist() == [True] + [False] * 7
+    with pytest.raises(ValueError, match="one new position"):
+        layer.append(torch.randn(2, 1, 2, 3), torch.randn(2, 1, 2, 3))

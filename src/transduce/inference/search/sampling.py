@@ -13,8 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...config import DecodeConfig
-from ...errors import ConfigError
+from ...config import DecodeConfig, check_sampling
 from .common import AttentionChoice, Seq2Seq, SearchOutput, step_log_probs
 from .greedy import sequential_search
 
@@ -36,16 +35,6 @@ def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p:
         drop = drop_sorted.scatter(1, order, drop_sorted)
         logp = logp.masked_fill(drop, -math.inf)
     return logp
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """One-line ConfigError for an invalid sampling setting."""
-    if not temperature > 0:
-        raise ConfigError(f"temperature: must be > 0; got {temperature}")
-    if top_k < 0:
-        raise ConfigError(f"top_k: must be >= 0 (0 = off); got {top_k}")
-    if not 0 < top_p <= 1:
-        raise ConfigError(f"top_p: must be in (0, 1]; got {top_p}")
 
 
 def sample(

@@ -8,11 +8,16 @@ the state dict stay as they are):
   between calls; keys/values shared by the beams of one sentence (:func:`~.attention.fast_attention`); a
   few queries per row attended as two batched matmuls on CPU, where that beats the fused kernel.
 * :class:`~.attention.FastFeedForward`: the ReLU applied inside a oneDNN matmul.
-* ``nn.Linear`` -> :class:`~transduce.inference.speed.cpu.OneDNNLinear` on CPU; or dynamic int8.
+* ``nn.Linear`` -> :class:`~transduce.inference.speed.cpu.OneDNNLinear` on CPU; or dynamic int8;
+  or :class:`~.cast.CastLinear`, which under autocast reads low-precision copies of its weights
+  kept between calls (for the static search's CUDA graphs).
 
 A search (:func:`prepared`) prepares a plain model for its own duration; a
 :class:`~transduce.inference.Translator` prepares its model once and restores it on ``close``.
-The cache search uses is :class:`~.cache.PooledKVCache` (:func:`new_cache`).
+The eager searches' cache is :class:`~.cache.PooledKVCache` (:func:`new_cache`), the static
+search's :class:`~.cache.StaticKVCache`. The copies of the weights kept here (fused
+projections, casts) change in place when the weights do, and :func:`refresh` brings them up to
+date before a CUDA graph that reads them by address is replayed.
 
 Legend: B query rows, Bk = B / g key/value rows, H heads, Tq/Tk query/key length, Dh head dim.
 """
@@ -22,19 +27,22 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
 from torch import nn
 
 from ...model.attention import KVCache, MultiHeadAttention
 from ...model.layers import FeedForward
 from .attention import FastAttention, FastFeedForward
 from .cache import PooledKVCache
+from .cast import CastLinear
 from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
 
 _FAST = {MultiHeadAttention: FastAttention, FeedForward: FastFeedForward}
 _PLAIN = {fast: plain for plain, fast in _FAST.items()}
 
 
-def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = False) -> nn.Module:
+def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = False,
+                         cast: torch.dtype | None = None) -> nn.Module:
     """Switch ``model``'s modules to their decoding versions, in place; returns ``model``.
 
     Args:
@@ -42,6 +50,9 @@ def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = Fa
             ``F.linear`` whenever gradients or autocast are on; a no-op without oneDNN).
         int8: quantise the linear layers to dynamic int8 first (CPU; see
             :func:`~transduce.inference.cpu.quantize_dynamic_int8`). Not undone by :func:`restore`.
+        cast: the autocast dtype the model decodes in (bf16, fp16): plain ``nn.Linear`` layers
+            become :class:`~.cast.CastLinear`, which keep their weights in it between calls
+            (instead of oneDNN's; ignored with ``int8``).
     """
     if int8:
         quantize_dynamic_int8(model, inplace=True)
@@ -49,23 +60,37 @@ def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = Fa
     for module in model.modules():
         if type(module) in _FAST:
             module.__class__ = _FAST[type(module)]
+        elif cast is not None and not int8 and type(module) is nn.Linear:
+            module.__class__ = CastLinear
+            module.cast_dtype = cast
         elif switch_linears and type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
     return model
 
 
-# Where :mod:`~transduce.inference.static` keeps a model's captured searches (and their memory).
+def refresh(model: nn.Module) -> None:
+    """Bring every copy of the weights kept by ``model``'s prepared modules (fused projections,
+    autocast casts) up to date with its parameters, in place, so that a CUDA graph that reads
+    them by address computes with the weights as they are now (e.g. after an optimizer step).
+    Run eagerly, before a replay."""
+    for module in model.modules():
+        if isinstance(module, (FastAttention, CastLinear)):
+            module.refresh()
+
+
+# Where :mod:`~transduce.inference.search.static` keeps a model's captured searches (and their memory).
 STATIC_SEARCHES = "_static_searches"
 
 
 def restore(model: nn.Module) -> nn.Module:
     """Undo :func:`prepare_for_decoding` and forget every kept copy of the weights (packed
-    oneDNN weights, fused projections) and the captured static searches, in place; returns ``model``."""
+    oneDNN weights, casts, fused projections) and the captured static searches, in place;
+    returns ``model``."""
     plain_linears(model)
     for module in model.modules():
         if type(module) in _PLAIN:
             module.__class__ = _PLAIN[type(module)]
-        for name in ("_packed", "_fused_layers", STATIC_SEARCHES):
+        for name in ("_packed", "_cast", "cast_dtype", "_fused_layers", STATIC_SEARCHES):
             module.__dict__.pop(name, None)
     return model
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ...model.attention import MultiHeadAttention, scaled_dot_product_attention
 from ...model.layers import FeedForward
+from .cast import CastLinear
 from .cpu import OneDNNLinear
 
 # Up to this many queries per row, CPU attention runs as two batched matmuls (_few_queries).
@@ -87,6 +88,24 @@ def fast_attention(
     return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
 
 
+def _same_layout(layer: nn.Linear, w: Tensor, b: Tensor | None) -> bool:
+    """Whether ``layer``'s weight and bias can take ``w`` and ``b`` in place."""
+    same = layer.weight.shape == w.shape and layer.weight.dtype == w.dtype and layer.weight.device == w.device
+    return same and (b is None) == (layer.bias is None)
+
+
+def _linear_like(kind: nn.Linear, w: Tensor, b: Tensor | None) -> nn.Linear:
+    """A linear layer of ``kind``'s class and settings over ``w`` (out, in) and ``b`` (out,),
+    which it holds as they are (no copy, no gradients)."""
+    layer = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+    layer.weight = nn.Parameter(w, requires_grad=False)
+    layer.bias = nn.Parameter(b, requires_grad=False) if b is not None else None
+    layer.__class__ = type(kind)
+    if isinstance(kind, CastLinear):
+        layer.cast_dtype = kind.cast_dtype
+    return layer
+
+
 class FastAttention(MultiHeadAttention):
     """:class:`~transduce.model.attention.MultiHeadAttention` with fused projections and
     :func:`fast_attention`. Only ever made by :func:`prepare_for_decoding` (a class switch)."""
@@ -97,9 +116,10 @@ class FastAttention(MultiHeadAttention):
         A single matmul of width 3D (or 2D) runs faster than three (two) of width D: it reads
         the input once and gives the kernels wider tiles. With gradients on, the weights are
         concatenated on each call, so autograd sees the real parameters. Without, the fused
-        layer is kept and rebuilt only when a weight changes (storage or version counter); it
-        has the class of ``q_proj`` (so a :class:`OneDNNLinear` stays one). Quantised layers
-        are not fused.
+        layer is kept, and when a weight changes (storage or version counter) its weights are
+        rewritten in place: a CUDA graph that read them by address reads the new ones. It has
+        the kind of ``q_proj`` (so a :class:`OneDNNLinear` or :class:`CastLinear` stays one).
+        Quantised layers are not fused.
         """
         mods = [getattr(self, n) for n in names]
         if not all(isinstance(m, nn.Linear) for m in mods):
@@ -119,12 +139,24 @@ class FastAttention(MultiHeadAttention):
         if cached is None or cached[0] != key:
             with torch.inference_mode(False), torch.no_grad():
                 w, b = side_by_side()
-                fused = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
-                fused.weight = nn.Parameter(w, requires_grad=False)
-                fused.bias = nn.Parameter(b, requires_grad=False) if b is not None else None
-                fused.__class__ = type(mods[0])
+                if cached is not None and cached[0][:2] == key[:2] and _same_layout(cached[1], w, b):
+                    fused = cached[1]
+                    fused.weight.copy_(w)  # in place (see above)
+                    if b is not None:
+                        fused.bias.copy_(b)
+                else:
+                    fused = _linear_like(mods[0], w, b)
             cached = self._fused_cache[names] = (key, fused)
         return cached[1]
+
+    def refresh(self) -> None:
+        """Bring the kept fused layers (and their own kept casts) up to date with the
+        projections' weights, in place."""
+        with torch.no_grad():
+            for names in list(self.__dict__.get("_fused_layers", ())):
+                fused = self._fused(names)
+                if isinstance(fused, CastLinear):
+                    fused.refresh()
 
     def __getstate__(self) -> dict:  # copies and pickles leave the fused layers behind
         state = self.__dict__.copy()
@@ -155,7 +187,7 @@ class FastAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:
-        if self.pattern.kind != "full":  # local and Linformer attention keep the model's own path
+        if not self.is_full:  # local and Linformer attention keep the model's own kernel
             k, v, mask = repeat_shared_rows(q.shape[0], k, v, mask)
             return super().attend(q, k, v, mask, is_causal, need_weights, start)
         dropout = self.dropout if self.training else 0.0

@@ -1,4 +1,14 @@
-"""The search's key/value cache: preallocated pools reused across steps (see :class:`PooledLayerCache`)."""
+"""The searches' key/value caches, both with the interface of the model's own
+(:class:`~transduce.model.attention.KVCache`), so that ``model.decode`` is what runs:
+
+* :class:`PooledKVCache`, the eager searches': preallocated pools reused across steps;
+* :class:`StaticKVCache`, the static search's: buffers of a fixed size written at a position
+  held on the device, so that a decoding step never changes shape nor reads a device value on
+  the host, and a CUDA graph can replay it (:mod:`~transduce.inference.search.static`).
+
+Legend: N rows (a sentence's K beams consecutive), B sentences, H heads, T positions (room),
+S source positions, Dh head dim.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +44,7 @@ class PooledLayerCache:
     pools: tuple | None = None        # ((k, v) flat pool holding self_k/self_v, (k, v) the other)
     pending: Tensor | None = None     # (B',) rows to gather at the next append
     room: int = 0                     # positions per head of the layout self_k/self_v are the start of
+    key_mask = None                   # every entry is a position written so far (see LayerCache)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add new keys/values (B, H, T, Dh) after the cached ones -> all (B, H, t + T, Dh)."""
@@ -103,3 +114,77 @@ class PooledKVCache:
         cross entries kept once per sentence and shared by its beams (see :func:`fast_attention`).
         """
         return PooledKVCache([c.reorder(index, cross) for c in self.layers], self.length)
+
+
+@dataclass
+class StaticLayerCache:
+    """One decoder layer's keys and values in buffers of a fixed size; the interface of
+    :class:`~transduce.model.attention.LayerCache` for one new position per step.
+
+    ``append`` writes the new position's keys/values at ``length`` (a 0-dim tensor shared with
+    the :class:`StaticKVCache`, indexed on the device, never read by the host) and returns the
+    whole buffers; ``key_mask`` then shows the newest position the keys written so far (<= it)
+    and hides the room after them. Cross-attention keys/values are loaded once per batch, one
+    row per sentence, which its beams share (:func:`~transduce.inference.speed.attention.fast_attention`).
+    """
+
+    self_k: Tensor                    # (N, H, T, Dh)
+    self_v: Tensor
+    cross_k: Tensor                   # (B, H, S, Dh)
+    cross_v: Tensor
+    length: Tensor                    # () the position the next append writes
+    positions: Tensor                 # (T,) 0..T-1
+    key_mask: Tensor | None = None    # (1, 1, 1, T) set by append
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new keys/values (N, H, 1, Dh) at ``length`` -> the buffers (N, H, T, Dh)."""
+        if k.shape[2] != 1:  # (several new positions would need a causal mask among them)
+            raise ValueError(f"a static cache takes one new position per step; got {k.shape[2]}")
+        at = self.length.view(1)
+        self.self_k.index_copy_(2, at, k)
+        self.self_v.index_copy_(2, at, v)
+        self.key_mask = (self.positions <= self.length).view(1, 1, 1, -1)       # (1, 1, 1, T)
+        return self.self_k, self.self_v
+
+
+@dataclass
+class StaticKVCache:
+    """The static search's cache: :class:`StaticLayerCache` per layer and the position they
+    write at; the interface of :class:`~transduce.model.attention.KVCache`, whose ``length``
+    here is a 0-dim device tensor that ``decode`` advances in place (``length += 1``)."""
+
+    layers: list[StaticLayerCache]
+    length: Tensor
+
+    @classmethod
+    def empty(cls, n_layers: int, self_shape: tuple[int, int, int, int], cross_shape: tuple[int, int, int, int],
+              dtype: torch.dtype, device: torch.device) -> "StaticKVCache":
+        """Zeroed buffers: self-attention ``self_shape`` (N, H, T, Dh), cross ``cross_shape`` (B, H, S, Dh)."""
+        length = torch.zeros((), dtype=torch.long, device=device)
+        positions = torch.arange(self_shape[2], device=device)
+        layers = [StaticLayerCache(*(torch.zeros(shape, dtype=dtype, device=device)
+                                     for shape in (self_shape, self_shape, cross_shape, cross_shape)),
+                                   length, positions) for _ in range(n_layers)]
+        return cls(layers, length)
+
+    def load(self, cross: list[tuple[Tensor, Tensor]]) -> None:
+        """Start a batch at position 0: each layer's cross keys/values (b, H, s, Dh) into its
+        first b rows and s positions, zeros elsewhere and in every self-attention entry (masked
+        entries must still be finite: a masked NaN poisons the softmax)."""
+        self.length.zero_()
+        for layer in self.layers:
+            for t in (layer.self_k, layer.self_v, layer.cross_k, layer.cross_v):
+                t.zero_()
+        for layer, (k, v) in zip(self.layers, cross):
+            b, _, s, _ = k.shape
+            layer.cross_k[:b, :, :s] = k
+            layer.cross_v[:b, :, :s] = v
+
+    def reorder(self, rows: Tensor) -> "StaticKVCache":
+        """Self-attention rows ``rows`` (N,) of this cache, gathered in place (the beam each
+        hypothesis continues); returns this cache. Cross entries stay: there is one per
+        sentence, and beams move only among their sentence's rows."""
+        for layer in self.layers:
+            layer.self_k.copy_(layer.self_k.index_select(0, rows))
+            layer.self_v.copy_(layer.self_v.index_select(0, rows))
+        return self

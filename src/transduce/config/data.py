@@ -1,0 +1,106 @@
+"""The data section: where the text comes from and how it becomes batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import check, one_of, positive, typecheck
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the text comes from, how it is tokenized and filtered, and how it becomes batches.
+
+    Which side a task reads: translation both; a language model (``train.task: lm``) the target
+    side, a masked LM (``mlm``) the source side (``reverse`` swaps them), or monolingual
+    ``*_tgt`` files for either; classification (``classify``) ``text<TAB>label`` lines in the
+    ``*_src`` files.
+    """
+
+    corpus: str = "toy"
+    """``toy`` (the embedded generated pair, no download); ``multi30k`` (raw files under ``root``);
+    ``multi30k_tok`` (the same corpus's lowercased, Moses-tokenized text in ``root/tok/``, which
+    published Multi30k systems train on; the model then writes lowercased tokenized text); or
+    ``files`` (the ``train_src``/``train_tgt``/... paths)."""
+    root: str | None = None
+    """The Multi30k directory; None: $TRANSDUCE_MULTI30K."""
+    src_lang: str = "en"
+    """The source language's code, as the corpus names it."""
+    tgt_lang: str = "de"
+    """The target language's code, as the corpus names it."""
+    train_src: str | None = None
+    """Training source text, one sentence a line (``corpus: files``). For ``train.task: classify``:
+    ``text<TAB>label`` (or sentence pairs' ``text_a<TAB>text_b<TAB>label``) lines, read with an
+    existing tokenizer (:mod:`transduce.data.labelled`)."""
+    train_tgt: str | None = None
+    """Training target text, line-aligned with ``train_src``. Without ``*_src`` files, monolingual
+    text for a language model or masked LM (each line is stored as both sides of a pair)."""
+    valid_src: str | None = None
+    """Validation source text (``corpus: files``)."""
+    valid_tgt: str | None = None
+    """Validation target text (``corpus: files``)."""
+    test_src: str | None = None
+    """Test source text (``corpus: files``)."""
+    test_tgt: str | None = None
+    """Test target text (``corpus: files``)."""
+    toy_seed: int = 0
+    """Seed of the toy corpus's generator."""
+    toy_train_size: int = 20000
+    """Sentence pairs in the toy training split."""
+    toy_valid_size: int = 500
+    """Sentence pairs in the toy validation split."""
+    toy_test_size: int = 500
+    """Sentence pairs in the toy test split."""
+    vocab_size: int = 8000
+    """Pieces in each tokenizer model trained (at least 8)."""
+    tokenizer_type: str = "bpe"
+    """The sentencepiece model type: ``bpe`` or ``unigram``."""
+    joint_vocab: bool = True
+    """One tokenizer model for both sides (a joint vocabulary), not one per side."""
+    max_len: int = 250
+    """Training pairs with a side of more tokens are dropped."""
+    max_ratio: float = 3.0
+    """Training pairs whose longer side has more than this many times the tokens of the shorter
+    are dropped."""
+    max_tokens: int = 4096
+    """A training batch's token budget: sentences x the longest padded side (data/batching.py)."""
+    valid_max_sentences: int | None = None
+    """Validation pairs used at most; None: all."""
+    reverse: bool = False
+    """Train the other direction: every split's pairs are swapped after reading, so ``src_lang``,
+    ``train_src``... keep naming the corpus as written."""
+    bpe_dropout: float = 0.0
+    """BPE-dropout (Provilkov et al., 2020): > 0 re-segments the training text of
+    ``bpe_dropout_sides`` at random every epoch, each merge skipped with this probability;
+    validation, test and inference use the usual segmentation."""
+    bpe_dropout_sides: str = "both"
+    """Which sides BPE-dropout re-segments: ``src``, ``tgt`` or ``both``."""
+    tokenizer: str | None = None
+    """An existing tokenizer directory to reuse instead of training one."""
+    tokenizer_sentences: int = 1_000_000
+    """Lines per side in the seeded sample a new tokenizer is trained on."""
+    prepared: str | None = None
+    """A directory made by ``transduce prepare`` to train from; the corpus, tokenizer and filter
+    settings are then the ones it was prepared with (its ``manifest.json``)."""
+
+    def __post_init__(self) -> None:
+        typecheck(self, "data")
+        one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files"))
+        one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
+        positive(self, "data", ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len",
+                                "max_tokens", "tokenizer_sentences"))
+        check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
+        check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
+        check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", f"must be in [0, 1); got {self.bpe_dropout}")
+        one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
+        check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
+              "needs data.tokenizer_type=bpe")
+        if self.corpus == "files" and self.prepared is None:
+            check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
+                  "is required when data.corpus=files (with data.train_src, except for a language model's "
+                  "monolingual text; train.task classify reads data.train_src alone)")
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the files are text<TAB>label lines (train.task classify): ``*_src`` without ``*_tgt``."""
+        return self.corpus == "files" and self.train_src is not None and self.train_tgt is None

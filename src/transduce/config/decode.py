@@ -1,0 +1,53 @@
+"""The decode section: how a sequence-to-sequence model searches for its output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import check, one_of, positive, typecheck
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Search settings. Defaults are the paper's (Sec. 6.1): beam 4, alpha 0.6, max len src+50.
+
+    Saved with a trained model (``decode`` in its config.yaml) and used by ``translate``,
+    ``evaluate``, ``serve`` and :class:`~transduce.inference.Translator` unless told otherwise.
+    """
+
+    beam: int = 4
+    """Beam size K; 1 is greedy search."""
+    lenpen: float = 0.6
+    """The GNMT length penalty's alpha (Wu et al., 2016, Eq. 14) that ranks finished hypotheses."""
+    max_len_a: float = 1.0
+    """Output limit ``floor(max_len_a * source_len + max_len_b)`` tokens: the source's factor."""
+    max_len_b: int = 50
+    """Output limit ``floor(max_len_a * source_len + max_len_b)`` tokens: the constant."""
+    min_len: int = 0
+    """No EOS before this many output tokens."""
+    nbest: int = 1
+    """Hypotheses returned per sentence, at most ``beam``."""
+    batch_tokens: int = 4096
+    """A decoding batch's token budget: sentences x the longest source."""
+    max_input_len: int = 1022
+    """Source tokens read at most; a longer input is cut (with a warning)."""
+    stop: str = "k_finished"
+    """When beam search ends a sentence: ``k_finished`` (once K hypotheses have finished, as
+    fairseq) or ``best_finished`` (once a step's best extension ended, as CTranslate2); see
+    :mod:`transduce.inference.search.beam`."""
+    draft_tokens: int = 4
+    """With a draft model (speculative decoding): tokens it proposes per step of the model, at most."""
+    draft_threshold: float = 0.0
+    """With a draft model: it stops proposing in a step once its latest token's probability is
+    below this (0: always ``draft_tokens``); the output does not change."""
+
+    def __post_init__(self) -> None:
+        typecheck(self, "decode")
+        check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")
+        one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
+        positive(self, "decode", ("beam", "nbest", "batch_tokens", "max_input_len", "draft_tokens"))
+        check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
+              f"must be in [0, 1); got {self.draft_threshold}")
+        check(self.nbest <= self.beam, "decode.nbest", f"must be <= decode.beam ({self.beam})")
+        check(self.lenpen >= 0, "decode.lenpen", "must be >= 0")
+        check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_a", "max_len_a/b must be >= 0")

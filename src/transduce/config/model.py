@@ -1,0 +1,207 @@
+"""The model section: the Transformer's shape and options, named presets, what a model is for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .base import check, non_negative, one_of, positive, typecheck
+
+ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
+TASKS = ("translation", "lm", "mlm", "classify")
+# encoder_only trains "classify" instead when model.n_classes >= 2 (model_task)
+TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The Transformer's shape and options. Defaults are the paper's base model (Table 3)."""
+
+    arch: str = "encoder_decoder"
+    """``encoder_decoder`` (the paper); ``decoder_only``: a GPT-style language model (Radford et al.,
+    2019), one causal stack of ``n_decoder_layers`` blocks over ``tgt_vocab_size`` tokens
+    (model/lm.py); ``encoder_only``: a BERT-style encoder (Devlin et al., 2019,
+    https://arxiv.org/abs/1810.04805) of ``n_encoder_layers`` blocks over ``src_vocab_size``
+    tokens, no decoder (model/encoder_only.py)."""
+    src_vocab_size: int = 37000
+    """Source vocabulary size (training sets it from the tokenizer)."""
+    tgt_vocab_size: int = 37000
+    """Target vocabulary size: the output layer's (training sets it from the tokenizer)."""
+    d_model: int = 512
+    """Width of the embeddings and of every sublayer's output (D, Sec. 3.1)."""
+    n_heads: int = 8
+    """Attention heads (H, Sec. 3.2.2); must divide ``d_model``."""
+    n_encoder_layers: int = 6
+    """Encoder blocks (N, Sec. 3.1)."""
+    n_decoder_layers: int = 6
+    """Decoder blocks (N, Sec. 3.1)."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward networks (Sec. 3.3)."""
+    dropout: float = 0.1
+    """Residual dropout: on each sublayer's output and on the embedding sums (Sec. 5.4)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention weights."""
+    activation_dropout: float = 0.0
+    """Dropout on the feed-forward networks' inner activations."""
+    activation: str = "relu"
+    """The feed-forward activation: ``relu`` (the paper), ``gelu`` (Hendrycks & Gimpel, 2016),
+    ``gelu_tanh`` (its tanh approximation, GPT-2), ``silu`` (Swish/SiLU, Marian's OPUS-MT models)
+    or ``swiglu`` (a gated FFN, Shazeer, 2020)."""
+    norm: str = "post"
+    """``post``: LayerNorm after each residual sum (the paper); ``pre``: pre-LN blocks with a final
+    LayerNorm (Xiong et al., 2020)."""
+    positions: str = "sinusoidal"
+    """``sinusoidal`` (Sec. 3.5), ``learned`` absolute positions (BERT/GPT) or ``rope`` rotary
+    embeddings (Su et al., 2021; needs an even head dimension)."""
+    max_positions: int = 1024
+    """The longest sequence the model takes: the learned position table's size, the span of
+    linformer's projections, and where generation stops."""
+    rope_base: float = 10000.0
+    """The base of RoPE's rotation frequencies."""
+    bias: bool = True
+    """Biases in the linear layers; False: bias-free (PaLM)."""
+    share_embeddings: bool = True
+    """One embedding matrix for source and target (Sec. 3.4); needs a joint vocabulary."""
+    tie_output: bool = True
+    """The output projection is the target embedding matrix (Sec. 3.4)."""
+    scale_embeddings: bool = True
+    """Embeddings multiplied by sqrt(d_model) (Sec. 3.4)."""
+    layer_norm_eps: float = 1e-5
+    """LayerNorm's epsilon."""
+    pad_id: int = 0
+    """The padding token's id."""
+    bos_id: int = 1
+    """The beginning-of-sequence token's id."""
+    eos_id: int = 2
+    """The end-of-sequence token's id."""
+    embed_norm: bool = False
+    """LayerNorm after the embedding sum, as BERT (encoder_only)."""
+    type_vocab_size: int = 0
+    """BERT's token-type (segment) embeddings; 0 = none (encoder_only)."""
+    n_classes: int = 0
+    """A pooled classification head over this many classes instead of the masked-LM head;
+    0 = the masked-LM head (encoder_only)."""
+    output_bias: bool = False
+    """A bias on the output projection (Marian's ``final_logits_bias``; encoder_decoder only)."""
+    labels: tuple = ()
+    """The class names in id order, set by classification training from its data."""
+    attention: str = "full"
+    """Self-attention: ``full`` (the paper); ``local``: a sliding window of ``attention_window``
+    positions each side (causal in the decoder) plus ``global_tokens``, as Longformer (Beltagy et
+    al., 2020, https://arxiv.org/abs/2004.05150), O(T * W) time and memory; ``linformer``: encoder
+    self-attention with keys and values projected along the sequence to ``linformer_k`` rows (Wang
+    et al., 2020, https://arxiv.org/abs/2006.04768) over ``max_positions`` positions. Linformer is
+    not causal, so decoder self-attention stays full (arch=decoder_only refuses it)."""
+    cross_attention: str = "full"
+    """Encoder-decoder attention: ``full`` (the paper) or ``local``: the source positions within
+    ``attention_window`` of the target position (long, monotone, similar-length pairs such as
+    documents)."""
+    attention_window: int = 256
+    """Positions each side that local attention sees."""
+    global_tokens: int = 0
+    """With local self-attention: the first G positions, which every query sees and which see
+    every position."""
+    linformer_k: int = 256
+    """Rows linformer projects keys and values to, at most ``max_positions``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.labels, list):
+            object.__setattr__(self, "labels", tuple(self.labels))
+        typecheck(self, "model")
+        self._check_shape()
+        self._check_choices()
+        self._check_encoder_only()
+        check(not self.output_bias or self.arch == "encoder_decoder", "model.output_bias",
+              f"needs model.arch=encoder_decoder; got arch={self.arch}")
+        self._check_attention()
+        self._check_positions_and_norm()
+        self._check_vocabulary()
+
+    def _check_shape(self) -> None:
+        positive(self, "model", ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"))
+        non_negative(self, "model", ("n_encoder_layers", "n_decoder_layers"))
+        check(self.d_model % self.n_heads == 0, "model.d_model",
+              f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        for k in ("dropout", "attention_dropout", "activation_dropout"):
+            v = getattr(self, k)
+            check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
+
+    def _check_choices(self) -> None:
+        one_of(self.arch, "model.arch", ARCHS)
+        one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu"))
+        one_of(self.norm, "model.norm", ("post", "pre"))
+        one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
+
+    def _check_encoder_only(self) -> None:
+        non_negative(self, "model", ("type_vocab_size", "n_classes"))
+        if self.arch == "encoder_only":
+            check(self.n_encoder_layers > 0, "model.n_encoder_layers", "must be positive for model.arch=encoder_only")
+            check(self.n_classes != 1, "model.n_classes", "must be 0 (masked-LM head) or at least 2 classes; got 1")
+            check(not self.labels or len(self.labels) == self.n_classes, "model.labels",
+                  f"names {len(self.labels)} classes; model.n_classes is {self.n_classes}")
+            return
+        for k in ("embed_norm", "type_vocab_size", "n_classes", "labels"):
+            check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
+
+    def _check_attention(self) -> None:
+        one_of(self.attention, "model.attention", ("full", "local", "linformer"))
+        check(self.cross_attention != "linformer", "model.cross_attention",
+              "linformer applies to encoder self-attention only; use full or local")
+        one_of(self.cross_attention, "model.cross_attention", ("full", "local"))
+        check(self.attention_window >= 1, "model.attention_window", f"must be >= 1; got {self.attention_window}")
+        non_negative(self, "model", ("global_tokens",))
+        check(self.attention != "linformer" or 1 <= self.linformer_k <= self.max_positions, "model.linformer_k",
+              f"must be in [1, model.max_positions={self.max_positions}]; got {self.linformer_k}")
+        check(not (self.attention == "linformer" and self.arch == "decoder_only"), "model.attention",
+              "linformer applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
+
+    def _check_positions_and_norm(self) -> None:
+        if self.positions == "rope":
+            check(self.head_dim % 2 == 0, "model.positions",
+                  f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
+        check(self.rope_base > 0, "model.rope_base", "must be positive")
+        check(self.layer_norm_eps > 0, "model.layer_norm_eps", "must be positive")
+
+    def _check_vocabulary(self) -> None:
+        if self.share_embeddings:
+            check(self.src_vocab_size == self.tgt_vocab_size, "model.share_embeddings",
+                  "needs src_vocab_size == tgt_vocab_size (a joint vocabulary)")
+        for k in ("pad_id", "bos_id", "eos_id"):
+            v = getattr(self, k)
+            check(0 <= v < min(self.src_vocab_size, self.tgt_vocab_size), f"model.{k}",
+                  f"must be a valid token id; got {v}")
+
+    @property
+    def head_dim(self) -> int:
+        """Dh = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # Vaswani et al. (2017), Table 3.
+    "base": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
+    "big": dict(d_model=1024, n_heads=16, n_encoder_layers=6, n_decoder_layers=6, d_ff=4096, dropout=0.3),
+    # CPU-sized models for demos and tests.
+    "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1),
+    "tiny": dict(d_model=128, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=256, dropout=0.1,
+                 max_positions=256),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named model shape ("base", "big", "small", "tiny") with field overrides."""
+    check(name in MODEL_PRESETS, "model.preset", f"unknown preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
+    return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
+
+
+def model_task(cfg: ModelConfig) -> str:
+    """What a model of ``cfg`` does: the task of its ``arch``, or classify for an encoder_only
+    model with ``n_classes``."""
+    if cfg.arch == "encoder_only" and cfg.n_classes:
+        return "classify"
+    return TASK_OF_ARCH[cfg.arch]
+
+
+def with_vocab(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+    """The same model shape with the vocabulary sizes a tokenizer produced."""
+    return replace(cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)

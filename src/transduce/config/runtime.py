@@ -1,0 +1,51 @@
+"""The runtime section: where and how a model runs, for every way in (CLI, server, Python)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import check, one_of, typecheck
+
+# A batch a decoding worker leaves unanswered this long means a hung worker (inference/pool.py
+# gives a large batch more once it has measured the model's speed).
+WORKER_TIMEOUT_S = 120.0
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a model runs (:func:`transduce.inference.load` takes it), as CTranslate2's
+    Translator, Generator and Encoder share one set of runtime arguments; checked on creation."""
+
+    device: str = "auto"
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (CUDA if available)."""
+    precision: str = "fp32"
+    """``fp32``, or ``bf16``/``fp16`` autocast (fp16 on CUDA only)."""
+    int8: bool = False
+    """Dynamic int8 quantisation of the linear layers (CPU only)."""
+    workers: int = 0
+    """Decode in this many CPU worker processes, each with its own copy of the model and each
+    call's batches spread over them; 0: in this process."""
+    threads: int | None = None
+    """Torch threads; with ``workers``, per worker (None: 1); without, None: torch's choice."""
+    worker_timeout_s: float = WORKER_TIMEOUT_S
+    """With ``workers``: a batch not answered within this many seconds (more for large batches
+    once the workers' speed is measured) counts as a hung worker, replaced and retried once."""
+
+    def __post_init__(self) -> None:
+        typecheck(self, "runtime")
+        one_of(self.precision, "runtime.precision", PRECISIONS)
+        check(self.workers >= 0, "runtime.workers", f"must be >= 0; got {self.workers}")
+        check(self.threads is None or self.threads >= 1, "runtime.threads", f"must be >= 1; got {self.threads}")
+        check(self.worker_timeout_s > 0, "runtime.worker_timeout_s",
+              f"must be > 0 seconds; got {self.worker_timeout_s:g}")
+        check(not self.workers or self.device in ("cpu", "auto"), "runtime.workers",
+              f"worker processes decode on the CPU; got device {self.device!r}")
+        check(not self.int8 or self.device in ("cpu", "auto"), "runtime.int8",
+              f"dynamic int8 quantisation runs on the CPU; got device {self.device!r}")
+
+    @property
+    def worker_threads(self) -> int:
+        """Torch threads of each worker process."""
+        return self.threads or 1

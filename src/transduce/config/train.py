@@ -1,0 +1,141 @@
+"""The train section: the optimisation recipe and the training loop's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import check, one_of, positive, typecheck
+from .model import TASKS
+
+EXTEND_VOCAB = 1000  # new pieces at most per tokenizer model when extending gives no number (--extend-vocab)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation recipe and the training loop's settings. Defaults follow Sec. 5.3-5.4 of the paper."""
+
+    seed: int = 1
+    """Seeds the weights' initialisation, the batch order, BPE-dropout and a new tokenizer's sample."""
+    device: str = "auto"
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+    max_steps: int = 100000
+    """Optimizer steps to train for (and where the cosine and linear schedules end)."""
+    max_epochs: int | None = None
+    """Stop after this many passes over the training data; None: no limit."""
+    max_minutes: float | None = None
+    """Stop after this many minutes of training (the decay schedules then end there); None: no limit."""
+    grad_accum: int = 1
+    """Batches whose gradients are summed into one optimizer step."""
+    optimizer: str = "adam"
+    """``adam`` (Sec. 5.3) or ``adamw`` (decoupled weight decay of the matrices)."""
+    betas: tuple = (0.9, 0.98)
+    """Adam's beta1 and beta2 (Sec. 5.3)."""
+    eps: float = 1e-9
+    """Adam's epsilon (Sec. 5.3)."""
+    weight_decay: float = 0.0
+    """Weight decay: added to the gradient with ``adam``; decoupled, of the weight matrices only, with ``adamw``."""
+    schedule: str = "noam"
+    """The learning-rate schedule (training/schedule.py): ``noam`` (the paper's Eq. 3, scaled by
+    ``lr_scale``), or ``inverse_sqrt``, ``cosine``, ``linear`` or ``constant`` with a peak ``lr``."""
+    warmup_steps: int = 4000
+    """Steps of learning-rate warmup (Sec. 5.3)."""
+    lr: float | None = None
+    """The peak learning rate; required by every schedule but ``noam``."""
+    lr_scale: float = 1.0
+    """Multiplies the ``noam`` schedule's learning rate."""
+    min_lr: float = 0.0
+    """Where the ``cosine`` and ``linear`` schedules decay to."""
+    label_smoothing: float = 0.1
+    """Label smoothing epsilon (Sec. 5.4)."""
+    clip_norm: float | None = None
+    """Clip the gradients' global norm to this; None: no clipping."""
+    precision: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16`` (mixed precision, with a loss scaler)."""
+    compile: bool = False
+    """``torch.compile`` the model once, with dynamic batch shapes."""
+    pad_multiple: int | None = None
+    """Pad S and T up to a multiple of this; None: 8 with ``cuda_graphs``, else 1 (none)."""
+    cuda_graphs: bool = False
+    """Run the whole step as one CUDA graph per shape bucket (training/graphs.py)."""
+    log_every: int = 50
+    """Steps between log records (metrics.jsonl)."""
+    eval_every: int = 1000
+    """Steps between validations."""
+    save_every: int = 1000
+    """Steps between checkpoints."""
+    keep_last: int = 5
+    """Checkpoints kept; older ones are deleted."""
+    average_last: int | None = None
+    """The final model is the average of this many last checkpoints (at most ``keep_last``); None: the last."""
+    patience: int | None = None
+    """Stop after this many validations without improvement; None: never."""
+    eval_bleu: bool = True
+    """Validation also decodes and scores BLEU (translation)."""
+    tensorboard: bool = False
+    """Also write metrics as TensorBoard events in RUN_DIR/tensorboard (extra 'tensorboard')."""
+    dist_timeout_s: float = 600.0
+    """Multi-process: collectives give up after this long (a stopped rank becomes an error)."""
+    max_bad_steps: int = 10
+    """Steps in a row with a non-finite loss or gradient tolerated (skipped) before stopping."""
+    num_threads: int | None = None
+    """CPU threads for torch; None: torch's default."""
+    task: str | None = None
+    """``translation``, ``lm``, ``mlm`` or ``classify``; None: the one the model is for
+    (:attr:`RunConfig.task`)."""
+    init_from: str | None = None
+    """A trained model directory to start from: its weights and, unless ``data.tokenizer`` or
+    ``data.prepared`` say otherwise, its tokenizer. The model section must describe the same model
+    but for dropouts; the keys it does not give are that model's."""
+    extend_vocab: int | None = None
+    """With ``init_from``: append up to this many pieces of the new training text to the model's
+    tokenizer, growing its embeddings (training/vocab.py)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        typecheck(self, "train")
+        self._check_optimizer()
+        self._check_loop()
+        self._check_init()
+        self._check_speed()
+
+    def _check_optimizer(self) -> None:
+        check(len(self.betas) == 2 and all(0.0 <= float(b) < 1.0 for b in self.betas),
+              "train.betas", f"must be two numbers in [0, 1); got {self.betas}")
+        one_of(self.optimizer, "train.optimizer", ("adam", "adamw"))
+        one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
+        one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
+        if self.task is not None:
+            one_of(self.task, "train.task", TASKS)
+
+    def _check_loop(self) -> None:
+        positive(self, "train", ("max_steps", "grad_accum", "log_every", "eval_every", "save_every", "keep_last",
+                                 "max_bad_steps"))
+        check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        check(self.eps > 0, "train.eps", "must be positive")
+        check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        check(self.lr is None or self.lr > 0, "train.lr", "must be positive")
+        check(self.lr_scale > 0, "train.lr_scale", "must be positive")
+        check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+        check(self.clip_norm is None or self.clip_norm > 0, "train.clip_norm", "must be positive")
+        check(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes", "must be positive")
+        check(self.dist_timeout_s > 0, "train.dist_timeout_s", "must be positive")
+        check(self.patience is None or self.patience > 0, "train.patience", "must be positive")
+        check(self.average_last is None or 0 < self.average_last <= self.keep_last, "train.average_last",
+              f"must be between 1 and train.keep_last ({self.keep_last})")
+        check(self.schedule == "noam" or self.lr is not None, "train.lr",
+              f"is required by train.schedule={self.schedule}")
+
+    def _check_init(self) -> None:
+        check(self.extend_vocab is None or self.extend_vocab > 0, "train.extend_vocab",
+              f"must be a positive number of new pieces; got {self.extend_vocab}")
+        check(self.extend_vocab is None or self.init_from is not None, "train.extend_vocab",
+              "needs train.init_from: the model whose vocabulary it extends")
+
+    def _check_speed(self) -> None:
+        positive(self, "train", ("pad_multiple",))
+        if self.cuda_graphs:
+            check(self.grad_accum == 1, "train.cuda_graphs", f"needs train.grad_accum 1; got {self.grad_accum}")
+            check(self.precision != "fp16", "train.cuda_graphs",
+                  "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
+            check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
