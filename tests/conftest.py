@@ -23,6 +23,7 @@ def _helper_module(name: str, directory: str):
     return sys.modules[name]
 
 
+extra_helpers = _helper_module("extra_helpers", ".")
 toy_model = _helper_module("toy_model", "export")
 inference_helpers = _helper_module("inference_helpers", "inference")
 

@@ -7,8 +7,11 @@ import json
 
 import pytest
 
-httpx = pytest.importorskip("httpx", reason="httpx is needed to talk to the test server")
-hypothesis = pytest.importorskip("hypothesis", reason="the 'test' extra (hypothesis) is not installed")
+from extra_helpers import need_extra
+
+need_extra("serve", "fastapi", "uvicorn")
+httpx = need_extra("web-test", "httpx")  # the client that talks to the test server
+need_extra("test", "hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
