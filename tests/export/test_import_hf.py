@@ -151,7 +151,9 @@ def test_import_then_fine_tune_then_translate(imported, tmp_path):
     (tmp_path / "in.txt").write_text("the red dog sleeps\n", encoding="utf-8")
     assert main(["translate", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "in.txt"),
                  "--output", str(tmp_path / "out.txt")]) == 0
-    assert (tmp_path / "out.txt").read_text(encoding="utf-8").strip()
+    # one line per input line, not its words: after 3 steps they depend on the CPU's kernels (with
+    # ATen's plain kernels and no oneDNN the first token was EOS, an empty line)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
     tuned = load_model(tmp_path / "run" / "model").config
     assert tuned.dropout == 0.2 and tuned.output_bias and tuned.d_model == load_model(imported).config.d_model
 
