@@ -23,6 +23,14 @@ def _helper_module(name: str, directory: str):
     return sys.modules[name]
 
 
+def pytest_configure(config):
+    """``TRANSDUCE_TEST_MKLDNN=0``: run without oneDNN kernels, as on a machine without them
+    (CONTRIBUTING.md, "Tests that hold on any CPU")."""
+    if os.environ.get("TRANSDUCE_TEST_MKLDNN") == "0":
+        torch.backends.mkldnn.enabled = False
+
+
+extra_helpers = _helper_module("extra_helpers", ".")
 toy_model = _helper_module("toy_model", "export")
 inference_helpers = _helper_module("inference_helpers", "inference")
 

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers")
+from extra_helpers import need_extra
+
+need_extra("export", "transformers")
 
 _PATH = Path(__file__).resolve().parents[1] / "bench" / "family.py"
 _spec = importlib.util.spec_from_file_location("bench_family", _PATH)

@@ -6,11 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
+from extra_helpers import need_extra
 
-pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not installed")
-pytest.importorskip("uvicorn", reason="the 'serve' extra (uvicorn) is not installed")
-pytest.importorskip("httpx")
+need_extra("serve", "fastapi", "uvicorn")
+need_extra("web-test", "httpx")  # the client that talks to the test server
 
 _PATH = Path(__file__).resolve().parents[1] / "bench" / "soak.py"
 _spec = importlib.util.spec_from_file_location("bench_soak", _PATH)

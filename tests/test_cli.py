@@ -10,6 +10,7 @@ import pytest
 import sacrebleu
 
 from transduce.cli import main
+from extra_helpers import need_extra
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -103,7 +104,7 @@ def test_evaluate_rejects_misaligned_files(model_dir, tmp_path, capsys):
 
 
 def test_attention_command_writes_a_png(model_dir, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    need_extra("plot", "matplotlib")
     png = tmp_path / "attn.png"
     assert main(["attention", str(model_dir), "the cat sat", "--out", str(png), "--layer", "1",
                  "--head", "0", "--beam", "1"]) == 0
@@ -113,7 +114,7 @@ def test_attention_command_writes_a_png(model_dir, tmp_path, capsys):
 
 
 def test_evaluate_with_tokenized_references(model_dir, tmp_path, capsys):
-    pytest.importorskip("sacremoses", reason="the moses extra is not installed")
+    need_extra("moses", "sacremoses")
     from transduce.evaluation.moses import moses_lc_tokenize
     src, ref, tok = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "ref.tok"
     src.write_text("the cat sat on the mat\na dog runs\n", encoding="utf-8")

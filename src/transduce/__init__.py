@@ -1,6 +1,6 @@
 """transduce: the Transformer of "Attention Is All You Need", from raw text to a served model."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

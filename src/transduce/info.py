@@ -102,25 +102,14 @@ def _options(cfg: ModelConfig) -> dict:
 
 
 def _tokenizer(root: Path) -> dict:
-    from .data.tokenizer import Tokenizer
+    from .data.tokenizer import Tokenizer, model_type
 
     if not Tokenizer.exists(root):
         return {"present": False}
     tok = Tokenizer.load(root)
-    kinds = {_spm_kind(proto) for proto in tok.protos if proto is not None}
+    kinds = {model_type(proto) for proto in tok.protos if proto is not None}
     return {"joint": tok.joint, "type": "/".join(sorted(kinds)), "src_vocab_size": tok.src_vocab_size,
             "tgt_vocab_size": tok.tgt_vocab_size}
-
-
-def _spm_kind(proto: bytes) -> str:
-    """"bpe" or "unigram" from a serialized SentencePiece model (its trainer_spec.model_type)."""
-    try:
-        from sentencepiece import sentencepiece_model_pb2 as pb
-    except ImportError:  # protobuf missing: the kind is a nicety
-        return "sentencepiece"
-    model = pb.ModelProto()
-    model.ParseFromString(proto)
-    return pb.TrainerSpec.ModelType.Name(model.trainer_spec.model_type).lower()
 
 
 def _run_dir(model_dir: Path) -> Path | None:

@@ -4,7 +4,7 @@ import pytest
 
 from transduce.data.corpus import read_lines
 from transduce.data.tokenizer import (BOS_ID, EOS_ID, JOINT_MODEL, META_FILE, PAD_ID, SIDE_MODELS,
-                                      UNK_ID, Tokenizer)
+                                      UNK_ID, Tokenizer, model_type as read_model_type)
 from transduce.checksums import MANIFEST
 from transduce.errors import CheckpointError, ConfigError, DataError
 
@@ -66,6 +66,21 @@ def test_train_save_load(toy_pairs, tmp_path, model_type, joint):
     for side, texts in (("src", src[:50]), ("tgt", tgt[:50])):
         assert loaded.encode_batch(texts, side) == tok.encode_batch(texts, side)
         assert [loaded.decode(tok.encode(t, side), side) for t in texts] == texts
+    assert {read_model_type(p) for p in loaded.protos if p is not None} == {model_type}
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe", "word", "char"])
+def test_model_type_is_read_from_the_model_itself(toy_pairs, kind):
+    """The type comes from the serialized model without the protobuf package (``transduce info``
+    reports it with only the README's install)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([s for s, _ in toy_pairs[:300]]), model_writer=model,
+                                   model_type=kind, vocab_size=60, hard_vocab_limit=False, minloglevel=2)
+    assert read_model_type(model.getvalue()) == kind
 
 
 def test_separate_models_have_separate_vocabularies(toy_pairs, tmp_path):

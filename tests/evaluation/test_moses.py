@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from transduce.data.corpus import read_lines
+from extra_helpers import need_extra
 
-pytest.importorskip("sacremoses", reason="the moses extra is not installed")
+need_extra("moses", "sacremoses")
 from transduce.evaluation.moses import moses_lc_bleu, moses_lc_tokenize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"

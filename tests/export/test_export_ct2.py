@@ -11,8 +11,9 @@ from transduce.export import ExportError, export_model
 from transduce.inference.translator import Translator
 from transduce.model import Transformer, save_model
 from toy_model import toy_pairs
+from extra_helpers import need_extra
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="the 'export' extra (ctranslate2) is not installed")
+ctranslate2 = need_extra("export", "ctranslate2")
 
 SOURCES = [s for s, _ in toy_pairs(24, seed=7)]
 

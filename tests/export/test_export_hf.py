@@ -15,8 +15,9 @@ from transduce.export.hf import residual_permutation
 from transduce.inference.translator import Translator
 from transduce.model import Transformer, save_model
 from transduce.model.embeddings import sinusoidal_table
+from extra_helpers import need_extra
 
-transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+transformers = need_extra("export", "transformers")
 
 SENTENCES = ["the red dog sleeps", "a big cat sees the bird today", "green tree", "old house near a river"]
 

@@ -13,8 +13,9 @@ from transduce.config import ModelConfig
 from transduce.data.batch import pad, token_types
 from transduce.export import ExportError, export_model
 from transduce.model import EncoderOnly, save_model
+from extra_helpers import need_extra
 
-transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+transformers = need_extra("export", "transformers")
 
 V = 60
 BERT = dict(arch="encoder_only", src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4, n_encoder_layers=2,

@@ -13,8 +13,9 @@ from transduce.inference import Generator
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, save_model
 from transduce.training.loop import run_training
+from extra_helpers import need_extra
 
-transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+transformers = need_extra("export", "transformers")
 
 GPT2_OPTIONS = {"arch": "decoder_only", "norm": "pre", "positions": "learned", "activation": "gelu_tanh",
                 "scale_embeddings": False, "tie_output": True, "bias": True}

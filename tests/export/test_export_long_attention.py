@@ -6,6 +6,10 @@ import torch
 from transduce.config import ModelConfig
 from transduce.export import ExportError, export_model
 from transduce.model import Transformer, save_model
+from extra_helpers import need_extra
+
+# What each format's exporter imports (the refusal is checked after it).
+PACKAGES = {"hf": ("transformers",), "ctranslate2": ("ctranslate2",), "onnx": ("onnx", "onnxscript")}
 
 
 @pytest.mark.parametrize("fmt", ["hf", "ctranslate2", "onnx"])
@@ -15,6 +19,7 @@ from transduce.model import Transformer, save_model
     (dict(cross_attention="local"), "model.cross_attention=local"),
 ])
 def test_non_full_attention_is_refused(tmp_path, fmt, kw, named):
+    need_extra("export", *PACKAGES[fmt])
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=1,
                       n_decoder_layers=1, d_ff=32, max_positions=32, **kw)

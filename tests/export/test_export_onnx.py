@@ -13,10 +13,9 @@ from transduce.export.onnx_export import OnnxGreedy
 from transduce.inference.search import greedy_search
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs
+from extra_helpers import need_extra
 
-pytest.importorskip("onnx", reason="the 'export' extra (onnx) is not installed")
-pytest.importorskip("onnxruntime", reason="the 'export' extra (onnxruntime) is not installed")
-pytest.importorskip("onnxscript", reason="the 'export' extra (onnxscript) is not installed")
+need_extra("export", "onnx", "onnxruntime", "onnxscript")
 
 
 @pytest.fixture(scope="module")

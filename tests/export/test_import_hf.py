@@ -19,8 +19,10 @@ from transduce.export.hf_import import import_hf
 from transduce.inference.translator import Translator
 from transduce.model import load_model
 from toy_model import toy_pairs
+from extra_helpers import need_extra
 
-transformers = pytest.importorskip("transformers", reason="the 'export' extra (transformers) is not installed")
+transformers = need_extra("export", "transformers")
+need_extra("export", "google.protobuf")  # reading the SentencePiece model's proto
 
 SOURCES = [s for s, _ in toy_pairs(24, seed=11)] + ["the zebra", ""]
 
@@ -118,7 +120,7 @@ def test_swish_and_a_logit_bias_verify(trained_dir, tmp_path):
 
 
 def test_an_imported_model_exports_to_ctranslate2(imported, tmp_path):
-    pytest.importorskip("ctranslate2", reason="the 'export' extra (ctranslate2) is not installed")
+    need_extra("export", "ctranslate2")
     report = export_model(imported, "ctranslate2", tmp_path / "ct2")
     assert report.checks["max_logprob_diff"] < 1e-3
 
@@ -149,7 +151,9 @@ def test_import_then_fine_tune_then_translate(imported, tmp_path):
     (tmp_path / "in.txt").write_text("the red dog sleeps\n", encoding="utf-8")
     assert main(["translate", str(tmp_path / "run" / "model"), "--input", str(tmp_path / "in.txt"),
                  "--output", str(tmp_path / "out.txt")]) == 0
-    assert (tmp_path / "out.txt").read_text(encoding="utf-8").strip()
+    # one line per input line, not its words: after 3 steps they depend on the CPU's kernels (with
+    # ATen's plain kernels and no oneDNN the first token was EOS, an empty line)
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
     tuned = load_model(tmp_path / "run" / "model").config
     assert tuned.dropout == 0.2 and tuned.output_bias and tuned.d_model == load_model(imported).config.d_model
 

@@ -12,6 +12,7 @@ from transduce.errors import CheckpointError, ConfigError, TransduceError
 from transduce.config import DecodeConfig
 from transduce.inference import AttentionChoice, Runtime, Translator, attention_maps
 from transduce.viz.attention import plot_attention
+from extra_helpers import need_extra
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",
          "tea", "", "the bird sings a song"]
@@ -109,7 +110,7 @@ def test_attention_maps_and_png(translator, tmp_path):
     s, t = len(maps.source_pieces), len(maps.target_pieces)
     assert maps.encoder.shape == (s, s) and maps.decoder.shape == (t, t) and maps.cross.shape == (t, s)
     assert torch.all(maps.decoder.triu(1) == 0)  # causal
-    pytest.importorskip("matplotlib")
+    need_extra("plot", "matplotlib")
     path = plot_attention(maps, tmp_path / "attn.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*.png"))  # no temporary file left behind

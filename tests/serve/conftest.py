@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from extra_helpers import need_extra
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread(one_thread):
@@ -14,8 +16,7 @@ def _one_thread(one_thread):
 @pytest.fixture(scope="module")
 def live_server(trained_dir):
     """A real uvicorn server on 127.0.0.1 (free port) with dynamic batching (20 ms window)."""
-    pytest.importorskip("fastapi", reason="the 'serve' extra (fastapi) is not installed")
-    pytest.importorskip("uvicorn", reason="the 'serve' extra (uvicorn) is not installed")
+    need_extra("serve", "fastapi", "uvicorn")
     from server_helpers import BackgroundServer
     from transduce.config import ServeConfig
     from transduce.serve import create_app, load_service

@@ -14,8 +14,10 @@ from transduce.errors import TransduceError
 from transduce.inference import Runtime
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs  # tests/export/toy_model.py, registered by conftest.py
+from extra_helpers import need_extra
 
-httpx = pytest.importorskip("httpx", reason="httpx is needed to talk to the test server")
+need_extra("serve", "fastapi", "uvicorn")
+httpx = need_extra("web-test", "httpx")  # the client that talks to the test server
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,9 @@ import shutil
 
 import pytest
 
-webdriver = pytest.importorskip("selenium.webdriver", reason="the 'web-test' extra (selenium) is not installed")
+from extra_helpers import need_extra
+
+webdriver = need_extra("web-test", "selenium.webdriver")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

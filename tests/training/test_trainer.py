@@ -10,6 +10,7 @@ from transduce.config import RunConfig
 from transduce.training.checkpoint import list_checkpoints
 from transduce.training.distributed import DistInfo
 from transduce.data.prepare import prepared_for_run
+from extra_helpers import need_extra
 
 
 def _trainer(tmp_path, data=None, **train):
@@ -200,8 +201,7 @@ def test_tensorboard_events_hold_the_metrics_records(tmp_path):
     """train.tensorboard: every metrics.jsonl figure is also a TensorBoard scalar at its step."""
     import json
 
-    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                      reason="the 'tensorboard' extra is not installed")
+    accumulator = need_extra("tensorboard", "tensorboard.backend.event_processing.event_accumulator")
     trainer = _trainer(tmp_path, max_steps=4, eval_every=2, save_every=4, tensorboard=True)
     trainer.finish(trainer.train())
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

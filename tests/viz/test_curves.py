@@ -2,11 +2,11 @@
 
 import json
 
-import pytest
+from extra_helpers import need_extra
 
 
 def test_plot_run(tmp_path):
-    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    need_extra("plot", "matplotlib")
     from transduce.viz.curves import plot_run
     lines = [{"step": s, "loss": 5 - s / 10, "lr": 1e-3, "ppl": 3.0} for s in range(1, 20)]
     lines += [{"step": 10, "val_loss": 3.0, "val_bleu": 12.0}, {"step": 19, "val_loss": 2.5, "val_bleu": 20.0}]

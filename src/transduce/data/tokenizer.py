@@ -352,9 +352,10 @@ def _run_trainer(lines: list[str], vocab_size: int, model_type: str,
 # repeated SentencePiece message: piece = 1, score = 2, type = 3) to add to a trained model
 # (google/sentencepiece#121, #791). A repeated field's entries may come anywhere in the message
 # and are read in order, so appending encoded entries to the bytes appends pieces, with no
-# protobuf dependency. The model type is TrainerSpec (field 2) field 3 (1 unigram, 2 bpe).
+# protobuf dependency. The model type is TrainerSpec (field 2) field 3 (1 unigram, 2 bpe, 3 word,
+# 4 char).
 
-_SPM_TYPES = {1: "unigram", 2: "bpe"}
+_SPM_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 
 def _varint(n: int) -> bytes:
@@ -396,12 +397,13 @@ def _fields(data: bytes) -> Iterable[tuple[int, int, int | bytes]]:
         yield number, wire, value
 
 
-def _model_type(proto: bytes) -> str:
-    """'bpe' or 'unigram', from the model's TrainerSpec (unigram is protobuf's default)."""
+def model_type(proto: bytes) -> str:
+    """A serialized SentencePiece model's type: "unigram", "bpe", "word" or "char", read from its
+    TrainerSpec (unigram is protobuf's default), so without the protobuf package."""
     spec = next((v for n, w, v in _fields(proto) if n == 2 and w == 2), b"")
     code = next((v for n, w, v in _fields(spec) if n == 3 and w == 0), 1)
     if code not in _SPM_TYPES:
-        raise DataError(f"SentencePiece model: model type {code} cannot be extended (bpe or unigram only)")
+        raise DataError(f"SentencePiece model: unknown model type {code}")
     return _SPM_TYPES[code]
 
 
@@ -422,7 +424,9 @@ def _extend_proto(proto: bytes, lines: list[str], max_new: int, seed: int) -> tu
     """``proto`` with up to ``max_new`` pieces of a model trained on ``lines`` appended, and their
     count (see :meth:`Tokenizer.extended`)."""
     old = _load_proto(proto, "extended tokenizer")
-    kind = _model_type(proto)
+    kind = model_type(proto)
+    if kind not in MODEL_TYPES:
+        raise DataError(f"SentencePiece model: a {kind} model cannot be extended (bpe or unigram only)")
     new = _load_proto(_train_spm(lines, old.get_piece_size(), kind, 1.0, seed), "new text's tokenizer")
     have = {old.id_to_piece(i) for i in range(old.get_piece_size())}
     fresh = [(p, s) for p, s in _normal_pieces(new) if p not in have]

@@ -1,0 +1,27 @@
+"""Optional packages in the tests (STYLE rule 25).
+
+``python -m pytest`` must pass with only the README's install (``.[test,plot]``): a test that
+needs a package of another extra skips, and its reason names the extra that installs it. CI's
+second job installs every extra, so there nothing skips for want of a package.
+
+    >>> transformers = need_extra("export", "transformers")           # at module level or in a test
+    >>> onnx, ort = need_extra("export", "onnx", "onnxruntime")
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def need_extra(extra: str, *modules: str):
+    """Import ``modules``, or skip the calling test (or test module) with a reason naming ``extra``.
+
+    Returns:
+        The module, or a tuple of the modules when several are named.
+    """
+    __tracebackhide__ = True  # pytest reports the skip at the caller's line
+    reason = f"needs the {extra!r} extra: pip install 'transduce[{extra}]'"
+    imported = []
+    for m in modules:  # a loop, not a generator: its frame would be the reported location
+        imported.append(pytest.importorskip(m, reason=f"{reason} ({m} is missing)"))
+    return imported[0] if len(imported) == 1 else tuple(imported)
