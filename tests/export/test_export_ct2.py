@@ -8,6 +8,7 @@ import torch
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.export import ExportError, export_model
+from transduce.export.ct2 import INT8_LOGPROB_TOL
 from transduce.inference.translator import Translator
 from transduce.model import Transformer, save_model
 from toy_model import toy_pairs
@@ -59,7 +60,10 @@ def test_int8_is_smaller_and_close(ct2_dirs, trained_dir):
     got = _ct2_translate(dirs["int8"], tr.tokenizer, SOURCES, 1)
     agreement = sum(g == w for g, w in zip(got, want)) / len(want)
     assert agreement >= 0.75, list(zip(got, want))
-    assert reports["int8"].checks["max_logprob_diff"] < 1.0
+    # int8 rounding moves each token's log-prob by an amount that depends on the CPU's int8
+    # kernels, and a sequence's by the sum over its tokens: the bound is per token (the export's
+    # own check, 12 tokens at most here), not one fixed figure tuned on one machine
+    assert reports["int8"].checks["max_logprob_diff"] <= INT8_LOGPROB_TOL * 12
 
 
 @pytest.mark.parametrize("options", [
