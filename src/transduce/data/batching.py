@@ -70,9 +70,11 @@ def token_budget_batches(src_lens, tgt_lens, max_tokens: int, seed: int, epoch: 
     """Group pair indices into length-sorted batches under a padded token budget.
 
     Args:
-        src_lens, tgt_lens: raw token counts of each pair (no EOS/BOS); sequences or 1-D arrays.
+        src_lens: raw source token counts of each pair (no EOS/BOS); a sequence or 1-D array.
+        tgt_lens: raw target token counts of each pair, likewise.
         max_tokens: budget; every batch satisfies the rule in the module docstring.
-        seed, epoch: determine the shuffle (pools and tie-breaks) and the batch order.
+        seed: with ``epoch``, determines the shuffle (pools and tie-breaks) and the batch order.
+        epoch: see ``seed``.
         shuffle: if False, one pool sorted with ties in index order, batches in length order.
         multiple: widths are counted rounded up to a multiple of this, so that a batch padded to
             its bucket ``L = round_up(width, multiple)`` on both sides and to ``max_tokens // L``

@@ -98,7 +98,8 @@ class Tokenizer:
         Deterministic: the same lines and arguments give byte-identical models.
 
         Args:
-            src_lines, tgt_lines: training text, one sentence per item (empty lines skipped).
+            src_lines: source training text, one sentence per item (empty lines skipped).
+            tgt_lines: target training text, likewise.
             out_dir: directory to save into (created if needed).
             vocab_size: pieces per model, special pieces included. If the text cannot fill it,
                 training is retried with ``hard_vocab_limit=False`` (a smaller vocabulary).

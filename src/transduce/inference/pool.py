@@ -336,8 +336,10 @@ class TranslatorPool(BaseTranslator):
     :meth:`close`, to stop the workers.
 
     Args:
-        paths, runtime, draft: as :class:`SearchPool` (the parent loads only the configuration,
-            the tokenizer and the decoding settings of the first directory).
+        paths: as :class:`SearchPool` (the parent loads only the configuration, the tokenizer and
+            the decoding settings of the first directory).
+        runtime: as :class:`SearchPool`.
+        draft: as :class:`SearchPool`.
     """
 
     def __init__(self, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),

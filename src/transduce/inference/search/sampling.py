@@ -44,7 +44,10 @@ def sample(
     """Draw one output per sentence, token by token, from the filtered model distribution.
 
     Args:
-        model, src, decode, attention: as :func:`~transduce.inference.search.greedy.greedy_search`.
+        model: as :func:`~transduce.inference.search.greedy.greedy_search`.
+        src: as :func:`~transduce.inference.search.greedy.greedy_search`.
+        decode: as :func:`~transduce.inference.search.greedy.greedy_search`.
+        attention: as :func:`~transduce.inference.search.greedy.greedy_search`.
         temperature: divides the logits; < 1 sharpens, > 1 flattens.
         top_k: sample among the k most probable tokens only (0 = all).
         top_p: sample among the most probable tokens covering this mass (1.0 = all).
