@@ -12,7 +12,8 @@ from ..data.batch import pad, token_types
 from ..data.labelled import encode_example
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError
-from .runtime import Runtime, apply_threads, model_dirs
+from ..config import Runtime
+from .placement import apply_threads, model_dirs
 from .speed.cpu import quantize_dynamic_int8
 
 

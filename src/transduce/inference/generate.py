@@ -14,10 +14,10 @@ from typing import Sequence
 
 import torch
 
-from ..config import GenerationConfig, ModelConfig
+from ..config import GenerationConfig, ModelConfig, Runtime
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError, DataError
-from .runtime import Runtime, apply_threads, model_dirs, prepared_for
+from .placement import apply_threads, model_dirs, prepared_for
 from .search.lm import generate_ids
 from .speed import restore
 

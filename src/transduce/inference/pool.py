@@ -38,7 +38,8 @@ from torch import Tensor
 
 from ..errors import CheckpointError, ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
-from .runtime import ModelDirs, Runtime, model_dirs
+from ..config import Runtime
+from .placement import ModelDirs, model_dirs
 from .search import SearchOutput, SearchSpec
 from .translator import BaseTranslator, Translator, load_search_model, shared_tokenizer
 

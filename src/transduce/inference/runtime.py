@@ -16,28 +16,10 @@ Examples:
 from __future__ import annotations
 
 import os
-from typing import Sequence
-
-import torch
 
 from ..config import Runtime, model_task
-from ..device import PRECISIONS
-from ..errors import CheckpointError, ConfigError
-
-# One model directory, or several (an ensemble).
-ModelDirs = str | os.PathLike | Sequence[str | os.PathLike]
-
-
-def model_dirs(paths: ModelDirs) -> list[str]:
-    """One or several model directories as a list of strings; a one-line error for none, or for
-    a directory that does not exist."""
-    dirs = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-    if not dirs:
-        raise ConfigError("model_dirs: give at least one model directory")
-    for path in dirs:
-        if not os.path.isdir(path):
-            raise CheckpointError(f"{path}: model directory not found")
-    return dirs
+from ..errors import ConfigError
+from .placement import ModelDirs, model_dirs
 
 
 def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None):
@@ -72,16 +54,4 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
     raise ConfigError(f"{dirs[0]}: a train.task mlm model has nothing to run; score it with transduce evaluate")
 
 
-def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
-    """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says
-    (:func:`~transduce.inference.speed.prepare_for_decoding`): int8, or weights kept in the
-    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers."""
-    from .speed import prepare_for_decoding
-    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8,
-                                cast=PRECISIONS[runtime.precision])
-
-
-def apply_threads(runtime: Runtime) -> None:
-    """This process's torch threads, when ``runtime`` sets them (and decodes in this process)."""
-    if runtime.threads and not runtime.workers:
-        torch.set_num_threads(runtime.threads)
+__all__ = ["ModelDirs", "load", "model_dirs"]

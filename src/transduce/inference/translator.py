@@ -19,7 +19,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
+from ..config import DecodeConfig, Runtime
 from ..progress import Progress
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
@@ -28,7 +28,7 @@ from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.dispatch import SearchSpec
 from .search.sampling import check_sampling
-from .runtime import ModelDirs, Runtime, apply_threads, model_dirs, prepared_for
+from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
 from .speed import restore
 
@@ -225,7 +225,7 @@ class Translator(BaseTranslator):
             ``encode``/``decode``/``new_cache``/``config``, such as an
             :class:`~transduce.inference.search.ensemble.Ensemble`).
         tokenizer: a :class:`~transduce.data.tokenizer.Tokenizer` (``encode``/``decode``/``pieces``).
-        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`;
+        runtime: device, precision and int8 (:class:`~transduce.config.Runtime`;
             ``workers`` is :class:`~transduce.inference.pool.TranslatorPool`'s).
         decode: the default decoding settings (:attr:`decode`); inputs longer than
             ``max_input_len`` are cut to that many tokens, with a warning.

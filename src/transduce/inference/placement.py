@@ -1,0 +1,47 @@
+"""Where a loaded model runs: the model directories to load (:func:`model_dirs`), the model
+prepared for decoding on its device (:func:`prepared_for`) and the process's threads
+(:func:`apply_threads`), as a :class:`~transduce.config.Runtime` says. The front doors
+(Translator, TranslatorPool, Generator, Classifier) use these; :func:`~transduce.inference.load`
+picks among the front doors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from ..config import Runtime
+from ..device import PRECISIONS
+from ..errors import CheckpointError, ConfigError
+
+# One model directory, or several (an ensemble).
+ModelDirs = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def model_dirs(paths: ModelDirs) -> list[str]:
+    """One or several model directories as a list of strings; a one-line error for none, or for
+    a directory that does not exist."""
+    dirs = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    if not dirs:
+        raise ConfigError("model_dirs: give at least one model directory")
+    for path in dirs:
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path}: model directory not found")
+    return dirs
+
+
+def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
+    """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says
+    (:func:`~transduce.inference.speed.prepare_for_decoding`): int8, or weights kept in the
+    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers."""
+    from .speed import prepare_for_decoding
+    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8,
+                                cast=PRECISIONS[runtime.precision])
+
+
+def apply_threads(runtime: Runtime) -> None:
+    """This process's torch threads, when ``runtime`` sets them (and decodes in this process)."""
+    if runtime.threads and not runtime.workers:
+        torch.set_num_threads(runtime.threads)
