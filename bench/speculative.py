@@ -1,7 +1,7 @@
 """Speculative decoding: a model's greedy search alone, its draft alone, and the two together.
 
 A model directory (the teacher) and a draft directory (e.g. a shallow-decoder student distilled
-from it, README "Speculative decoding"): each system translates ``--src`` greedily; reported are
+from it, docs/guides/speculative-decoding.md): each system translates ``--src`` greedily; reported are
 BLEU against ``--ref``, the share of outputs identical to the teacher's, output tokens per
 second and, for speculative decoding with K = ``--draft-tokens`` proposals per step, the share
 of proposals accepted and the output tokens per step of the teacher.
