@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from .options import add_decode_options, add_model_dirs, add_runtime_options, decode_overrides, load_translator, \
-    runtime_of
+from .options import (add_decode_options, add_model_dirs, add_runtime_options, check_worker_timeout, decode_overrides,
+                      load_translator, runtime_of)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -136,8 +136,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
     from ..evaluation import EvalFiles, evaluate_model
-    if args.worker_timeout is not None and not args.workers:
-        raise ConfigError("--worker-timeout: is for --workers")
+    check_worker_timeout(args)
     files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized)
     result = evaluate_model([args.model_dir, *args.ensemble], files, runtime_of(args), decode_overrides(args),
                             args.draft, args.seed)

@@ -77,6 +77,12 @@ def decode_overrides(args: argparse.Namespace) -> dict:
     return {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
 
 
+def check_worker_timeout(args: argparse.Namespace) -> None:
+    """--worker-timeout is a setting of the worker processes: an error without --workers."""
+    if args.worker_timeout is not None and not args.workers:
+        raise ConfigError("--worker-timeout: is for --workers")
+
+
 def runtime_of(args: argparse.Namespace):
     """The :class:`~transduce.inference.Runtime` the command line asks for."""
     from ..inference import Runtime
@@ -88,8 +94,7 @@ def runtime_of(args: argparse.Namespace):
 def load_translator(args: argparse.Namespace):
     """The model directories of the command line, loaded for its runtime (the one front door)."""
     from ..inference import load
-    if args.worker_timeout is not None and not args.workers:
-        raise ConfigError("--worker-timeout: is for --workers")
+    check_worker_timeout(args)
     if args.draft is not None and args.beam not in (None, 1):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
     translator = load([args.model_dir, *args.ensemble], runtime_of(args), args.draft)

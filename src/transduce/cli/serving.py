@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError
-from .options import add_decode_options, add_model_dirs, add_runtime_options, decode_overrides, runtime_of
+from .options import (add_decode_options, add_model_dirs, add_runtime_options, check_worker_timeout, decode_overrides,
+                      runtime_of)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -49,8 +50,7 @@ def _api_key(path: str | None) -> str | None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import ServeConfig, serve
-    if args.worker_timeout is not None and not args.workers:
-        raise ConfigError("--worker-timeout: is for --workers")
+    check_worker_timeout(args)
     cfg = ServeConfig(host=args.host, port=args.port, batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
                       api_key=_api_key(args.api_key_file), max_per_client=args.max_per_client)
     serve([args.model_dir, *args.ensemble], cfg, runtime_of(args), args.draft, decode_overrides(args))
