@@ -31,7 +31,7 @@ def pytest_configure(config):
 
 
 extra_helpers = _helper_module("extra_helpers", ".")
-toy_model = _helper_module("toy_model", "export")
+toy_model = _helper_module("toy_model", ".")
 inference_helpers = _helper_module("inference_helpers", "inference")
 
 
@@ -51,7 +51,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_dir(tmp_path_factory):
     """A small trained model directory (config.yaml, model.safetensors, tokenizer files),
-    trained once per session for the export and serving tests."""
+    trained once per session and shared by every test that needs a trained model."""
     return toy_model.toy_model_dir(tmp_path_factory)
 
 

@@ -102,7 +102,8 @@ def _options(cfg: ModelConfig) -> dict:
 
 
 def _tokenizer(root: Path) -> dict:
-    from .data.tokenizer import Tokenizer, model_type
+    from .data.spm_model import model_type
+    from .data.tokenizer import Tokenizer
 
     if not Tokenizer.exists(root):
         return {"present": False}

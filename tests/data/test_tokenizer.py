@@ -3,8 +3,9 @@ import itertools
 import pytest
 
 from transduce.data.corpus import read_lines
+from transduce.data.spm_model import model_type as read_model_type
 from transduce.data.tokenizer import (BOS_ID, EOS_ID, JOINT_MODEL, META_FILE, PAD_ID, SIDE_MODELS,
-                                      UNK_ID, Tokenizer, model_type as read_model_type)
+                                      UNK_ID, Tokenizer)
 from transduce.checksums import MANIFEST
 from transduce.errors import CheckpointError, ConfigError, DataError
 

@@ -3,18 +3,18 @@ import re
 
 import pytest
 
-from transduce.data import toy
+from transduce.data import toy, toy_tables
 from transduce.data.corpus import read_parallel
-from transduce.data.toy import (NP, Clause, count_tokens, de_main, de_question, de_subordinate,
-                                en_clause, generate_pairs, join_words, make_splits, write_splits)
+from transduce.data.toy import count_tokens, generate_pairs, join_words, make_splits, write_splits
+from transduce.data.toy_grammar import NP, Clause, de_main, de_question, de_subordinate, en_clause, lexicon
 
-LEX = toy.lexicon()
+LEX = lexicon()
 NOUNS = {n.en: n for n in LEX.nouns}
 NOUNS_PL = {n.en_pl: n for n in LEX.nouns}
 VERBS = {v.en: v for v in LEX.verbs}
 ADJ = dict(LEX.adjectives)
 FINITE = ({f for v in LEX.verbs for f in (v.de_1sg, v.de_3sg, v.de)}
-          | {f for forms in toy._DE_AUX.values() for f in forms})
+          | {f for forms in toy_tables.DE_AUX.values() for f in forms})
 ARTICLE = {"m": "Der", "f": "Die", "n": "Das"}
 
 

@@ -1,6 +1,7 @@
-"""Helpers for the inference tests: tiny random Transformers, random sources, and a hand-built
-Markov "model" whose token distributions we choose. (A uniquely named module rather than
-``conftest`` imports, which clash with other test directories' conftest modules.)"""
+"""Helpers for the inference tests: tiny random Transformers, random sources, a hand-built
+Markov "model" whose token distributions we choose, and the one comparison of two searches. (A
+uniquely named module rather than ``conftest`` imports, which clash with other test directories'
+conftest modules.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from transduce.config import model_preset
-from transduce.inference import SearchSpec
+from transduce.inference import SearchOutput, SearchSpec
 from transduce.model import Transformer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -33,6 +34,31 @@ def random_sources(lengths: list[int], vocab: int = 40, seed: int = 0) -> Tensor
         src[i, :n] = torch.randint(4, vocab, (n,), generator=g)
         src[i, n] = EOS
     return src
+
+
+# ---- comparing two searches -----------------------------------------------------------------
+
+Tolerance = tuple[float, float]  # (rtol, atol), as torch.testing.assert_close takes them
+EXACT: Tolerance = (0.0, 0.0)
+
+
+def assert_same_search(want: SearchOutput, got: SearchOutput, scores: Tolerance | None = None,
+                       log_probs: Tolerance | None = None, trim: bool = False) -> None:
+    """Two searches found the same hypotheses: equal lengths and tokens, and ``scores`` and
+    ``log_probs`` within their (rtol, atol) where given (None: not compared; a tolerance follows
+    from the arithmetic of the two paths, CONTRIBUTING.md).
+
+    Args:
+        trim: compare the tokens over the narrower output's width (a search that stops sooner may
+            pad its output less).
+    """
+    assert torch.equal(want.lengths, got.lengths), (want.lengths, got.lengths)
+    width = min(want.tokens.shape[2], got.tokens.shape[2]) if trim else None
+    assert torch.equal(want.tokens[:, :, :width], got.tokens[:, :, :width]), (want.tokens, got.tokens)
+    for name, tolerance in (("scores", scores), ("log_probs", log_probs)):
+        if tolerance is not None:
+            rtol, atol = tolerance
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=rtol, atol=atol)
 
 
 # ---- a hand-built model: next-token probabilities depend only on the previous token ---------

@@ -13,7 +13,7 @@ import pytest
 from transduce.errors import TransduceError
 from transduce.inference import Runtime
 from transduce.inference.translator import Translator
-from toy_model import toy_pairs  # tests/export/toy_model.py, registered by conftest.py
+from toy_model import toy_pairs  # tests/toy_model.py, registered by conftest.py
 from extra_helpers import need_extra
 
 need_extra("serve", "fastapi", "uvicorn")

@@ -24,11 +24,9 @@ On disk a tokenizer is a directory holding ``spm.model`` (joint) or ``spm.src.mo
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import random
-import struct
 from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -39,20 +37,17 @@ import yaml
 
 from transduce.atomic import atomic_write_bytes
 from transduce.checksums import record, verify
+from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION_RULE, NUM_THREADS, PAD_ID,
+                                      SPECIAL_PIECES, UNK_ID as UNK_ID, extend_proto, load_proto, train_proto)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
 logger = logging.getLogger(__name__)
 
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
 SIDES = ("src", "tgt")
-MODEL_TYPES = ("bpe", "unigram")
 META_FILE = "tokenizer.yaml"
 JOINT_MODEL = "spm.model"
 SIDE_MODELS = {"src": "spm.src.model", "tgt": "spm.tgt.model"}
-NORMALIZATION_RULE = "nmt_nfkc"
-_NUM_THREADS = 2  # small: BPE training is nearly serial and the machines we target are small
 
 
 class Tokenizer:
@@ -73,8 +68,8 @@ class Tokenizer:
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, name: str = "<memory>"):
         self._joint = tgt_proto is None
         self._protos = {"src": src_proto, "tgt": src_proto if tgt_proto is None else tgt_proto}
-        src_sp = _load_proto(src_proto, f"{name} (src)")
-        tgt_sp = src_sp if self._joint else _load_proto(self._protos["tgt"], f"{name} (tgt)")
+        src_sp = load_proto(src_proto, f"{name} (src)")
+        tgt_sp = src_sp if self._joint else load_proto(self._protos["tgt"], f"{name} (tgt)")
         self._sp = {"src": src_sp, "tgt": tgt_sp}
         self._word_caches: dict[int, WordCache | None] = {}  # per model (a joint one serves both sides)
 
@@ -119,9 +114,9 @@ class Tokenizer:
         options = dict(vocab_size=vocab_size, model_type=model_type,
                        character_coverage=character_coverage, seed=seed)
         if joint:
-            tok = cls(_train_spm(src + tgt, **options), name="joint")
+            tok = cls(train_proto(src + tgt, **options), name="joint")
         else:
-            tok = cls(_train_spm(src, **options), _train_spm(tgt, **options), name="separate")
+            tok = cls(train_proto(src, **options), train_proto(tgt, **options), name="separate")
         tok.save(out_dir)
         logger.info("trained %s %s tokenizer (vocab src %d, tgt %d) into %s",
                     "joint" if joint else "separate", model_type,
@@ -146,9 +141,9 @@ class Tokenizer:
             raise ConfigError(f"train.extend_vocab: must be at least 1 new piece; got {max_new}")
         src, tgt = _sample_lines(src_lines, None, seed), _sample_lines(tgt_lines, None, seed)
         if self._joint:
-            proto, n = _extend_proto(self._protos["src"], src + tgt, max_new, seed)
+            proto, n = extend_proto(self._protos["src"], src + tgt, max_new, seed)
             return Tokenizer(proto, name="extended joint"), (n, n)
-        (s, n_src), (t, n_tgt) = (_extend_proto(self._protos[side], lines, max_new, seed)
+        (s, n_src), (t, n_tgt) = (extend_proto(self._protos[side], lines, max_new, seed)
                                   for side, lines in (("src", src), ("tgt", tgt)))
         return Tokenizer(s, t, name="extended separate"), (n_src, n_tgt)
 
@@ -233,7 +228,7 @@ class Tokenizer:
         """Token ids of ``text`` without BOS/EOS (those are added by ``corpus.collate``)."""
         return self._side(side).encode(text, out_type=int)
 
-    def encode_batch(self, texts: Sequence[str], side: str = "src", num_threads: int = _NUM_THREADS
+    def encode_batch(self, texts: Sequence[str], side: str = "src", num_threads: int = NUM_THREADS
                      ) -> list[list[int]]:
         """:meth:`encode` for many texts at once (``num_threads`` inside SentencePiece)."""
         return self._side(side).encode(list(texts), out_type=int, num_threads=num_threads)
@@ -311,144 +306,6 @@ def _sample_lines(lines: Iterable[str], max_sentences: int | None, seed: int) ->
         picked = sorted(random.Random(seed).sample(range(len(kept)), max_sentences))
         kept = [kept[i] for i in picked]
     return kept
-
-
-def _train_spm(lines: list[str], vocab_size: int, model_type: str,
-               character_coverage: float, seed: int) -> bytes:
-    """Train one SentencePiece model on ``lines``; returns the serialized model."""
-    if not lines:
-        raise DataError("tokenizer training: no non-empty lines to train on")
-    try:
-        return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, True)
-    except RuntimeError as err:
-        if "Vocabulary size too high" not in str(err):
-            raise DataError(f"tokenizer training failed: {one_line(err)}") from err
-    logger.warning("vocab_size %d is too large for %d lines; using a smaller vocabulary",
-                   vocab_size, len(lines))
-    try:
-        return _run_trainer(lines, vocab_size, model_type, character_coverage, seed, False)
-    except RuntimeError as err:
-        raise DataError(f"tokenizer training failed: {one_line(err)}") from err
-
-
-def _run_trainer(lines: list[str], vocab_size: int, model_type: str,
-                 character_coverage: float, seed: int, hard_vocab_limit: bool) -> bytes:
-    spm.set_random_generator_seed(seed)
-    buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=buffer,
-        vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
-        hard_vocab_limit=hard_vocab_limit,
-        pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-        pad_piece="<pad>", bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>",
-        byte_fallback=False, normalization_rule_name=NORMALIZATION_RULE,
-        input_sentence_size=0, shuffle_input_sentence=False,  # we sample ourselves, seeded
-        max_sentence_length=1 << 16, num_threads=_NUM_THREADS, minloglevel=2,
-    )
-    return buffer.getvalue()
-
-
-# ---- extending a model: its serialized ModelProto, edited as protobuf wire data ----------------
-# SentencePiece's maintainers suggest editing the model's ``pieces`` (field 1 of ModelProto, a
-# repeated SentencePiece message: piece = 1, score = 2, type = 3) to add to a trained model
-# (google/sentencepiece#121, #791). A repeated field's entries may come anywhere in the message
-# and are read in order, so appending encoded entries to the bytes appends pieces, with no
-# protobuf dependency. The model type is TrainerSpec (field 2) field 3 (1 unigram, 2 bpe, 3 word,
-# 4 char).
-
-_SPM_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = data[i]
-        n |= (b & 0x7F) << shift
-        i, shift = i + 1, shift + 7
-        if not b & 0x80:
-            return n, i
-
-
-def _fields(data: bytes) -> Iterable[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of each field of a serialized message, in order: an int
-    for varints, bytes for length-delimited and fixed-width fields."""
-    i = 0
-    while i < len(data):
-        key, i = _read_varint(data, i)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _read_varint(data, i)
-        elif wire == 2:
-            size, i = _read_varint(data, i)
-            value, i = data[i:i + size], i + size
-        elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            value, i = data[i:i + width], i + width
-        else:
-            raise DataError(f"SentencePiece model: unexpected protobuf wire type {wire}")
-        yield number, wire, value
-
-
-def model_type(proto: bytes) -> str:
-    """A serialized SentencePiece model's type: "unigram", "bpe", "word" or "char", read from its
-    TrainerSpec (unigram is protobuf's default), so without the protobuf package."""
-    spec = next((v for n, w, v in _fields(proto) if n == 2 and w == 2), b"")
-    code = next((v for n, w, v in _fields(spec) if n == 3 and w == 0), 1)
-    if code not in _SPM_TYPES:
-        raise DataError(f"SentencePiece model: unknown model type {code}")
-    return _SPM_TYPES[code]
-
-
-def _piece_entry(piece: str, score: float) -> bytes:
-    """One serialized ``ModelProto.pieces`` entry: a NORMAL piece (protobuf's default type)."""
-    text = piece.encode("utf-8")
-    body = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", score)
-    return b"\x0a" + _varint(len(body)) + body
-
-
-def _normal_pieces(sp: spm.SentencePieceProcessor) -> list[tuple[str, float]]:
-    """(piece, score) of the ordinary pieces of a model, in id order (no control/unknown/unused)."""
-    return [(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())
-            if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i))]
-
-
-def _extend_proto(proto: bytes, lines: list[str], max_new: int, seed: int) -> tuple[bytes, int]:
-    """``proto`` with up to ``max_new`` pieces of a model trained on ``lines`` appended, and their
-    count (see :meth:`Tokenizer.extended`)."""
-    old = _load_proto(proto, "extended tokenizer")
-    kind = model_type(proto)
-    if kind not in MODEL_TYPES:
-        raise DataError(f"SentencePiece model: a {kind} model cannot be extended (bpe or unigram only)")
-    new = _load_proto(_train_spm(lines, old.get_piece_size(), kind, 1.0, seed), "new text's tokenizer")
-    have = {old.id_to_piece(i) for i in range(old.get_piece_size())}
-    fresh = [(p, s) for p, s in _normal_pieces(new) if p not in have]
-    fresh.sort(key=lambda ps: (len(ps[0]) > 1, -ps[1]))  # stable: characters, then by score
-    fresh = fresh[:max_new]
-    if kind == "bpe":  # merge priority: after every old merge, in the new model's order
-        floor = min(s for _, s in _normal_pieces(old)) - 1.0
-        fresh = [(p, floor - i) for i, (p, _) in enumerate(fresh)]
-    return proto + b"".join(_piece_entry(p, s) for p, s in fresh), len(fresh)
-
-
-def _load_proto(proto: bytes, name: str) -> spm.SentencePieceProcessor:
-    """A processor for ``proto``, checking the project's fixed special ids."""
-    try:
-        sp = spm.SentencePieceProcessor(model_proto=proto)
-    except (RuntimeError, OSError, TypeError) as err:
-        raise DataError(f"{name}: not a valid SentencePiece model ({one_line(err)})") from err
-    found = (sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id())
-    if found != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):
-        raise DataError(f"{name}: special ids (pad, bos, eos, unk) are {found}, expected (0, 1, 2, 3)")
-    return sp
 
 
 def _read_meta(path: Path) -> bool:

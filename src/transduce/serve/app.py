@@ -223,21 +223,38 @@ def create_app(service: TranslationService, title: str = "transduce"):
     from fastapi import Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    TranslateRequest, AttentionRequest = request_models()
-    cfg, model_cfg = service.cfg, service.translator.config
     app = fastapi.FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=service.cfg.max_body_bytes)  # inside the guard: added first
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
         return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    _add_guard(app, service.cfg)
+    _add_decode_routes(app, service)
+
+    @app.get("/health")
+    async def health():
+        return _health_report(service)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index():
+        return HTMLResponse(index_html())
+
+    return app
+
+
+def _add_guard(app, cfg: ServeConfig) -> None:
+    """The API key (constant-time comparison) and the per-client limit, as middleware in front of
+    the POST routes."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
 
     expected = None if cfg.api_key is None else f"Bearer {cfg.api_key.strip()}".encode()
     in_flight: dict[str, int] = {}
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        """The API key (constant-time comparison) and the per-client limit, for the POST routes."""
         if request.method != "POST":
             return await call_next(request)
         if expected is not None:
@@ -256,6 +273,14 @@ def create_app(service: TranslationService, title: str = "transduce"):
             in_flight[client] -= 1
             if not in_flight[client]:
                 del in_flight[client]
+
+
+def _add_decode_routes(app, service: TranslationService) -> None:
+    """POST /translate and POST /attention."""
+    from fastapi import Request
+
+    TranslateRequest, AttentionRequest = request_models()
+    cfg, model_cfg = service.cfg, service.translator.config
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -280,22 +305,17 @@ def create_app(service: TranslationService, title: str = "transduce"):
         key = ("attention", decode, AttentionChoice(req.layer, req.head))
         return (await run_job(service, key, [req.sentence]))[0]
 
-    @app.get("/health")
-    async def health():
-        pool = getattr(service.translator, "pool", None)
-        workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts,
-                                             "hangs": pool.hangs, "timeout_s": pool.timeout_s}
-        return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
-                "workers": workers,
-                "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
-                           "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
-                           "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
 
-    @app.get("/", response_class=HTMLResponse)
-    async def index():
-        return HTMLResponse(index_html())
-
-    return app
+def _health_report(service: TranslationService) -> dict[str, Any]:
+    """GET /health: the queue, the batcher's counters, the workers and the limits."""
+    cfg, pool = service.cfg, getattr(service.translator, "pool", None)
+    workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts,
+                                         "hangs": pool.hangs, "timeout_s": pool.timeout_s}
+    return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
+            "workers": workers,
+            "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
+                       "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
+                       "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
 
 
 def serve(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None,

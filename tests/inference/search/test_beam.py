@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from inference_helpers import BOS, EOS, PAD, MarkovModel, random_sources, tiny_transformer
+from inference_helpers import BOS, EOS, PAD, MarkovModel, assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import beam_search, greedy_search, length_penalty
 
@@ -28,9 +28,7 @@ def test_beam_of_one_equals_greedy(seed, min_len):
     greedy = greedy_search(model, src, DecodeConfig(max_len_a=1.0, max_len_b=6, min_len=min_len))
     beam = beam_search(model, src, DecodeConfig(beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=6,
                                                   min_len=min_len, nbest=1))
-    assert torch.equal(greedy.tokens, beam.tokens)
-    assert torch.equal(greedy.lengths, beam.lengths)
-    torch.testing.assert_close(greedy.log_probs, beam.log_probs, rtol=0, atol=1e-5)
+    assert_same_search(greedy, beam, log_probs=(0, 1e-5))
 
 @torch.inference_mode()
 @pytest.mark.parametrize("beam", [2, 4])

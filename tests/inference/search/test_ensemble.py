@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from inference_helpers import BOS, EOS, random_sources, tiny_transformer
+from inference_helpers import BOS, EOS, assert_same_search, random_sources, tiny_transformer
 from transduce.checksums import record
 from transduce.cli import main
 from transduce.config import DecodeConfig, model_preset
@@ -29,23 +29,19 @@ def _wider(seed: int) -> Transformer:
                                     n_encoder_layers=1, n_decoder_layers=3, d_ff=96, dropout=0.0)).eval()
 
 
-def _same(a, b, scores_atol=1e-5):
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.lengths, b.lengths)
-    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=scores_atol)
-
-
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_an_ensemble_of_one_is_the_model(search):
     model = tiny_transformer(seed=1)
     run = greedy_search if search == "greedy" else beam_search
-    _same(run(Ensemble([model]), SRC, DECODE), run(model, SRC, DECODE))
+    assert_same_search(run(model, SRC, DECODE), run(Ensemble([model]), SRC, DECODE), scores=(0, 1e-5))
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_two_identical_models_are_one(search):
     run = greedy_search if search == "greedy" else beam_search
-    _same(run(Ensemble([tiny_transformer(seed=1), tiny_transformer(seed=1)]), SRC, DECODE),
-          run(tiny_transformer(seed=1), SRC, DECODE))
+    assert_same_search(run(tiny_transformer(seed=1), SRC, DECODE),
+                       run(Ensemble([tiny_transformer(seed=1), tiny_transformer(seed=1)]), SRC, DECODE),
+                       scores=(0, 1e-5))
 
 
 @torch.no_grad()

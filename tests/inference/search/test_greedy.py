@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from inference_helpers import random_sources, tiny_transformer
+from inference_helpers import assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import greedy_search
 
@@ -18,8 +18,7 @@ def test_cached_greedy_equals_rerunning_the_prefix():
     src = random_sources([4, 8, 2], seed=4)
     cached = greedy_search(model, src, DecodeConfig(max_len_a=0.0, max_len_b=12, min_len=12))
     uncached = greedy_search(model, src, DecodeConfig(max_len_a=0.0, max_len_b=12, min_len=12), use_cache=False)
-    assert torch.equal(cached.tokens, uncached.tokens)
-    torch.testing.assert_close(cached.log_probs, uncached.log_probs, rtol=0, atol=1e-4)
+    assert_same_search(uncached, cached, log_probs=(0, 1e-4))
 
 @torch.inference_mode()
 def test_pooled_cache_greedy_equals_rerunning_the_prefix_past_its_first_chunk():
@@ -29,5 +28,4 @@ def test_pooled_cache_greedy_equals_rerunning_the_prefix_past_its_first_chunk():
     src = random_sources([9, 3, 6, 1], seed=11)
     fast = greedy_search(model, src, DecodeConfig(max_len_a=1.0, max_len_b=20))
     slow = greedy_search(model, src, DecodeConfig(max_len_a=1.0, max_len_b=20), use_cache=False)
-    assert torch.equal(fast.tokens, slow.tokens)
-    torch.testing.assert_close(fast.scores, slow.scores, rtol=0, atol=1e-4)
+    assert_same_search(slow, fast, scores=(0, 1e-4))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_helpers import BOS, random_sources, tiny_transformer
+from inference_helpers import BOS, assert_same_search, random_sources, tiny_transformer
 from transduce.cli import main
 from transduce.config import DecodeConfig
 from transduce.inference.search.beam import beam_search
@@ -52,7 +52,7 @@ def test_greedy_continuation_is_greedy_after_the_prefix():
     prefix = prefix_ids(PREFIXES)
     cached = greedy_search(model, SRC, DECODE, prefix=prefix)
     uncached = greedy_search(model, SRC, DECODE, use_cache=False, prefix=prefix)
-    assert torch.equal(cached.tokens, uncached.tokens)
+    assert_same_search(uncached, cached)
 
 
 def test_translator_and_cli(trained_dir, tmp_path, capsys):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from inference_helpers import EOS, layer_prefix_draft, random_sources, tiny_transformer
+from inference_helpers import EOS, assert_same_search, layer_prefix_draft, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference import greedy_search
@@ -20,9 +20,7 @@ VOCAB = 40
 
 
 def _assert_same(expected, got):
-    assert torch.equal(expected.lengths, got.lengths)
-    assert torch.equal(expected.tokens[:, :, :got.tokens.shape[2]], got.tokens[:, :, :expected.tokens.shape[2]])
-    torch.testing.assert_close(expected.log_probs, got.log_probs, rtol=0, atol=1e-4)
+    assert_same_search(expected, got, log_probs=(0, 1e-4), trim=True)
 
 
 @torch.inference_mode()

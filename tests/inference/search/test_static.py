@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_helpers import EOS, random_sources, tiny_transformer
+from inference_helpers import EOS, EXACT, assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import SearchSpec, greedy_search, prepare_for_decoding, restore
 from transduce.inference.search import static as static_module
@@ -27,10 +27,7 @@ def _model(seed: int, positions: str = "sinusoidal", norm: str = "post"):
 
 
 def _assert_same(eager, static) -> None:
-    assert torch.equal(eager.lengths, static.lengths)
-    assert torch.equal(eager.tokens, static.tokens)
-    torch.testing.assert_close(static.scores, eager.scores, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(static.log_probs, eager.log_probs, rtol=1e-5, atol=1e-5)
+    assert_same_search(eager, static, scores=(1e-5, 1e-5), log_probs=(1e-5, 1e-5))
 
 
 MODELS = [(0, "sinusoidal", "post"), (1, "learned", "pre"), (2, "rope", "post"), (3, "rope", "pre"),
@@ -122,7 +119,7 @@ def test_kept_casts_give_what_autocast_gives(beam):
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             want = static_search(plain, src, decode, greedy=beam == 1)
             got = static_search(cast, src, decode, greedy=beam == 1)
-        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.scores, want.scores)
+        assert_same_search(want, got, scores=EXACT)
     assert any("_cast" in m.__dict__ for m in cast.modules())
 
 

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from inference_helpers import random_sources, tiny_transformer
+from inference_helpers import assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import beam_search, greedy_search
 from transduce.inference.speed.cpu import OneDNNLinear
@@ -20,8 +20,7 @@ def test_prepare_and_restore_keep_parameters_and_results():
     with torch.inference_mode():
         a = beam_search(plain, src, DecodeConfig(beam=3, nbest=3, max_len_b=6))
         b = beam_search(fast, src, DecodeConfig(beam=3, nbest=3, max_len_b=6))
-    assert torch.equal(a.tokens, b.tokens)
-    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-5)
+    assert_same_search(a, b, scores=(0, 1e-5))
     kept = [m for m in fast.modules() if "_packed" in m.__dict__ or "_fused_layers" in m.__dict__]
     assert kept  # search left packed weights and fused Q/K/V layers behind
     restore(fast)

@@ -1,10 +1,11 @@
-"""A small trained model for the export and serving tests: word-for-word translation.
+"""The test run's one trained model: word-for-word translation (the ``trained_dir`` fixture).
 
 The task ("the red dog" -> "der rot Hund") is mostly learned in a few hundred Adam steps
 (about 75% of sentences exact), enough for searches to end with EOS well before their length
 limit, which parity tests between runtimes need, and for the demo page to show a sensible
-diagonal attention map. The model directory is built once per test session and shared by
-tests/export and tests/serve (both conftests call :func:`toy_model_dir`).
+diagonal attention map. The model directory is built once per test session
+(``tests/conftest.py``'s ``trained_dir`` calls :func:`toy_model_dir`) and shared by every test that
+needs a trained model: export, serving, search, speed, the CLI.
 """
 
 from __future__ import annotations

@@ -1,0 +1,166 @@
+"""Commands that run a model on text: translate, generate, classify, evaluate, attention."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ConfigError
+from .options import (add_decode_options, add_model_dirs, add_runtime_options, check_worker_timeout, decode_overrides,
+                      load_translator, runtime_of)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Adds this module's commands, in the order ``--help`` lists them."""
+    _add_translate(sub)
+    _add_generate(sub)
+    _add_classify(sub)
+    _add_evaluate(sub)
+    _add_attention(sub)
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="translate lines of text (stdin to stdout by default)")
+    add_model_dirs(p, "model directory (config.yaml, model.safetensors, tokenizer)")
+    p.add_argument("--input", default=None, help="input file, one sentence per line (default: stdin)")
+    p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
+    p.add_argument("--nbest", type=int, default=None,
+                   help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
+    p.add_argument("--prefix-file", default=None,
+                   help="a file aligned with the input: each translation begins with its line (empty: no "
+                        "prefix), the rest is searched")
+    add_decode_options(p)
+    add_runtime_options(p)
+    p.set_defaults(func=_cmd_translate)
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from ..inference import draft_summary, translate_file
+    with load_translator(args) as translator:
+        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, **decode_overrides(args))
+        draft = draft_summary(translator)
+    if draft is not None:
+        print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
+              "tokens per step of the model", file=sys.stderr)
+    return 0
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue prompts with a decoder-only language model")
+    p.add_argument("model_dir", help="model directory of a decoder_only model")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="a prompt (repeatable; may be empty); without it, one prompt per line of --input")
+    p.add_argument("--input", default=None, help="prompts file, one per line (default: stdin)")
+    p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to add at most (default: 50)")
+    p.add_argument("--min-new-tokens", type=int, default=0, help="tokens to add before EOS may end one (default: 0)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most probable tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per batch (default: 32)")
+    add_runtime_options(p, workers=False)
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from ..inference import GenerationConfig, Generator
+    from ..inference.files import atomic_output, iter_lines, one_line
+    gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
+                           args.min_new_tokens)
+    with Generator.load(args.model_dir, runtime_of(args)) as generator:
+        prompts = args.prompt if args.prompt is not None else list(iter_lines(args.input))
+        texts = generator.generate(prompts, gen)
+    with atomic_output(args.output) as out:
+        for text in texts:
+            out.write(one_line(text) + "\n")
+    return 0
+
+
+def _add_classify(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("classify", help="label text with a classifier; with --score, print accuracy and macro-F1")
+    p.add_argument("model_dir", help="model directory of a classifier (train.task classify)")
+    p.add_argument("--input", default=None,
+                   help="one text (or text_a<TAB>text_b, a sentence pair) a line (default: stdin); with --score, "
+                        "a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
+    p.add_argument("--output", default=None, help="output file for the labels, written atomically (default: stdout)")
+    p.add_argument("--score", action="store_true",
+                   help="score the model on --input's labels: accuracy, macro-F1 and count as JSON")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per batch (default: 64)")
+    add_runtime_options(p, workers=False)
+    p.set_defaults(func=_cmd_classify)
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    import json
+
+    from ..inference import Classifier
+    from ..inference.files import atomic_output, read_texts
+    if args.score and args.input is None:
+        raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
+    with Classifier.load(args.model_dir, runtime_of(args)) as classifier:
+        if args.score:
+            from ..evaluation.heldout import score_labelled
+            print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
+            return 0
+        labels = classifier.classify(read_texts(args.input), args.batch_size)
+    with atomic_output(args.output) as out:
+        out.write("".join(f"{label}\n" for label in labels))
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="score a model on a test set and print JSON: a translation model's BLEU/chrF, "
+                       "a language model's perplexity, a masked LM's masked-token perplexity, a classifier's accuracy")
+    add_model_dirs(p, "model directory; what it is scored on follows from its task")
+    p.add_argument("--src", default=None, help="translation: source file, one sentence per line")
+    p.add_argument("--ref", required=True,
+                   help="translation: reference file, aligned with --src; lm and mlm: the text to score, one "
+                        "sentence per line (no --src); classify: a file of text<TAB>label lines (no --src)")
+    p.add_argument("--tok-ref", default=None,
+                   help="lowercased Moses-tokenized references (e.g. Multi30k's *.lc.norm.tok.*): adds the "
+                        "published-style tokenized BLEU 'bleu_moses_lc' (needs the moses extra)")
+    p.add_argument("--lang", default=None, help="target language for --tok-ref (Moses rules), e.g. de")
+    p.add_argument("--hyp-tokenized", action="store_true",
+                   help="with --tok-ref: the model writes lowercased Moses-tokenized text (trained with "
+                        "data.corpus=multi30k_tok); score it as it is")
+    p.add_argument("--seed", type=int, default=None,
+                   help="mlm: seeds which tokens are masked, per line (default: a default run's train.seed, "
+                        "as its validation)")
+    add_decode_options(p)
+    add_runtime_options(p)
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from ..evaluation import EvalFiles, evaluate_model
+    check_worker_timeout(args)
+    files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized)
+    result = evaluate_model([args.model_dir, *args.ensemble], files, runtime_of(args), decode_overrides(args),
+                            args.draft, args.seed)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="plot encoder, decoder and cross-attention of one sentence")
+    p.add_argument("model_dir", help="model directory")
+    p.add_argument("sentence", help="the source sentence")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--layer", type=int, default=-1, help="layer index, negative from the top (default: -1)")
+    p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
+    p.add_argument("--beam", type=int, default=None, help="beam size for the translation (default: the model's)")
+    add_runtime_options(p, workers=False)
+    p.set_defaults(func=_cmd_attention)
+
+
+def _cmd_attention(args: argparse.Namespace) -> int:
+    from ..inference import Translator, attention_maps
+    from ..viz.attention import plot_attention
+    with Translator.load(args.model_dir, runtime_of(args)) as translator:
+        maps = attention_maps(translator, args.sentence, args.layer, args.head, **decode_overrides(args))
+    print(plot_attention(maps, args.out))
+    return 0
+

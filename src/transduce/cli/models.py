@@ -1,0 +1,91 @@
+"""Commands on model directories themselves: export, import, info, rehash."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Adds this module's commands, in the order ``--help`` lists them."""
+    _add_export(sub)
+    _add_import(sub)
+    _add_info(sub)
+    _add_rehash(sub)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a model to Hugging Face (Marian; GPT-2 for a language model), "
+                       "CTranslate2 or ONNX (verified)")
+    p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
+    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx"], help="target format")
+    p.add_argument("--out", required=True, help="directory to write (written atomically)")
+    p.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (ctranslate2 only)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from ..export import export_model
+    report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force)
+    print(report.summary())
+    return 0
+
+
+def _add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
+                       "transduce model (verified)")
+    p.add_argument("marian_dir", help="local MarianMTModel directory: config.json, model.safetensors (or "
+                   "pytorch_model.bin), source.spm, target.spm, vocab.json")
+    p.add_argument("--out", required=True, help="model directory to write (written atomically)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_cmd_import)
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    import json
+
+    from ..export.hf_import import import_hf
+    checks = import_hf(args.marian_dir, args.out, args.force)
+    print(json.dumps({"out": args.out, **checks}, indent=2))
+    return 0
+
+
+def _add_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="what a model is: arch, shape, parameters, tokenizer, decoding and "
+                       "training settings, last metrics")
+    p.add_argument("model_dir", help="model directory (e.g. RUN/model or RUN/checkpoints/step_N)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=_cmd_info)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import json
+
+    from ..info import format_info, model_info
+    info = model_info(args.model_dir)
+    print(json.dumps(info, indent=2, ensure_ascii=False) if args.json else format_info(info))
+    return 0
+
+
+def _add_rehash(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rehash", help="accept an intentional edit of a model directory's config.yaml: record its "
+                       "new sha256 (loading checks it)")
+    p.add_argument("model_dir", help="model or checkpoint directory whose config.yaml you edited")
+    p.set_defaults(func=_cmd_rehash)
+
+
+def _cmd_rehash(args: argparse.Namespace) -> int:
+    from ..checksums import EDITABLE, record
+    from ..model.io import load_decode_config, load_model_config
+    directory = Path(args.model_dir)
+    if not (directory / EDITABLE).is_file():
+        raise ConfigError(f"{directory}: no {EDITABLE} here (give a model or checkpoint directory)")
+    record(directory, [EDITABLE])
+    load_model_config(directory)  # the edit must still be a valid config
+    load_decode_config(directory)
+    print(f"recorded the sha256 of {directory / EDITABLE}")
+    return 0
+

@@ -1,0 +1,47 @@
+"""Command-line interface: parses arguments and calls the library; nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import sys
+
+from .. import __version__, progress
+from ..errors import TransduceError
+from . import decoding, models, serving, training
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="transduce", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"transduce {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    training.add_commands(sub)
+    decoding.add_commands(sub)
+    models.add_commands(sub)
+    serving.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+    progress.QUIET = args.quiet
+    try:
+        return int(args.func(args) or 0)
+    except TransduceError as e:
+        print(f"transduce {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"transduce {args.command}: error: {e.strerror}{f': {e.filename}' if e.filename else ''} "
+              "(nothing half-written was kept; free space and rerun, with --resume for training)", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"transduce {args.command}: interrupted", file=sys.stderr)
+        return 130
+
