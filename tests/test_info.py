@@ -57,3 +57,15 @@ def test_missing_or_corrupt_model_is_one_line(trained_dir, tmp_path, capsys):
     assert main(["info", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err
     assert "not a readable safetensors file" in err and err.count("\n") == 1
+
+
+def test_a_reader_that_goes_away_ends_it_quietly(trained_dir):
+    # `transduce info --json | head -1`: the pipe closes before the JSON is written; no traceback.
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "transduce", "info", str(trained_dir), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import sys
 
 from .. import __version__, progress
@@ -31,7 +32,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(message)s", stream=sys.stderr)
     progress.QUIET = args.quiet
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe (`transduce info --json | head`) shows here, not at exit
+        return status
+    except BrokenPipeError:
+        # The reader went away: stop quietly, as `cat` does; stdout goes to /dev/null so Python's
+        # own flush at exit does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
     except TransduceError as e:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)
         return 2
