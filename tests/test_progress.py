@@ -9,7 +9,9 @@ import pytest
 
 import transduce.progress as progress
 from transduce.cli import main
+from transduce.export import export_model
 from transduce.progress import FORCE_ENV, progress_bar
+from extra_helpers import need_extra
 
 FAST = ["--beam", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu"]
 
@@ -94,3 +96,13 @@ def test_prepare_reports_sentences_on_a_terminal(tmp_path, monkeypatch):
     assert main(["prepare", "--set", "data.toy_train_size=300", "--set", "data.toy_valid_size=20",
                  "--set", "data.toy_test_size=20", "--set", "data.vocab_size=100", "--out", str(tmp_path / "p")]) == 0
     assert "300 sentences" in terminal.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "onnx"])
+def test_export_verification_draws_a_bar_of_checks(trained_dir, tmp_path, capsys, monkeypatch, fmt):
+    need_extra("export", "transformers", "onnx", "onnxruntime")
+    monkeypatch.setenv(FORCE_ENV, "1")
+    export_model(trained_dir, fmt, tmp_path / "out")
+    checks = {"hf": 3, "onnx": 2}[fmt]
+    err = capsys.readouterr().err
+    assert "verifying: 100%" in err and f"{checks}/{checks} [" in err
