@@ -48,6 +48,24 @@ def test_a_bar_is_drawn_on_a_terminal_or_when_forced_and_never_when_quiet(monkey
     assert (stderr.getvalue() == "") is not drawn
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_a_terminal_that_does_not_know_its_size_still_gets_a_bar(monkeypatch):
+    """A fresh pseudo-terminal is 0x0 (``script``, ``docker exec -t``): tqdm alone draws nothing."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert min(os.get_terminal_size(slave)) == 0
+        with progress_bar(10, unit="steps") as bar:
+            bar.update(4)
+        terminal.flush()
+        drawn = os.read(master, 4096).decode()
+    os.close(master)
+    assert "4/10" in drawn
+
+
 def test_a_rank_that_is_not_the_first_draws_nothing(monkeypatch):
     monkeypatch.setattr(sys, "stderr", Terminal())
     with progress_bar(10, unit="steps", enabled=False) as bar:

@@ -11,6 +11,7 @@ While a bar is drawn, log lines go above it (``tqdm.write``) instead of through 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from typing import Iterator
@@ -47,8 +48,10 @@ def progress_bar(total: int | None, unit: str, desc: str | None = None, initial:
 
     A bar that is not drawn is tqdm's disabled bar: ``update`` and ``set_postfix`` do nothing.
     """
+    sized = _sized()
     bar = tqdm(total=total, initial=initial, unit=unit if bytes_ else f" {unit}", desc=desc,
-               disable=not (enabled and bars_shown()), file=sys.stderr, dynamic_ncols=True, mininterval=0.2,
+               disable=not (enabled and bars_shown()), file=sys.stderr, mininterval=0.2,
+               dynamic_ncols=sized, nrows=None if sized else 24,
                unit_scale=bytes_, unit_divisor=1024 if bytes_ else 1000)
     try:
         if bar.disable:
@@ -58,3 +61,13 @@ def progress_bar(total: int | None, unit: str, desc: str | None = None, initial:
                 yield bar
     finally:
         bar.close()
+
+
+def _sized() -> bool:
+    """Whether standard error is a terminal that knows its size: the bar then follows its width.
+    Otherwise (a pipe; a pseudo-terminal of size 0x0, where tqdm would take -1 rows and draw
+    nothing) the bar is drawn at tqdm's default width, assuming 24 rows."""
+    try:
+        return min(os.get_terminal_size(sys.stderr.fileno())) > 0
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return False
