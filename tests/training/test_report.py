@@ -44,7 +44,7 @@ def test_on_a_bar_a_logged_step_is_its_postfix(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="transduce.training"), progress_bar(10, unit="steps") as bar:
         bar.update(3)
         log.write_step(RECORD, bar, 10)
-    assert "3/10" in sys.stderr.getvalue() and "loss=2.5, lr=0.000123, tokens_per_s=4321" in sys.stderr.getvalue()
+    assert "3/10" in sys.stderr.getvalue() and "loss=2.5, lr=0.000123, tok/s=4321" in sys.stderr.getvalue()
     assert not caplog.records
 
 
@@ -71,5 +71,5 @@ def test_training_draws_steps_loss_and_eta(tmp_path, monkeypatch):
     monkeypatch.setenv(FORCE_ENV, "1")
     assert trainer.train() == "max_steps"
     drawn = sys.stderr.getvalue()
-    assert "training:  25%" in drawn and "4/4 [" in drawn and "loss=" in drawn and "tokens_per_s=" in drawn
+    assert "training:  25%" in drawn and "4/4 [" in drawn and "loss=" in drawn and "tok/s=" in drawn
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [2, 3, 4]

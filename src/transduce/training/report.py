@@ -15,7 +15,7 @@ from ..errors import require
 
 logger = logging.getLogger("transduce.training")
 
-BAR_FIELDS = ("loss", "lr", "tokens_per_s")  # of a training record, shown beside the step count
+BAR_FIELDS = {"loss": "loss", "lr": "lr", "tokens_per_s": "tok/s"}  # a training record's keys beside the bar
 
 
 class TensorBoardLog:
@@ -62,7 +62,7 @@ class MetricsLog:
         step count; where no bar is drawn (not a terminal), as a log line."""
         self.write(record)
         if not bar.disable:
-            bar.set_postfix({k: _fmt(record[k]) for k in BAR_FIELDS}, refresh=False)
+            bar.set_postfix({label: _fmt(record[k]) for k, label in BAR_FIELDS.items()}, refresh=False)
         elif self.is_main:
             logger.info(" ".join([f"step {record['step']}/{max_steps}"]
                                  + [f"{k} {_fmt(record[k])}" for k in BAR_FIELDS]))
