@@ -103,6 +103,20 @@ def test_translate_stdout_carries_only_translations_while_a_bar_is_drawn(model_d
     assert barred.out == plain.out and len(barred.out.splitlines()) == 3  # standard output: the translations only
 
 
+def test_no_bar_between_translations_written_to_a_terminal(model_dir, tmp_path, monkeypatch):
+    """Translations shown on the terminal the bar would be drawn on: no bar in between them."""
+    from transduce.inference import Translator, translate_file
+
+    (tmp_path / "in.txt").write_text("the red dog\na cat\n")
+    monkeypatch.setenv(FORCE_ENV, "1")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    screen = Terminal()
+    assert translate_file(Translator.load(model_dir), tmp_path / "in.txt", None, stdout=screen) == 2
+    assert len(screen.getvalue().splitlines()) == 2 and sys.stderr.getvalue() == ""
+    translate_file(Translator.load(model_dir), tmp_path / "in.txt", tmp_path / "out.txt")  # to a file: a bar
+    assert "2/2" in sys.stderr.getvalue()
+
+
 def test_cli_quiet_draws_no_bar_even_when_forced(model_dir, tmp_path, capsys, monkeypatch):
     (tmp_path / "in.txt").write_text("the red dog\n")
     monkeypatch.setenv(FORCE_ENV, "1")

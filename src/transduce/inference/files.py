@@ -59,10 +59,10 @@ def atomic_output(path: str | os.PathLike | None, stdout: TextIO | None = None) 
 
 
 @contextlib.contextmanager
-def reporting(translator, total: int | None) -> Iterator[tqdm]:
+def reporting(translator, total: int | None, enabled: bool = True) -> Iterator[tqdm]:
     """A bar of ``total`` sentences (standard error, see :mod:`transduce.progress`) that
-    ``translator``'s batches advance for the block."""
-    with progress_bar(total, unit="sentences", desc="translating") as bar:
+    ``translator``'s batches advance for the block; ``enabled`` False: none."""
+    with progress_bar(total, unit="sentences", desc="translating", enabled=enabled) as bar:
         translator.progress = bar
         try:
             yield bar
@@ -125,7 +125,8 @@ def translate_file(
     lines = iter_lines(input_path, stdin)
     prefixes = None if prefix_path is None else iter(read_lines(prefix_path))
     total = None if input_path is None or str(input_path) == "-" else sum(1 for _ in read_lines(input_path))
-    with atomic_output(output_path, stdout) as out, reporting(translator, total) as bar:
+    with atomic_output(output_path, stdout) as out, \
+            reporting(translator, total, enabled=not out.isatty()) as bar:  # not between translations on screen
         for chunk in _chunks(lines, chunk_lines):
             prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
             if prefix is not None and None in prefix:
