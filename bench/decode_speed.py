@@ -44,6 +44,7 @@ import torch
 from transduce.config import DecodeConfig, ModelConfig
 from transduce.inference import Runtime, SearchPool, SearchSpec, beam_search, greedy_search, prepare_for_decoding
 from transduce.model import Transformer
+from transduce.progress import progress_bar
 
 VOCAB, PAD, BOS, EOS = 8000, 0, 1, 2
 SHAPE = dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024)
@@ -241,10 +242,12 @@ def measure(systems: dict[str, Callable[[], tuple[float, int]]], runs: int, expe
         _, produced = run()
         if produced != expected_tokens:
             raise RuntimeError(f"{name} produced {produced} tokens, expected {expected_tokens}")
-    for _ in range(runs):
-        for name, run in systems.items():
-            time.sleep(settle)
-            times[name].append(run()[0])
+    with progress_bar(runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: the JSON goes to stdout
+        for _ in range(runs):
+            for name, run in systems.items():
+                time.sleep(settle)
+                times[name].append(run()[0])
+                bar.update()
     return {name: {"median_s": statistics.median(t), "runs_s": [round(x, 4) for x in t]}
             for name, t in times.items()}
 

@@ -55,6 +55,7 @@ from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
 from transduce.inference.generate import Generator
 from transduce.inference.search.lm import generate_ids
 from transduce.model import DecoderOnlyLM, EncoderOnly
+from transduce.progress import progress_bar
 from transduce.training.step import build_optimizer, forward_backward
 
 PAD, BOS, EOS, FIRST_ORDINARY = 0, 1, 2, 4
@@ -164,12 +165,14 @@ def race(systems: dict[str, Callable[[], None]], runs: int, steps: int) -> dict[
     for run in systems.values():
         run()
     times: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(runs):
-        for name, run in systems.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                run()
-            times[name].append((time.perf_counter() - start) / steps)
+    with progress_bar(runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: the JSON goes to stdout
+        for _ in range(runs):
+            for name, run in systems.items():
+                start = time.perf_counter()
+                for _ in range(steps):
+                    run()
+                times[name].append((time.perf_counter() - start) / steps)
+                bar.update()
     return times
 
 

@@ -58,6 +58,7 @@ from train_throughput import TorchTransformer, flops_per_step, marian_model  # n
 from transduce.config import DecodeConfig, ModelConfig, TrainConfig  # noqa: E402
 from transduce.data.batch import collate  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
+from transduce.progress import progress_bar  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -206,9 +207,11 @@ def measure(systems: dict[str, Callable[[], Any]], device: torch.device, runs: i
     for fn in systems.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in systems}
-    for _ in range(runs):
-        for k, fn in systems.items():
-            times[k].append(timed(fn, device))
+    with progress_bar(runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: the JSON goes to stdout
+        for _ in range(runs):
+            for k, fn in systems.items():
+                times[k].append(timed(fn, device))
+                bar.update()
     out = {k: {"sentences_per_s": round(sentences / statistics.median(ts), 1)} for k, ts in times.items()}
     if "hf generate" in out:
         for k in systems:
@@ -294,9 +297,11 @@ def train_shape(name: str, shape: tuple, device: torch.device, runs: int, steps:
         except Exception as e:  # noqa: BLE001 - one system failing must not lose the others
             errors[k] = one_line(e)
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            times[k].append(timed(lambda fn=fn: [fn() for _ in range(steps)], device) / steps)
+    with progress_bar(runs * len(fns), unit="runs", desc="timing") as bar:
+        for _ in range(runs):
+            for k, fn in fns.items():
+                times[k].append(timed(lambda fn=fn: [fn() for _ in range(steps)], device) / steps)
+                bar.update()
     flops = flops_per_step(layers, d, ff, batch, vocab)
     out: dict[str, Any] = {"shape": {"layers": layers, "d_model": d, "heads": h, "d_ff": ff, "vocab": vocab,
                                      "batch": f"{n}x{t}", "tgt_tokens": batch.n_tgt_tokens}}

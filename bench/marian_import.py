@@ -36,6 +36,7 @@ import torch
 from decode_speed import Worker  # bench/ is the script's directory, so on sys.path
 from translate_speed import ctranslate2_system, ours
 from transduce.data.corpus import read_lines
+from transduce.progress import progress_bar
 
 
 def hf_generate(marian_dir: str, texts: list[str], beam: int, batch: int, threads: int) -> Callable[[], list[str]]:
@@ -106,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             outputs = {name: run()[1] for name, run in workers.items()}  # warm-up, and the outputs
             times: dict[str, list[float]] = {name: [] for name in workers}
-            for _ in range(args.runs):
-                for name, run in workers.items():
-                    time.sleep(args.settle)
-                    times[name].append(run()[0])
+            with progress_bar(args.runs * len(workers), unit="runs", desc="timing") as bar:  # stderr: JSON to stdout
+                for _ in range(args.runs):
+                    for name, run in workers.items():
+                        time.sleep(args.settle)
+                        times[name].append(run()[0])
+                        bar.update()
         finally:
             for worker in workers.values():
                 worker.close()

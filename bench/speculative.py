@@ -37,6 +37,7 @@ from transduce.config import DecodeConfig
 from transduce.data.corpus import read_lines
 from transduce.inference import Translator
 from transduce.inference.search import DraftStats
+from transduce.progress import progress_bar
 
 
 def output_tokens(translations) -> int:
@@ -79,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     sample = texts[:args.timing_lines]
     times: dict[str, list[float]] = {name: [] for name in systems}
     tokens = {name: output_tokens(outputs[name][:args.timing_lines]) for name in systems}
-    for _ in range(args.runs):
-        for name, tr in systems.items():
-            start = time.perf_counter()
-            tr.translate_detailed(sample, settings[name])
-            times[name].append(time.perf_counter() - start)
+    with progress_bar(args.runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: JSON to stdout
+        for _ in range(args.runs):
+            for name, tr in systems.items():
+                start = time.perf_counter()
+                tr.translate_detailed(sample, settings[name])
+                times[name].append(time.perf_counter() - start)
+                bar.update()
     import sacrebleu
 
     teacher = [t.best.tokens for t in outputs["teacher"]]

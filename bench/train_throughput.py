@@ -35,6 +35,7 @@ from transduce.config import ModelConfig
 from transduce.data.batch import collate
 from transduce.model import Transformer
 from transduce.model.embeddings import sinusoidal_table
+from transduce.progress import progress_bar
 from transduce.training.loss import projected_label_smoothed_loss
 
 VOCAB, PAD = 8000, 0
@@ -161,12 +162,14 @@ def bench_shape(name: str, runs: int, steps: int) -> dict:
     for fn in steps_fns.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in steps_fns}
-    for _ in range(runs):  # interleaved
-        for k, fn in steps_fns.items():
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            times[k].append((time.perf_counter() - t0) / steps)
+    with progress_bar(runs * len(steps_fns), unit="runs", desc=name) as bar:  # stderr: the JSON goes to stdout
+        for _ in range(runs):  # interleaved
+            for k, fn in steps_fns.items():
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    fn()
+                times[k].append((time.perf_counter() - t0) / steps)
+                bar.update()
     flops = flops_per_step(layers, d, ff, batch)
     result = {}
     for k, ts in times.items():

@@ -36,6 +36,7 @@ import torch
 from decode_speed import Worker, timed  # bench/ is the script's directory, so on sys.path
 from transduce.data.corpus import read_lines
 from transduce.inference import Runtime, Translator, TranslatorPool
+from transduce.progress import progress_bar
 
 
 def ours(model_dir: str, texts: list[str], search: dict, threads: int) -> Callable[[], list[str]]:
@@ -114,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             outputs = {name: run()[1] for name, run in systems.items()}  # warm-up, and the outputs
             times: dict[str, list[float]] = {name: [] for name in systems}
-            for _ in range(args.runs):
-                for name, run in systems.items():
-                    time.sleep(args.settle)
-                    times[name].append(run()[0])
+            with progress_bar(args.runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: JSON to stdout
+                for _ in range(args.runs):
+                    for name, run in systems.items():
+                        time.sleep(args.settle)
+                        times[name].append(run()[0])
+                        bar.update()
         finally:
             for worker in workers.values():
                 worker.close()

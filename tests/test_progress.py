@@ -1,4 +1,5 @@
-"""Progress bars: count, rate and ETA on a terminal; nothing when piped or with --quiet."""
+"""Progress bars (tqdm): on standard error, only on a terminal or with TRANSDUCE_PROGRESS=1,
+never with --quiet, and never in standard output, which carries translations."""
 
 import io
 import logging
@@ -8,8 +9,11 @@ import pytest
 
 import transduce.progress as progress
 from transduce.cli import main
-from transduce.inference import Translator, translate_file
-from transduce.progress import Progress
+from transduce.export import export_model
+from transduce.progress import FORCE_ENV, progress_bar
+from extra_helpers import need_extra
+
+FAST = ["--beam", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu"]
 
 
 class Terminal(io.StringIO):
@@ -19,58 +23,106 @@ class Terminal(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def _not_quiet(monkeypatch):
-    monkeypatch.setattr(progress, "QUIET", False)
+    monkeypatch.setattr(progress, "QUIET", False)  # main(["--quiet", ...]) sets it; restored after each test
+    monkeypatch.delenv(FORCE_ENV, raising=False)
 
 
-def test_a_terminal_gets_count_rate_and_eta(monkeypatch):
-    clock = iter([0.0, 2.0, 4.0])
-    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
-    out = Terminal()
-    bar = Progress(100, unit="sentences", stream=out)
-    bar.update(20)        # t=0: where this run starts (a resumed run starts late)
-    bar.advance(10)       # t=2: 5 sentences/s, 70 left
-    bar.update(50, {"loss": 2.5})
-    bar.close()
-    lines = out.getvalue().split("\r\x1b[K")
-    assert lines[1] == "sentences 20/100"
-    assert lines[2] == "sentences 30/100 5 sentences/s ETA 14s"
-    assert lines[3] == "sentences 50/100 loss 2.5 7.5 sentences/s ETA 6s"
-    assert lines[4] == lines[3] + "\n"  # closing draws the last state, then ends the line
+@pytest.mark.parametrize("terminal, quiet, env, drawn", [
+    (True, False, None, True),
+    (False, False, None, False),   # piped or redirected: nothing
+    (True, True, None, False),     # --quiet
+    (False, False, "1", True),     # forced on
+    (True, True, "1", False),      # --quiet wins
+    (True, False, "0", False),     # forced off
+])
+def test_a_bar_is_drawn_on_a_terminal_or_when_forced_and_never_when_quiet(monkeypatch, terminal, quiet, env, drawn):
+    stderr = Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(progress, "QUIET", quiet)
+    if env is not None:
+        monkeypatch.setenv(FORCE_ENV, env)
+    with progress_bar(10, unit="steps") as bar:
+        bar.update(4)
+        assert bar.disable is not drawn
+    assert ("4/10" in stderr.getvalue()) is drawn
+    assert (stderr.getvalue() == "") is not drawn
 
 
-def test_piped_output_gets_log_lines_only_when_forced(caplog):
-    out = io.StringIO()
-    bar = Progress(10, stream=out)
-    with caplog.at_level(logging.INFO, logger="transduce"):
-        bar.update(3)
-        bar.update(5, {"loss": 1.0}, force=True)
-    assert out.getvalue() == ""
-    assert [r.getMessage() for r in caplog.records] == ["step 5/10 loss 1"]
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_a_terminal_that_does_not_know_its_size_still_gets_a_bar(monkeypatch):
+    """A fresh pseudo-terminal is 0x0 (``script``, ``docker exec -t``): tqdm alone draws nothing."""
+    import os
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert min(os.get_terminal_size(slave)) == 0
+        with progress_bar(10, unit="steps") as bar:
+            bar.update(4)
+        terminal.flush()
+        drawn = b""
+        while select.select([master], [], [], 0.5)[0]:  # all the terminal holds (one read may get a part)
+            drawn += os.read(master, 4096)
+    os.close(master)
+    assert "4/10" in drawn.decode()
 
 
-def test_quiet_shows_nothing(monkeypatch):
-    monkeypatch.setattr(progress, "QUIET", True)
-    out = Terminal()
-    bar = Progress(10, stream=out)
-    bar.update(5, force=True)
-    bar.close()
-    assert out.getvalue() == ""
+def test_a_rank_that_is_not_the_first_draws_nothing(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with progress_bar(10, unit="steps", enabled=False) as bar:
+        bar.update(4)
+    assert sys.stderr.getvalue() == ""
 
 
-def test_translate_file_reports_sentences_on_a_terminal(trained_dir, tmp_path, monkeypatch):
-    (tmp_path / "in.txt").write_text("the red dog\n\na big cat sleeps\n")
+def test_log_lines_go_above_an_open_bar(monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    translate_file(Translator.load(trained_dir), tmp_path / "in.txt", tmp_path / "out.txt")
-    assert "sentences 3/3" in terminal.getvalue()
-    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
+    handler = logging.StreamHandler(terminal)  # the CLI's console handler (logging.basicConfig)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [handler])
+    monkeypatch.setattr(root, "level", logging.INFO)
+    with progress_bar(10, unit="steps") as bar:
+        bar.update(3)
+        logging.getLogger("transduce.training").info("step 3: val_loss 1.5")
+    assert "\nstep 3: val_loss 1.5\n" in terminal.getvalue().replace("\r", "\n")
+    assert root.handlers == [handler]  # the console handler is back once the bar closes
 
 
-def test_cli_quiet(trained_dir, tmp_path, capsys):
+def test_translate_stdout_carries_only_translations_while_a_bar_is_drawn(model_dir, tmp_path, capsys, monkeypatch):
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sat on the mat\n\na dog runs in the park\n")
+    assert main(["translate", str(model_dir), "--input", str(source), *FAST]) == 0
+    plain = capsys.readouterr()
+    assert plain.err.count("/3") == 0  # not a terminal: no bar
+    monkeypatch.setenv(FORCE_ENV, "1")
+    assert main(["translate", str(model_dir), "--input", str(source), *FAST]) == 0
+    barred = capsys.readouterr()
+    assert "3/3" in barred.err and "sentence" in barred.err  # the bar, on standard error
+    assert barred.out == plain.out and len(barred.out.splitlines()) == 3  # standard output: the translations only
+
+
+def test_no_bar_between_translations_written_to_a_terminal(model_dir, tmp_path, monkeypatch):
+    """Translations shown on the terminal the bar would be drawn on: no bar in between them."""
+    from transduce.inference import Translator, translate_file
+
+    (tmp_path / "in.txt").write_text("the red dog\na cat\n")
+    monkeypatch.setenv(FORCE_ENV, "1")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    screen = Terminal()
+    assert translate_file(Translator.load(model_dir), tmp_path / "in.txt", None, stdout=screen) == 2
+    assert len(screen.getvalue().splitlines()) == 2 and sys.stderr.getvalue() == ""
+    translate_file(Translator.load(model_dir), tmp_path / "in.txt", tmp_path / "out.txt")  # to a file: a bar
+    assert "2/2" in sys.stderr.getvalue()
+
+
+def test_cli_quiet_draws_no_bar_even_when_forced(model_dir, tmp_path, capsys, monkeypatch):
     (tmp_path / "in.txt").write_text("the red dog\n")
-    assert main(["--quiet", "translate", str(trained_dir), "--input", str(tmp_path / "in.txt")]) == 0
+    monkeypatch.setenv(FORCE_ENV, "1")
+    assert main(["--quiet", "translate", str(model_dir), "--input", str(tmp_path / "in.txt"), *FAST]) == 0
     captured = capsys.readouterr()
-    assert captured.out.strip() and captured.err == ""
+    assert len(captured.out.splitlines()) == 1 and captured.err == ""
 
 
 def test_prepare_reports_sentences_on_a_terminal(tmp_path, monkeypatch):
@@ -78,4 +130,14 @@ def test_prepare_reports_sentences_on_a_terminal(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["prepare", "--set", "data.toy_train_size=300", "--set", "data.toy_valid_size=20",
                  "--set", "data.toy_test_size=20", "--set", "data.vocab_size=100", "--out", str(tmp_path / "p")]) == 0
-    assert "sentences 300" in terminal.getvalue()
+    assert "300 sentences" in terminal.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "onnx"])
+def test_export_verification_draws_a_bar_of_checks(trained_dir, tmp_path, capsys, monkeypatch, fmt):
+    need_extra("export", "transformers", "onnx", "onnxruntime")
+    monkeypatch.setenv(FORCE_ENV, "1")
+    export_model(trained_dir, fmt, tmp_path / "out")
+    checks = {"hf": 3, "onnx": 2}[fmt]
+    err = capsys.readouterr().err
+    assert "verifying: 100%" in err and f"{checks}/{checks} [" in err

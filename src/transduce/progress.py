@@ -1,107 +1,73 @@
-"""Progress on long work: a one-line updating bar on a terminal (count, rate, ETA), plain log
-lines otherwise, nothing with ``transduce --quiet``.
+"""Progress bars on long work: tqdm's, on standard error, only where someone watches them.
 
-Used by training (steps), ``translate``/``evaluate`` over a file (sentences) and ``prepare``
-(sentences encoded). The bar goes to standard error and only when it is a terminal, so piped
-or redirected output and log files stay as they are.
+Training (steps, with loss, lr and tokens/s), ``translate``/``evaluate`` over a file (sentences),
+``prepare`` (sentences encoded), downloads (bytes) and export verification (checks) open one with
+:func:`progress_bar`. A bar is drawn when standard error is a terminal, never with ``transduce
+--quiet``; ``TRANSDUCE_PROGRESS=1`` draws it anyway (a log collector that wants it, a test) and
+``TRANSDUCE_PROGRESS=0`` never. Standard output is never written: it carries translations.
+While a bar is drawn, log lines go above it (``tqdm.write``) instead of through it.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import io
+import os
 import sys
-import time
+from typing import Iterator
 
-logger = logging.getLogger("transduce")
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 # Set by ``transduce --quiet``: no bars at all.
 QUIET = False
+# "1": draw bars even when standard error is not a terminal; "0": never draw them.
+FORCE_ENV = "TRANSDUCE_PROGRESS"
 
 
-class Progress:
-    """Shows ``UNIT done/total``, the caller's ``fields``, the rate and the time left.
+def bars_shown() -> bool:
+    """Whether a bar opened now is drawn: not quiet, and a terminal (or TRANSDUCE_PROGRESS=1)."""
+    forced = os.environ.get(FORCE_ENV, "").strip()
+    if QUIET or forced == "0":
+        return False
+    return forced == "1" or (hasattr(sys.stderr, "isatty") and sys.stderr.isatty())
+
+
+@contextlib.contextmanager
+def progress_bar(total: int | None, unit: str, desc: str | None = None, initial: int = 0,
+                 enabled: bool = True, bytes_: bool = False) -> Iterator[tqdm]:
+    """A tqdm bar on standard error for the block (count, rate, ETA when ``total`` is known).
 
     Args:
         total: the count at which the work is done (None: unknown, no ETA).
-        enabled: False shows nothing (e.g. ranks other than the first).
-        unit: what is counted ("step", "sentences").
-        stream: where the bar goes (default: standard error).
+        unit: what is counted, plural ("steps", "sentences"; "B" for bytes).
+        desc: a short label before the bar.
+        initial: the count already done (a resumed run): the rate and ETA count from here.
+        enabled: False draws nothing (e.g. ranks other than the first).
+        bytes_: show the count as KiB/MiB (``unit`` "B").
+
+    A bar that is not drawn is tqdm's disabled bar: ``update`` and ``set_postfix`` do nothing.
     """
-
-    def __init__(self, total: int | None, enabled: bool = True, unit: str = "step", stream=None):
-        self.total = total
-        self.unit = unit
-        self.enabled = enabled and not QUIET
-        self.stream = stream or sys.stderr
-        self.tty = self.enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.done = 0
-        self._last = -float("inf")
-        self._text = ""  # the bar as last computed
-        self._start: tuple[float, int] | None = None  # (time, count) of the first update: resumed runs
-
-    def update(self, done: int, fields: dict[str, float | int | str] | None = None, force: bool = False) -> None:
-        """Report that ``done`` units are done; ``force`` also logs the line off a terminal."""
-        self.done = done
-        now = time.monotonic()
-        if self._start is None:
-            self._start = (now, done)
-        if not self.enabled:
-            return
-        total = "" if self.total is None else f"/{self.total}"
-        parts = [f"{self.unit} {done}{total}"] + [f"{k} {_fmt(v)}" for k, v in (fields or {}).items()]
-        if self.tty:
-            self._text = " ".join(parts + self._pace(now))
-            if force or now - self._last > 0.2:
-                self._draw()
-                self._last = now
-        elif force:
-            logger.info(" ".join(parts))
-
-    def advance(self, n: int = 1, fields: dict[str, float | int | str] | None = None) -> None:
-        """``n`` more units done."""
-        self.update(self.done + n, fields)
-
-    def _pace(self, now: float) -> list[str]:
-        """Rate and time left, from the units done since the first update."""
-        t0, n0 = self._start
-        elapsed, n = now - t0, self.done - n0
-        if elapsed <= 0 or n <= 0:
-            return []
-        rate = n / elapsed
-        out = [f"{_fmt(rate)} {self.unit}/s"]
-        if self.total is not None and self.total > self.done:
-            out.append(f"ETA {_duration((self.total - self.done) / rate)}")
-        return out
-
-    def message(self, text: str) -> None:
-        """A line that stays (clears the bar first on a terminal)."""
-        if not self.enabled:
-            return
-        if self.tty:
-            self.stream.write("\r\033[K")
-        logger.info(text)
-
-    def close(self) -> None:
-        """The last state (updates come at most 5 times a second), and a new line."""
-        if self.tty and self._text:
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
-            self._text = ""
-
-    def _draw(self) -> None:
-        self.stream.write("\r\033[K" + self._text)
-        self.stream.flush()
+    sized = _sized()
+    bar = tqdm(total=total, initial=initial, unit=unit if bytes_ else f" {unit}", desc=desc,
+               disable=not (enabled and bars_shown()), file=sys.stderr, mininterval=0.2,
+               dynamic_ncols=sized, nrows=None if sized else 24,
+               unit_scale=bytes_, unit_divisor=1024 if bytes_ else 1000)
+    try:
+        if bar.disable:
+            yield bar
+        else:
+            with logging_redirect_tqdm():
+                yield bar
+    finally:
+        bar.close()
 
 
-def _fmt(v: float | int | str) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1e-2 else f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
-    return str(v)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+def _sized() -> bool:
+    """Whether standard error is a terminal that knows its size: the bar then follows its width.
+    Otherwise (a pipe; a pseudo-terminal of size 0x0, where tqdm would take -1 rows and draw
+    nothing) the bar is drawn at tqdm's default width, assuming 24 rows."""
+    try:
+        return min(os.get_terminal_size(sys.stderr.fileno())) > 0
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return False

@@ -92,13 +92,13 @@ def test_bpe_dropout_resegments_each_epoch_and_resumes_exactly(tmp_path):
     plain = _trainer(tmp_path / "plain")
     trainer = _trainer(tmp_path / "a", dropout, max_steps=40, save_every=10, keep_last=10,
                        schedule="constant", lr=1e-3, warmup_steps=0)
-    e0, e1 = trainer.epoch_data(0), trainer.epoch_data(1)
+    e0, e1 = trainer.feed.epoch_data(0), trainer.feed.epoch_data(1)
     ids = [e.pairs.tokens[0].tolist() + e.pairs.tokens[1].tolist() for e in (e0, e1)]
     assert ids[0] != ids[1] and e0.plan.batches != e1.plan.batches
-    again = trainer.epoch_data(0)  # a function of (seed, epoch)
+    again = trainer.feed.epoch_data(0)  # a function of (seed, epoch)
     assert again.pairs.tokens[0].tolist() + again.pairs.tokens[1].tolist() == ids[0]
-    assert e0.pairs.tgt_lens.sum() > plain.epoch_data(0).pairs.tgt_lens.sum()
-    assert plain.epoch_data(0).pairs is plain.train_pairs  # off: the usual segmentation every epoch
+    assert e0.pairs.tgt_lens.sum() > plain.feed.epoch_data(0).pairs.tgt_lens.sum()
+    assert plain.feed.epoch_data(0).pairs is plain.feed.train_pairs  # off: the usual segmentation every epoch
     trainer.train()
     assert trainer.state.epoch >= 2, "the run should cross epoch boundaries"
 

@@ -16,7 +16,7 @@ second and a few bytes per pair.
 
 Distributed training: every rank builds the same plan and consumes it in groups of
 ``grad_accum * world_size`` consecutive batches, rank ``r`` taking ``group[r::world_size]``
-(``training.loop.Trainer.step_data``).
+(``training.feed.StepFeed.step_data``).
 """
 
 from __future__ import annotations

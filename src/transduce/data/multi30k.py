@@ -19,7 +19,7 @@ from transduce.atomic import atomic_path
 from transduce.checksums import sha256_file
 from transduce.data.corpus import read_parallel
 from transduce.errors import ConfigError, DataError
-from transduce.progress import Progress
+from transduce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -139,12 +139,12 @@ def _fetch(url: str, target: Path, expected_sha256: str, timeout: float) -> None
             digest = hashlib.sha256()
             with open(tmp, "wb") as handle, urllib.request.urlopen(url, timeout=timeout) as resp:
                 size = resp.headers.get("Content-Length")
-                bar = Progress(int(size) // 1024 if size and size.isdigit() else None, unit="KiB")
-                while chunk := resp.read(_CHUNK):
-                    digest.update(chunk)
-                    handle.write(chunk)
-                    bar.advance(len(chunk) // 1024)
-                bar.close()
+                total = int(size) if size and size.isdigit() else None
+                with progress_bar(total, unit="B", desc=target.name, bytes_=True) as bar:
+                    while chunk := resp.read(_CHUNK):
+                        digest.update(chunk)
+                        handle.write(chunk)
+                        bar.update(len(chunk))
             if digest.hexdigest() != expected_sha256:
                 raise DataError(f"{url}: SHA-256 mismatch (got {digest.hexdigest()[:16]}..., "
                                 f"expected {expected_sha256[:16]}...); file discarded")

@@ -41,7 +41,7 @@ from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VE
                                      length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import DataError
-from transduce.progress import Progress
+from transduce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -242,16 +242,13 @@ class _Encoder:
             self.pool.join()
 
     def run(self, source: SplitSource, writer: SplitWriter, texts: bool) -> None:
-        bar = Progress(None, unit="sentences")  # a bar on a terminal: lines read so far, rate
+        with progress_bar(None, unit="sentences", desc="encoding") as bar:  # lines read so far, rate
 
-        def add(chunk) -> None:
-            writer.add(chunk)
-            bar.advance(len(chunk.kept))
+            def add(chunk) -> None:
+                writer.add(chunk)
+                bar.update(len(chunk.kept))
 
-        try:
             self._run(source, add, texts)
-        finally:
-            bar.close()
 
     def _run(self, source: SplitSource, add, texts: bool) -> None:
         chunks = _numbered(source.raw_chunks())

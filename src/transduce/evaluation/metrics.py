@@ -124,7 +124,6 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decod
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
     from ..inference.files import reporting
-    from ..progress import Progress
 
-    with reporting(translator, Progress(len(sources), unit="sentences")):
+    with reporting(translator, len(sources)):
         return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)

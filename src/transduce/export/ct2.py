@@ -27,6 +27,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..model import Transformer
 from ..errors import require
+from ..progress import progress_bar
 from .base import ExportError, load_for_export
 from .verify import check_close, check_same_outputs, eager_search, probe_sources
 
@@ -197,22 +198,26 @@ def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | N
     ctranslate2 = require("ctranslate2", "export")
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="default", intra_threads=1)
     src = probe_sources(model)
-    checks: dict[str, object] = {}
-    greedy = eager_search(model, src, 1, 12)
-    want = torch.tensor([sequence_log_prob(model, src[i], g) for i, g in enumerate(greedy)])
-    got = torch.tensor(ct2_log_probs(translator, tok, src, greedy))
-    tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
-    checks["max_logprob_diff"] = check_close("CTranslate2 sequence log-probs", got, want, tol)
-    if quantization:  # int8 outputs may legitimately differ; report how often they agree
-        got_ids = ct2_translate_ids(translator, tok, src, 1, 12)
-        checks["greedy_agreement"] = sum(a == b for a, b in zip(greedy, got_ids)) / len(greedy)
-        return checks
-    for beam in (1, 4):
-        # CTranslate2 ends a sentence once its best extension ended (at length penalty 0): our
-        # "best_finished" rule, so outputs must be equal, not merely as good.
-        want_ids = greedy if beam == 1 else eager_search(model, src, beam, 12, stop="best_finished")
-        got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
-        name = "greedy" if beam == 1 else "beam"
-        checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids, got_ids,
-                                                           beam=beam > 1)
+    with progress_bar(2 if quantization else 3, unit="checks", desc="verifying") as bar:
+        checks: dict[str, object] = {}
+        greedy = eager_search(model, src, 1, 12)
+        want = torch.tensor([sequence_log_prob(model, src[i], g) for i, g in enumerate(greedy)])
+        got = torch.tensor(ct2_log_probs(translator, tok, src, greedy))
+        tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
+        checks["max_logprob_diff"] = check_close("CTranslate2 sequence log-probs", got, want, tol)
+        bar.update()
+        if quantization:  # int8 outputs may legitimately differ; report how often they agree
+            got_ids = ct2_translate_ids(translator, tok, src, 1, 12)
+            checks["greedy_agreement"] = sum(a == b for a, b in zip(greedy, got_ids)) / len(greedy)
+            bar.update()
+            return checks
+        for beam in (1, 4):
+            # CTranslate2 ends a sentence once its best extension ended (at length penalty 0): our
+            # "best_finished" rule, so outputs must be equal, not merely as good.
+            want_ids = greedy if beam == 1 else eager_search(model, src, beam, 12, stop="best_finished")
+            got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
+            name = "greedy" if beam == 1 else "beam"
+            checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids,
+                                                               got_ids, beam=beam > 1)
+            bar.update()
     return checks

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model import Transformer
 from ..errors import require
+from ..progress import progress_bar
 from .base import ExportError, load_for_export, no_progress_bars
 from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
                      probe_targets)
@@ -221,19 +222,22 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])
     mask = src != model.config.pad_id
-    got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
-    want = eager_logits(model, src, tgt)
-    checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, want, atol)}
-    max_len = 12
-    for beam in (1, 4):
-        want = eager_search(model, src, beam, max_len)
-        options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-        gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_length=max_len + 1,
-                          do_sample=False, **options)  # max_length counts the decoder start token
-        got_ids = [row[1:].tolist() for row in gen]  # drop the decoder start token
-        name = "greedy" if beam == 1 else "beam"
-        checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
-                                                           beam=beam > 1)
+    with progress_bar(3, unit="checks", desc="verifying") as bar:
+        got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+        want = eager_logits(model, src, tgt)
+        checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, want, atol)}
+        bar.update()
+        max_len = 12
+        for beam in (1, 4):
+            want = eager_search(model, src, beam, max_len)
+            options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+            gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_length=max_len + 1,
+                              do_sample=False, **options)  # max_length counts the decoder start token
+            got_ids = [row[1:].tolist() for row in gen]  # drop the decoder start token
+            name = "greedy" if beam == 1 else "beam"
+            checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
+                                                               beam=beam > 1)
+            bar.update()
     return checks
 
 

@@ -50,6 +50,7 @@ from ..data.tokenizer import SPECIAL_PIECES, Tokenizer
 from ..errors import ConfigError, TransduceError, one_line, require
 from ..model import Transformer, save_model
 from ..model.io import load_state_checked
+from ..progress import progress_bar
 from .base import no_progress_bars, staging_dir, torch_threads
 from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, residual_permutation
 from .verify import check_close, check_same_outputs, eager_search, probe_sources, probe_targets
@@ -324,17 +325,20 @@ def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab:
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])
     src_m, mask = src_vocab.order[src], (src != model.config.pad_id).long()
-    got = hf(input_ids=src_m, attention_mask=mask, decoder_input_ids=tgt_vocab.order[tgt]).logits
-    checks: dict[str, object] = {
-        "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_vocab.order], atol)}
-    inverse, max_len = tgt_vocab.inverse(), 12
-    for beam in (1, 4):
-        want = eager_search(model, src, beam, max_len)
-        options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-        gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
-                          do_sample=False, forced_eos_token_id=None, **options)  # OPUS-MT forces EOS last
-        got_ids = [inverse[row[1:]].tolist() for row in gen]  # without the decoder start
-        name = "greedy" if beam == 1 else "beam"
-        checks[f"{name}_differences"] = check_same_outputs(f"imported {name}", model, src, want, got_ids,
-                                                           beam=beam > 1)
+    with progress_bar(3, unit="checks", desc="verifying") as bar:
+        got = hf(input_ids=src_m, attention_mask=mask, decoder_input_ids=tgt_vocab.order[tgt]).logits
+        checks: dict[str, object] = {
+            "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_vocab.order], atol)}
+        bar.update()
+        inverse, max_len = tgt_vocab.inverse(), 12
+        for beam in (1, 4):
+            want = eager_search(model, src, beam, max_len)
+            options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+            gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
+                              do_sample=False, forced_eos_token_id=None, **options)  # OPUS-MT forces EOS last
+            got_ids = [inverse[row[1:]].tolist() for row in gen]  # without the decoder start
+            name = "greedy" if beam == 1 else "beam"
+            checks[f"{name}_differences"] = check_same_outputs(f"imported {name}", model, src, want, got_ids,
+                                                               beam=beam > 1)
+            bar.update()
     return checks

@@ -31,6 +31,7 @@ from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
 from ..errors import one_line, require
+from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
 from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
 
@@ -232,14 +233,18 @@ def verify_onnx(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, 
     runner = OnnxGreedy(out)
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])
-    want = eager_logits(model, src, tgt)                                   # (B, T, V)
-    mask, self_kv, cross = runner.start(src.numpy())
-    got = []
-    for t in range(tgt.shape[1]):
-        logits, self_kv = runner.step(tgt[:, t: t + 1].numpy(), mask, self_kv, cross)
-        got.append(torch.from_numpy(logits))
-    checks: dict[str, object] = {
-        "max_logit_diff": check_close("ONNX Runtime logits", torch.stack(got, dim=1), want, atol)}
-    greedy = eager_search(model, src, 1, 12)
-    checks["greedy_differences"] = check_same_outputs("ONNX greedy", model, src, greedy, runner.greedy(src.numpy(), 12))
+    with progress_bar(2, unit="checks", desc="verifying") as bar:
+        want = eager_logits(model, src, tgt)                               # (B, T, V)
+        mask, self_kv, cross = runner.start(src.numpy())
+        got = []
+        for t in range(tgt.shape[1]):
+            logits, self_kv = runner.step(tgt[:, t: t + 1].numpy(), mask, self_kv, cross)
+            got.append(torch.from_numpy(logits))
+        checks: dict[str, object] = {
+            "max_logit_diff": check_close("ONNX Runtime logits", torch.stack(got, dim=1), want, atol)}
+        bar.update()
+        greedy = eager_search(model, src, 1, 12)
+        checks["greedy_differences"] = check_same_outputs("ONNX greedy", model, src, greedy,
+                                                          runner.greedy(src.numpy(), 12))
+        bar.update()
     return checks

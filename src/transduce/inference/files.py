@@ -17,11 +17,13 @@ import sys
 from pathlib import Path
 from typing import IO, Iterable, Iterator, TextIO
 
+from tqdm import tqdm
+
 from ..atomic import atomic_path
 from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import DataError
-from ..progress import Progress
+from ..progress import progress_bar
 from .translator import Translation, Translator
 
 logger = logging.getLogger(__name__)
@@ -57,14 +59,15 @@ def atomic_output(path: str | os.PathLike | None, stdout: TextIO | None = None) 
 
 
 @contextlib.contextmanager
-def reporting(translator, progress: Progress) -> Iterator[Progress]:
-    """``progress`` advanced by ``translator``'s batches for the block, then closed."""
-    translator.progress = progress
-    try:
-        yield progress
-    finally:
-        translator.progress = None
-        progress.close()
+def reporting(translator, total: int | None, enabled: bool = True) -> Iterator[tqdm]:
+    """A bar of ``total`` sentences (standard error, see :mod:`transduce.progress`) that
+    ``translator``'s batches advance for the block; ``enabled`` False: none."""
+    with progress_bar(total, unit="sentences", desc="translating", enabled=enabled) as bar:
+        translator.progress = bar
+        try:
+            yield bar
+        finally:
+            translator.progress = None
 
 
 def read_texts(path: str | os.PathLike | None) -> list[tuple[str, ...]]:
@@ -122,7 +125,8 @@ def translate_file(
     lines = iter_lines(input_path, stdin)
     prefixes = None if prefix_path is None else iter(read_lines(prefix_path))
     total = None if input_path is None or str(input_path) == "-" else sum(1 for _ in read_lines(input_path))
-    with atomic_output(output_path, stdout) as out, reporting(translator, Progress(total, unit="sentences")):
+    with atomic_output(output_path, stdout) as out, \
+            reporting(translator, total, enabled=not out.isatty()) as bar:  # not between translations on screen
         for chunk in _chunks(lines, chunk_lines):
             prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
             if prefix is not None and None in prefix:
@@ -131,7 +135,7 @@ def translate_file(
             out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)
-            translator.progress.update(n)  # empty lines are not searched: count them too
+            bar.update(n - bar.n)  # empty lines are not searched: count them too
             logger.info("translated %d lines", n)
         if prefixes is not None and next(prefixes, None) is not None:
             raise DataError(f"{prefix_path}: has more lines than the input ({n})")

@@ -14,13 +14,12 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ..config import DecodeConfig, Runtime
-from ..progress import Progress
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
@@ -31,6 +30,9 @@ from .search.sampling import check_sampling
 from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
 from .speed import restore
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class BaseTranslator:
     tokenizer: object
     config: object
     decode: DecodeConfig
-    progress: Progress | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
+    progress: tqdm | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
                 ) -> Iterator[SearchOutput]:
@@ -188,7 +190,7 @@ class BaseTranslator:
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
             if self.progress is not None:
-                self.progress.advance(len(index))
+                self.progress.update(len(index))
         return results
 
     def _source(self, text: str, max_input_len: int) -> Translation:

@@ -1,0 +1,115 @@
+"""The batches each optimizer step trains on: one batch plan per epoch (a function of seed and
+epoch), BPE-dropout re-segmentation, and the device copies, padded to shape buckets.
+
+A data position is (epoch, offset), counted in plan batches of all ranks together, so a run can
+resume on another world size; nothing here moves the :class:`~.state.TrainState`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import RunConfig
+from ..data.batch import Batch
+from ..data.batching import round_up, token_budget_batches
+from ..data.corpus import sample_tokens
+from ..data.encoder_inputs import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
+from ..data.prepared import PreparedData, TokenPairs, length_dtype
+from ..errors import ConfigError
+from .distributed import DistInfo
+from .state import EpochData, StepData
+
+
+class StepFeed:
+    """Makes :class:`StepData` for this rank from the prepared training split.
+
+    Args:
+        cfg: the run's config (``data``, ``train``, ``task``).
+        data: the prepared data.
+        dist: this process's rank and the world size.
+        device: where the batches go.
+        pad_multiple: S and T are padded up to a multiple of it (few shapes for CUDA graphs).
+        mask_id: the [MASK] id, for ``task`` mlm (None otherwise).
+    """
+
+    def __init__(self, cfg: RunConfig, data: PreparedData, dist: DistInfo, device: torch.device,
+                 pad_multiple: int, mask_id: int | None):
+        self.cfg, self.data, self.dist, self.device = cfg, data, dist, device
+        self.pad_multiple, self.mask_id = pad_multiple, mask_id
+        self.train_pairs = data.split("train")
+        self._epoch: EpochData | None = None
+
+    def epoch_data(self, epoch: int) -> EpochData:
+        """The pairs and batch plan of ``epoch`` (a function of seed and epoch; the latest cached).
+
+        With ``data.bpe_dropout`` the pairs are re-segmented for every epoch, so their lengths
+        and hence the batches change from epoch to epoch.
+        """
+        if self._epoch is None or self._epoch.epoch != epoch:
+            self._epoch = None  # let the previous epoch's arrays go before the next are built
+            dc, pairs = self.cfg.data, self.train_pairs
+            if dc.bpe_dropout > 0:
+                pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
+            multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
+            plan = token_budget_batches(*pairs.task_lengths(self.cfg.task), dc.max_tokens, self.cfg.train.seed,
+                                        epoch, multiple=multiple)
+            self._epoch = EpochData(epoch, pairs, plan)
+        return self._epoch
+
+    def _resegmented(self, seed: int, chunk: int = 8192) -> TokenPairs:
+        """One BPE-dropout segmentation of the training pairs, their text read from disk in chunks."""
+        dc, text, usual = self.cfg.data, self.data.text("train"), self.train_pairs
+        rows: tuple[list, list] = ([], [])
+        for lo in range(0, len(usual), chunk):
+            idx = range(lo, min(lo + chunk, len(usual)))
+            sampled = sample_tokens(text.pairs(lo, idx.stop), (usual.rows(0, idx), usual.rows(1, idx)),
+                                    self.data.tokenizer, dc.bpe_dropout, dc.bpe_dropout_sides,
+                                    seed=seed * 7919 + lo, max_len=self.data.max_len)
+            rows[0].extend(sampled[0])
+            rows[1].extend(sampled[1])
+        text.release()
+        return TokenPairs.from_rows(rows[0], rows[1], self.data.dtype, length_dtype(self.data.max_len))
+
+    def step_data(self, epoch: int, offset: int) -> StepData:
+        """The plan batches of the step at (epoch, offset): grad_accum per rank, all ranks together.
+
+        The tail of an epoch too short for a whole step is skipped.
+        """
+        need = self.cfg.train.grad_accum * self.dist.world_size
+        plan = self.epoch_data(epoch).plan
+        if len(plan) < need:
+            raise ConfigError(f"data.max_tokens: an epoch has only {len(plan)} batches, fewer than one step "
+                              f"needs ({need} = grad_accum x world size)")
+        start = (epoch, offset)
+        if offset + need > len(plan):
+            epoch, offset = epoch + 1, 0
+        data = self.epoch_data(epoch)
+        group = [data.plan[i] for i in range(offset, offset + need)]
+        mine = slice(self.dist.rank, None, self.dist.world_size)
+        if self.cfg.task == "classify":
+            tokens = sum(len(b) for b in group)  # the loss is per sentence
+            batches = [self._device_batch(classification_batch(data.pairs.batch(b))) for b in group[mine]]
+        elif self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
+            masked = [masked_batch(data.pairs.batch(b), self.mask_id,
+                                   masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
+                      for j, b in enumerate(group)]
+            tokens = sum(b.n_tgt_tokens for b in masked)
+            batches = [self._device_batch(b) for b in masked[mine]]
+        else:
+            tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
+            batches = [self._device_batch(data.pairs.batch(b)) for b in group[mine]]
+        data.pairs.release()  # the ids are copied: their pages need not stay in this process
+        return StepData(start, (epoch, offset + need), batches, tokens)
+
+    def _device_batch(self, batch: Batch) -> Batch:
+        """``batch`` padded to its shape bucket, on the device (through pinned memory on CUDA: the
+        copy is asynchronous, queued behind the work already on the GPU)."""
+        m, s, t = self.pad_multiple, batch.src.size(1), batch.tgt_in.size(1)
+        if self.cfg.train.cuda_graphs:  # (max_tokens // L, L) for both sides: one graph per bucket L
+            width = round_up(max(s, t), m)
+            batch = batch.padded(self.cfg.data.max_tokens // width, width, width)
+        elif m > 1:
+            batch = batch.padded(len(batch), round_up(s, m), round_up(t, m))
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)

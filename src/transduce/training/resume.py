@@ -1,0 +1,140 @@
+"""A run's checkpoints: start from a trained model (``train.init_from``), write a checkpoint,
+and resume from the newest intact one exactly (weights, optimizer, every rank's RNG, data
+position and counters).
+
+:class:`Checkpointing` is a part of :class:`~.loop.Trainer`; it uses the trainer's ``cfg``,
+``run_dir``, ``data``, ``dist``, ``device``, ``model``, ``model_cfg``, ``optimizer``,
+``scaler``, ``graphed``, ``state`` and ``elapsed()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.tokenizer import Tokenizer
+from ..errors import CheckpointError, ConfigError
+from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weights, unique_state_dict
+from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .distributed import all_gather_object, collective_failure, is_collective_error
+from .state import TrainingError, TrainState
+from .step import load_optimizer_state
+from .vocab import grow_vocab_rows
+
+logger = logging.getLogger("transduce.training")
+
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change
+VOCAB_SIZES = ("src_vocab_size", "tgt_vocab_size")  # ... and, with train.extend_vocab, these
+
+
+class Checkpointing:
+    """The Trainer's checkpoint and resume methods."""
+
+    def init_from(self, directory: Path) -> None:
+        """Start from a trained model's weights (``train.init_from``): the same model (every
+        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer. A
+        classifier may start from a masked LM: its encoder and embeddings carried over, the
+        masked-LM head dropped and the classification head as initialised here."""
+        saved = load_model_config(directory)
+        new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
+        extend = self.cfg.train.extend_vocab is not None
+        if saved.arch != self.model_cfg.arch:
+            raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
+                              f"this run trains model.arch={self.model_cfg.arch}")
+        self._check_init_tokenizer(directory, extend)
+        free = DROPOUTS + (("n_classes", "labels") if new_head else ()) + (VOCAB_SIZES if extend else ())
+        for f in fields(saved):
+            if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
+                raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
+                                  f"this run's is {getattr(self.model_cfg, f.name)}")
+        state = read_weights(directory / WEIGHTS)
+        if extend:  # new rows for the new pieces; [MASK] stays the last id
+            state = grow_vocab_rows(state, self.model, 1 if saved.arch == "encoder_only" else 0)
+        if new_head:
+            state = {k: v for k, v in state.items() if not k.startswith("mlm_head.")}
+            state.update({k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")})
+        load_state_checked(self.model, state, str(directory / WEIGHTS))
+        logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
+
+    def _check_init_tokenizer(self, directory: Path, extend: bool) -> None:
+        """The run's tokenizer must be the init model's, or with train.extend_vocab extend it."""
+        init = Tokenizer.load(directory) if Tokenizer.exists(directory) else None
+        if init is not None and extend and self.data.tokenizer.extends(init):
+            return
+        if init is None or init.digest() != self.data.tokenizer.digest():
+            raise ConfigError(f"train.init_from: {directory}'s tokenizer is not the one {self.data.root} was "
+                              f"prepared with (prepare with data.tokenizer={directory})")
+
+    def restore_intact(self, ckpt_root: Path) -> Path:
+        """:meth:`restore` from the newest checkpoint under ``ckpt_root`` that reads back intact
+        (checksums, readable state): a damaged newer one is skipped, and the log says so."""
+        latest = latest_checkpoint(ckpt_root)
+        candidates = [latest] + [p for p in reversed(list_checkpoints(ckpt_root)) if p != latest]
+        errors = []
+        for path in candidates:
+            try:
+                loaded = load_checkpoint(path)
+            except CheckpointError as e:
+                errors.append(e)
+                logger.warning("checkpoint %s is damaged (%s)", path.name, e)
+                continue
+            if errors:
+                logger.warning("resuming from %s, the newest intact checkpoint", path.name)
+            self.restore(path, loaded)
+            return path
+        raise CheckpointError(f"{ckpt_root}: no intact checkpoint to resume from ({errors[0]})")
+
+    def restore(self, path: Path, loaded: tuple | None = None) -> None:
+        """Continue from a checkpoint: weights, optimizer, RNG, data position and counters
+        (``loaded``: what :func:`load_checkpoint` read from it, if done already)."""
+        weights, trainer_state, info = loaded or load_checkpoint(path)
+        if Tokenizer.exists(path) and Tokenizer.load(path).digest() != self.data.tokenizer.digest():
+            raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
+                                  "(resume with the data this run was trained on)")
+        load_state_checked(self.model, weights, str(path))
+        load_optimizer_state(self.optimizer, trainer_state["optimizer"])
+        if self.graphed is not None:
+            self.graphed.reset()  # new optimizer state tensors: graphs captured before would miss them
+        rng = {"cpu": trainer_state["rng_cpu"], "cuda": trainer_state.get("rng_cuda")}  # rank 0's
+        ranks = trainer_state.get("rng_ranks")  # every rank's, so each continues its own dropout stream
+        if ranks is not None and len(ranks) == self.dist.world_size:
+            rng = ranks[self.dist.rank]
+        torch.set_rng_state(rng["cpu"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        if self.scaler is not None and "scaler" in trainer_state:
+            self.scaler.load_state_dict(trainer_state["scaler"])
+        self.state = TrainState(**info["train_state"])
+        logger.info("resumed from %s (step %d, epoch %d)", path, self.state.step, self.state.epoch)
+
+    def save(self) -> Path | None:
+        """Write a checkpoint (rank 0 writes it; every rank calls this, giving its RNG state)."""
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        try:
+            # Ranks draw different dropout masks (batches of different shapes), so their RNG
+            # states differ: a resume restores each its own, to continue bitwise as if never stopped.
+            ranks = all_gather_object(self.dist, rng)
+        except RuntimeError as e:
+            if not is_collective_error(e):
+                raise
+            raise TrainingError(collective_failure(self.dist, self.state.step, self.cfg.train.dist_timeout_s, e)) \
+                from None
+        if not self.dist.is_main:
+            return None
+        trainer_state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng_cpu": rng["cpu"],
+                                         "rng_ranks": ranks}
+        if self.device.type == "cuda":
+            trainer_state["rng_cuda"] = rng["cuda"]
+        if self.scaler is not None:
+            trainer_state["scaler"] = self.scaler.state_dict()
+        state = replace(self.state, elapsed=self.elapsed())
+        info = {"train_state": asdict(state), "world_size": self.dist.world_size}
+        return save_checkpoint(self.run_dir / "checkpoints", self.state.step, self.model, self.data.tokenizer,
+                               trainer_state, info, self.cfg.train.keep_last, self.cfg.decode)
+
