@@ -29,7 +29,7 @@ def _assert_same(want, got) -> None:
     assert torch.equal(want.lengths, got.lengths)
     n = int(want.lengths.max())  # (searches may leave different room after the longest)
     assert torch.equal(want.tokens[..., :n], got.tokens[..., :n])
-    torch.testing.assert_close(got.scores, want.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.log_probs, want.log_probs, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("activation", ["relu", "geglu"])
