@@ -1,5 +1,6 @@
 """Import a Hugging Face ``MarianMTModel`` directory (e.g. one of the OPUS-MT models) as a
-transduce model directory: the inverse of :mod:`transduce.export.hf`.
+transduce model directory: the inverse of :mod:`transduce.export.hf`. A T5 or mT5 directory
+(``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`.
 
 Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
 permutation ``P`` of :func:`~transduce.export.hf.residual_permutation` (Marian's position table
@@ -62,18 +63,22 @@ REFUSED = {"normalize_before": False, "normalize_embedding": False, "add_final_l
            "layernorm_embedding": False, "static_position_embeddings": True}
 
 
-class MarianImportError(TransduceError):
-    """A Marian directory transduce cannot import (missing file, unsupported option, failed check)."""
+class HFImportError(TransduceError):
+    """A Hugging Face directory transduce cannot import (missing file, unsupported option, failed check)."""
 
 
-def import_hf(marian_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
-    """Convert the MarianMTModel directory ``marian_dir`` into the transduce model directory
-    ``out`` (config.yaml with decoding settings, model.safetensors, tokenizer), verified against
-    transformers' own forward pass and greedy/beam search; returns the verification's measurements."""
-    where = Path(marian_dir)
+def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
+    """Convert the MarianMTModel (or T5ForConditionalGeneration) directory ``hf_dir`` into the
+    transduce model directory ``out`` (config.yaml with decoding settings, model.safetensors,
+    tokenizer), verified against transformers' own forward pass and greedy/beam search; returns
+    the verification's measurements. Nothing is written unless every check passes."""
+    where = Path(hf_dir)
     if not where.is_dir():
-        raise MarianImportError(f"{where}: not a directory")
+        raise HFImportError(f"{where}: not a directory")
     config = _read_json(where / "config.json")
+    if config.get("model_type") in ("t5", "mt5"):
+        from .hf_t5_import import import_t5
+        return import_t5(where, config, out, force)
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
     load_state_checked(model, _our_state(_read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
@@ -97,18 +102,12 @@ class _Vocab:
         self.pieces = _by_id(vocab, path)
         missing = [p for p in ("<pad>", "</s>", "<unk>") if p not in vocab]
         if missing:
-            raise MarianImportError(f"{path}: has no {missing[0]} piece")
+            raise HFImportError(f"{path}: has no {missing[0]} piece")
         self.pad, self.eos, self.unk = vocab["<pad>"], vocab["</s>"], vocab["<unk>"]
         self.start = self.pad if start is None else start
         specials = {self.pad, self.eos, self.unk}
         self.order = torch.tensor([self.pad, self.start, self.eos, self.unk]
                                   + [i for i in range(len(vocab)) if i not in specials])
-
-    def inverse(self) -> Tensor:
-        """Marian id -> our id (the pad, also the usual decoder start, becomes our PAD)."""
-        inverse = torch.empty(len(self.pieces), dtype=torch.long)
-        inverse[self.order.flip(0)] = torch.arange(len(self.order) - 1, -1, -1)  # first occurrence wins
-        return inverse
 
 
 def _by_id(vocab: dict, path: Path) -> list[str]:
@@ -116,14 +115,14 @@ def _by_id(vocab: dict, path: Path) -> list[str]:
     pieces = [""] * len(vocab)
     for piece, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < len(vocab) or pieces[i]:
-            raise MarianImportError(f"{path}: ids are not 0..{len(vocab) - 1}, one per piece (at {piece!r}: {i!r})")
+            raise HFImportError(f"{path}: ids are not 0..{len(vocab) - 1}, one per piece (at {piece!r}: {i!r})")
         pieces[i] = piece
     codes = [p for p in pieces if p.startswith(">>") and p.endswith("<<")]
     if codes:
-        raise MarianImportError(f"{path}: a multilingual model (language codes such as {codes[0]}) is not supported")
+        raise HFImportError(f"{path}: a multilingual model (language codes such as {codes[0]}) is not supported")
     clash = [p for p in pieces if p == "<s>"]
     if clash:
-        raise MarianImportError(f"{path}: holds '<s>', which transduce reserves for the decoder start")
+        raise HFImportError(f"{path}: holds '<s>', which transduce reserves for the decoder start")
     return pieces
 
 
@@ -131,24 +130,25 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
     name = where / "config.json"
     if config.get("model_type") != "marian":
-        raise MarianImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian'")
+        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5' or 'mt5' "
+                            "(the kinds transduce imports)")
     for key, default in REFUSED.items():
         if config.get(key, default) != default:
-            raise MarianImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
+            raise HFImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
                                     f"is post-LN with sinusoidal positions and no embedding LayerNorm)")
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
                              "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
         if config.get(enc) != config.get(dec):
-            raise MarianImportError(f"{name}: {enc}={config.get(enc)} and {dec}={config.get(dec)} differ "
+            raise HFImportError(f"{name}: {enc}={config.get(enc)} and {dec}={config.get(dec)} differ "
                                     f"(transduce has one model.{ours})")
     activation = config.get("activation_function", "swish")
     if activation not in ACTIVATIONS:
-        raise MarianImportError(f"{name}: activation_function={activation!r} is not supported "
+        raise HFImportError(f"{name}: activation_function={activation!r} is not supported "
                                 f"(one of {', '.join(ACTIVATIONS)})")
     src_vocab = _Vocab(_read_json(where / "vocab.json"), where / "vocab.json")
     separate = (where / "target_vocab.json").is_file()
     if config.get("separate_vocabs") and not separate:
-        raise MarianImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
+        raise HFImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
     start = config.get("decoder_start_token_id")
     tgt_vocab = (_Vocab(_read_json(where / "target_vocab.json"), where / "target_vocab.json", start)
                  if separate else _Vocab(_read_json(where / "vocab.json"), where / "vocab.json", start))
@@ -156,7 +156,7 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
                       ("vocab_size", len(src_vocab.pieces)),
                       ("decoder_vocab_size", len(tgt_vocab.pieces))):
         if config.get(key) not in (None, want):
-            raise MarianImportError(f"{name}: {key}={config[key]} but the vocabulary says {want}")
+            raise HFImportError(f"{name}: {key}={config[key]} but the vocabulary says {want}")
     shared = not separate and config.get("share_encoder_decoder_embeddings", True)
     try:
         cfg = ModelConfig(
@@ -172,22 +172,22 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
             scale_embeddings=bool(config.get("scale_embedding", False)),
             layer_norm_eps=MARIAN_LN_EPS, output_bias=True)
     except KeyError as e:
-        raise MarianImportError(f"{name}: missing key {e.args[0]!r}") from None
+        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
     except (ConfigError, TypeError, ValueError) as e:
-        raise MarianImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
+        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
     return cfg, src_vocab, tgt_vocab
 
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise MarianImportError(f"{path}: not found (a MarianMTModel directory holds config.json, weights, "
-                                "source.spm, target.spm and vocab.json)")
+        raise HFImportError(f"{path}: not found (a MarianMTModel directory holds config.json, weights, "
+                            "source.spm, target.spm and vocab.json; a T5 one config.json, weights, spiece.model)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MarianImportError(f"{path}: not valid JSON ({one_line(e)})") from None
+        raise HFImportError(f"{path}: not valid JSON ({one_line(e)})") from None
     if not isinstance(data, dict):
-        raise MarianImportError(f"{path}: expected a JSON object")
+        raise HFImportError(f"{path}: expected a JSON object")
     return data
 
 
@@ -200,15 +200,15 @@ def _read_weights(where: Path) -> dict[str, Tensor]:
         try:
             state = load_file(str(where / "model.safetensors"))
         except (SafetensorError, OSError, ValueError) as e:
-            raise MarianImportError(f"{where / 'model.safetensors'}: unreadable ({one_line(e)})") from None
+            raise HFImportError(f"{where / 'model.safetensors'}: unreadable ({one_line(e)})") from None
     elif (where / "pytorch_model.bin").is_file():
         try:
             state = torch.load(where / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unpickling failure: a corrupt or unsafe file
-            raise MarianImportError(f"{where / 'pytorch_model.bin'}: not loadable as plain weights "
+            raise HFImportError(f"{where / 'pytorch_model.bin'}: not loadable as plain weights "
                                     f"({one_line(e)})") from None
     else:
-        raise MarianImportError(f"{where}: no model.safetensors or pytorch_model.bin")
+        raise HFImportError(f"{where}: no model.safetensors or pytorch_model.bin")
     return {k: v.float() for k, v in state.items() if isinstance(v, Tensor)}
 
 
@@ -230,7 +230,7 @@ def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tg
         for key in names:
             if key in state:
                 return state[key]
-        raise MarianImportError(f"Marian weights: missing tensor {names[0]}")
+        raise HFImportError(f"Marian weights: missing tensor {names[0]}")
 
     src_tokens = get("model.encoder.embed_tokens.weight", "model.shared.weight")
     ours = {"src_embed.tokens.weight": src_tokens[src_order][:, inv],
@@ -272,12 +272,12 @@ def _tokenizer(where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab) -> tuple[Token
 def _rewrite_spm(path: Path, vocab: _Vocab) -> tuple[bytes, int]:
     pb = require("sentencepiece.sentencepiece_model_pb2", "export", "transduce import")
     if not path.is_file():
-        raise MarianImportError(f"{path}: not found")
+        raise HFImportError(f"{path}: not found")
     proto = pb.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise MarianImportError(f"{path}: not a SentencePiece model ({one_line(e)})") from None
+        raise HFImportError(f"{path}: not a SentencePiece model ({one_line(e)})") from None
     kind = pb.ModelProto.SentencePiece
     have = {p.piece: p for p in proto.pieces if p.type in (kind.NORMAL, kind.USER_DEFINED, kind.BYTE)}
     out = pb.ModelProto()
@@ -316,23 +316,41 @@ def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab:
     """transformers' MarianMTModel from ``where`` against the imported model on the probe set:
     logits (in our id order) within ``atol``, and the same greedy and beam-4 outputs."""
     transformers = require("transformers", "export", "transduce import")
+    hf = load_hf_model(transformers.MarianMTModel, where)
+    return check_against_hf(model, hf, src_vocab.order, tgt_vocab.order, atol)
+
+
+def load_hf_model(cls, where: Path):
+    """``cls.from_pretrained(where)`` in float32 eval mode, quietly; a one-line error if it fails."""
+    transformers = require("transformers", "export", "transduce import")
     with no_progress_bars(transformers):
         try:
-            hf = transformers.MarianMTModel.from_pretrained(where).float().eval()
+            return cls.from_pretrained(where).float().eval()
         except (OSError, ValueError, RuntimeError) as e:
-            raise MarianImportError(f"{where}: transformers cannot load it ({one_line(e)})") from None
+            raise HFImportError(f"{where}: transformers cannot load it ({one_line(e)})") from None
+
+
+@torch.no_grad()
+def check_against_hf(model: Transformer, hf, src_order: Tensor, tgt_order: Tensor, atol: float = 1e-4,
+                     max_len: int = 12) -> dict[str, object]:
+    """An imported model against the transformers model it came from on the probe set: logits
+    within ``atol`` and the same greedy and beam-4 outputs. ``src_order``/``tgt_order``: the
+    transformers id of each of our ids (the first occurrence of an id is ours)."""
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])
-    src_m, mask = src_vocab.order[src], (src != model.config.pad_id).long()
-    got = hf(input_ids=src_m, attention_mask=mask, decoder_input_ids=tgt_vocab.order[tgt]).logits
+    src_m, mask = src_order[src], (src != model.config.pad_id).long()
+    got = hf(input_ids=src_m, attention_mask=mask, decoder_input_ids=tgt_order[tgt]).logits
     checks: dict[str, object] = {
-        "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_vocab.order], atol)}
-    inverse, max_len = tgt_vocab.inverse(), 12
+        "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_order], atol)}
+    inverse = torch.empty(int(tgt_order.max()) + 1, dtype=torch.long)
+    inverse[tgt_order.flip(0)] = torch.arange(len(tgt_order) - 1, -1, -1)  # first occurrence wins
+    never = [[i] for i in sorted(set(tgt_order[:2].tolist()))]  # pad and start: our searches never emit them
     for beam in (1, 4):
         want = eager_search(model, src, beam, max_len)
         options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
         gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
-                          do_sample=False, forced_eos_token_id=None, **options)  # OPUS-MT forces EOS last
+                          do_sample=False, forced_eos_token_id=None, decoder_start_token_id=int(tgt_order[1]),
+                          bad_words_ids=never, **options)  # (OPUS-MT forces EOS last; bos is the start)
         got_ids = [inverse[row[1:]].tolist() for row in gen]  # without the decoder start
         name = "greedy" if beam == 1 else "beam"
         checks[f"{name}_differences"] = check_same_outputs(f"imported {name}", model, src, want, got_ids,

@@ -24,10 +24,17 @@ Legend: D d_model, H heads, V vocabulary.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
+import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..errors import require
 from ..model import Transformer
+from .base import ExportError, load_for_export, no_progress_bars
 
 T5_TYPES = ("t5", "mt5")
 # T5Config's feed_forward_proj -> our activation, and back
@@ -122,3 +129,54 @@ def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor) -> d
 def is_t5_layout(model: nn.Module) -> bool:
     """Whether ``model`` is a Transformer T5ForConditionalGeneration can express."""
     return isinstance(model, Transformer) and not t5_incompatibilities(model.config)
+
+
+def export_hf_t5(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
+    """Write a T5ForConditionalGeneration directory (config.json, generation_config.json,
+    model.safetensors, spiece.model, tokenizer_config.json) for ``model_dir`` into ``out`` and
+    verify it: transformers' logits, greedy and beam-4 outputs, and its tokenizer's ids."""
+    transformers = require("transformers", "export")
+    from safetensors.torch import save_file
+
+    from ..data.tokenizer import model_type
+    from .hf import generation_config
+    from .hf_import import check_against_hf, load_hf_model
+
+    model, tok = load_for_export(model_dir, need_tokenizer=True)
+    cfg = model.config
+    problems = t5_incompatibilities(cfg)
+    if problems:
+        raise ExportError(f"cannot export to Hugging Face T5: {'; '.join(problems)}")
+    proto = tok.protos[0]
+    if not tok.joint or model_type(proto) != "unigram" or tok.src_vocab_size != cfg.tgt_vocab_size:
+        raise ExportError(f"{model_dir}: T5's tokenizer is one SentencePiece unigram model of the model's "
+                          f"{cfg.tgt_vocab_size} ids; this one is {'joint' if tok.joint else 'separate'}, "
+                          f"{model_type(proto)}, {tok.src_vocab_size} ids")
+    save_file(hf_t5_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_t5_config(cfg), indent=1), encoding="utf-8")
+    generation_config(cfg).save_pretrained(out)
+    (out / "spiece.model").write_bytes(proto)
+    sentinels = [p for p in tok.pieces(range(cfg.tgt_vocab_size)) if p.startswith("<extra_id_")]
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "T5Tokenizer", "extra_ids": 0, "additional_special_tokens": sentinels,
+         "model_max_length": cfg.max_positions}, indent=1), encoding="utf-8")
+    with no_progress_bars(transformers):
+        hf = load_hf_model(transformers.T5ForConditionalGeneration, out)
+        ids = torch.arange(cfg.tgt_vocab_size)
+        checks = check_against_hf(model, hf, ids, ids)
+        checks["tokenizer_differences"] = _tokenizer_differences(transformers.AutoTokenizer.from_pretrained(out),
+                                                                 tok, model)
+    return checks
+
+
+def _tokenizer_differences(hf_tok, tok, model: Transformer) -> int:
+    """Texts (our decoding of the probe sources) that transformers' tokenizer reads into other ids
+    than ours (+ EOS); raises ExportError if it cannot read them at all."""
+    from .verify import probe_sources
+
+    differ = 0
+    for row in probe_sources(model).tolist():
+        text = tok.decode(row, "src")
+        if hf_tok(text)["input_ids"] != tok.encode(text, "src") + [model.config.eos_id]:
+            differ += 1
+    return differ
