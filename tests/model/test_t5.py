@@ -18,6 +18,9 @@ T5 = dict(norm="pre", norm_kind="rms", positions="relative", relative_buckets=8,
           bias=False, scale_embeddings=False, scale_attention=False, layer_norm_eps=1e-6)
 KINDS = [dict(activation="relu", tie_output=True, scale_output=True),           # T5 1.0
          dict(activation="geglu", tie_output=False, scale_output=False)]        # T5 1.1, mT5
+# relative positions as an option of the paper's model (post-LN, LayerNorm, scaled, biases)
+PAPER_RELATIVE = dict(norm="post", norm_kind="layer", scale_attention=True, bias=True, scale_embeddings=True,
+                      layer_norm_eps=1e-5)
 
 
 def _model(seed=0, **kw) -> Transformer:
@@ -64,7 +67,7 @@ def test_relative_buckets_match_the_reference(bidirectional, n_buckets, max_dist
     assert max(got) == n_buckets - 1 and min(got) == 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + [PAPER_RELATIVE])
 def test_incremental_decoding_equals_full_forward(kind):
     model = _model(**kind)
     src, tgt = _batch()
