@@ -138,9 +138,9 @@ def export_hf_t5(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     transformers = require("transformers", "export")
     from safetensors.torch import save_file
 
-    from ..data.tokenizer import model_type
+    from ..data.spm_model import model_type
     from .hf import generation_config
-    from .hf_import import check_against_hf, load_hf_model
+    from .hf_read import check_against_hf, load_hf_model
 
     model, tok = load_for_export(model_dir, need_tokenizer=True)
     cfg = model.config

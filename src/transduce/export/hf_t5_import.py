@@ -28,8 +28,8 @@ from ..errors import ConfigError, one_line, require
 from ..model import Transformer, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
-from .hf_import import (HFImportError, _decode_config, _read_json, _read_weights, _rewrite_spm, check_against_hf,
-                        load_hf_model)
+from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
+                      rewrite_spm)
 from .hf_t5 import ACTIVATIONS, our_t5_state
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class _T5Vocab:
         except (OSError, RuntimeError) as e:
             raise HFImportError(f"{path}: not a SentencePiece model ({one_line(e)})") from None
         tok_config = where / "tokenizer_config.json"
-        extra = int(_read_json(tok_config).get("extra_ids", 100)) if tok_config.is_file() else 100
+        extra = int(read_json(tok_config).get("extra_ids", 100)) if tok_config.is_file() else 100
         n = proc.get_piece_size()
         if n + extra > n_rows:
             raise HFImportError(f"{path}: {n} pieces and {extra} sentinels exceed the model's vocab_size={n_rows}")
@@ -104,7 +104,7 @@ def _is_tied(state: dict[str, Tensor]) -> bool:
 def _tokenizer(where: Path, vocab: _T5Vocab) -> Tokenizer:
     """spiece.model rewritten so that its ids are ours, the sentinels segmented whole."""
     pb = require("sentencepiece.sentencepiece_model_pb2", "export", "transduce import")
-    rewritten, _ = _rewrite_spm(where / SPIECE, vocab)
+    rewritten, _ = rewrite_spm(where / SPIECE, vocab)
     proto = pb.ModelProto()
     proto.ParseFromString(rewritten)
     for piece in proto.pieces:
@@ -118,7 +118,7 @@ def import_t5(where: Path, config: dict, out, force: bool = False) -> dict[str, 
     config.json holds ``config``."""
     if not (where / SPIECE).is_file():
         raise HFImportError(f"{where / SPIECE}: not found (a T5 directory's SentencePiece tokenizer)")
-    state = _read_weights(where)
+    state = read_weights(where)
     if "vocab_size" not in config:
         raise HFImportError(f"{where / 'config.json'}: missing key 'vocab_size'")
     vocab = _T5Vocab(config, where, int(config["vocab_size"]))
@@ -132,7 +132,7 @@ def import_t5(where: Path, config: dict, out, force: bool = False) -> dict[str, 
     model.eval()
     tokenizer = _tokenizer(where, vocab)
     with staging_dir(out, force) as tmp, torch_threads(1):
-        save_model(model, tmp, _decode_config(where))
+        save_model(model, tmp, decode_config(where))
         tokenizer.save(tmp)
         transformers = require("transformers", "export", "transduce import")
         hf = load_hf_model(transformers.AutoModelForSeq2SeqLM, where)

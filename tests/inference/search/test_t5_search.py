@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference_helpers import EOS, random_sources, tiny_transformer
+from inference_helpers import EOS, assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import SearchSpec, greedy_search
 from transduce.inference.search.beam import beam_search
@@ -25,11 +25,10 @@ def _model(seed: int, activation: str):
 
 
 def _assert_same(want, got) -> None:
-    assert len(set(want.lengths.flatten().tolist())) > 1  # (the case is not trivial)
-    assert torch.equal(want.lengths, got.lengths)
-    n = int(want.lengths.max())  # (searches may leave different room after the longest)
-    assert torch.equal(want.tokens[..., :n], got.tokens[..., :n])
-    torch.testing.assert_close(got.log_probs, want.log_probs, rtol=1e-5, atol=1e-5)
+    """The same hypotheses (over the narrower width), log-probabilities within float32 rounding
+    of two paths through the same kernels; and a case that is not trivial."""
+    assert len(set(want.lengths.flatten().tolist())) > 1
+    assert_same_search(want, got, log_probs=(1e-5, 1e-5), trim=True)
 
 
 @pytest.mark.parametrize("activation", ["relu", "geglu"])
