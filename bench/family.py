@@ -1,14 +1,19 @@
-"""The Transformer family: transduce's GPT and BERT vs Hugging Face GPT-2 and BERT, side by side.
+"""The Transformer family: transduce's GPT, BERT and T5 vs Hugging Face GPT-2, BERT and T5, side by side.
 
-Three sections (``--sections lm,mlm,sample``), each racing our model against its Hugging Face
-twin in this one process, interleaved in rounds, medians reported as JSON:
+Five sections (``--sections lm,mlm,sample,t5,t5-decode``), each racing our model against its
+Hugging Face twin in this one process, interleaved in rounds, medians reported as JSON:
 
 - ``lm``: training tokens/s of a decoder-only LM (``model.arch: decoder_only`` with GPT-2's
   options) vs ``GPT2LMHeadModel``;
 - ``mlm``: training tokens/s of a masked LM (``model.arch: encoder_only`` with BERT's options)
   vs ``BertForMaskedLM``;
 - ``sample``: top-k sampling tokens/s with a KV cache, ``--sample-batch`` prompts at once, vs
-  HF ``generate``.
+  HF ``generate``;
+- ``t5``: training tokens/s (source + target) of a T5 (``model.positions: relative`` with
+  T5 1.0's options, ``export/hf_t5.py``) vs ``T5ForConditionalGeneration``;
+- ``t5-decode``: greedy and beam-4 sentences/s of that T5, ``--sample-batch`` sources at once,
+  exactly ``--new-tokens`` tokens each (EOS forbidden until then on both sides), our model as
+  ``Translator`` prepares it vs HF ``generate``.
 
 The twin is built by our exporters' weight mappings (``export/hf_gpt2.py``, ``export/hf_bert.py``),
 so the weights are identical; each section first prints the largest logit difference on one batch
@@ -27,7 +32,9 @@ Sampling: temperature 1, top-k 50, exactly ``--new-tokens`` new tokens per promp
 
 Shape (``--shape``): ``small`` is GPT-2 small's options at a size that trains on a 2-core CPU in
 a few seconds a step: 4 layers, d_model 256, 4 heads, FFN 1024, 8k vocabulary (our translation
-benchmarks' vocabulary), 16 x 128 tokens a step. ``tiny`` is for the smoke test.
+benchmarks' vocabulary), 16 x 128 tokens a step. ``tiny`` is for the smoke test. The T5 sections
+use t5-small's shape (6 + 6 layers, d_model 512, 8 heads, FFN 2048) with the shape's vocabulary,
+rows and sequence length (``--shape tiny``: the tiny shape).
 
 Usage:
     python bench/family.py [--sections lm,mlm,sample] [--runs 5] [--steps 2] [--threads 2]
@@ -51,10 +58,14 @@ from transduce.config import GenerationConfig, ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
 from transduce.data.encoder_inputs import masked_batch
 from transduce.export.hf_bert import bert_config, bert_state_dict
+from transduce.config import DecodeConfig, model_preset
 from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
+from transduce.export.hf_t5 import hf_t5_config, hf_t5_state_dict
+from transduce.inference import SearchSpec
 from transduce.inference.generate import Generator
 from transduce.inference.search.lm import generate_ids
-from transduce.model import DecoderOnlyLM, EncoderOnly
+from transduce.inference.translator import Translator
+from transduce.model import DecoderOnlyLM, EncoderOnly, Transformer
 from transduce.progress import progress_bar
 from transduce.training.step import build_optimizer, forward_backward
 
@@ -269,21 +280,95 @@ def bench_sample(shape: dict, runs: int, rows: int, prompt_len: int, new: int) -
             "prompts": [rows, prompt_len], "new_tokens": new, **report(seconds, rows * new, "tokens")}
 
 
+def t5_pair(shape: dict):
+    """Our T5 (t5-small's shape and options, the shape's vocabulary; random weights, seed 0) and
+    the T5ForConditionalGeneration with its weights."""
+    import transformers
+
+    torch.manual_seed(0)
+    small = dict(d_model=shape["d_model"], n_heads=shape["heads"], n_encoder_layers=shape["layers"],
+                 n_decoder_layers=shape["layers"], d_ff=shape["d_ff"]) if shape is SHAPES["tiny"] else {}
+    ours = Transformer(model_preset("t5-small", src_vocab_size=shape["vocab"], tgt_vocab_size=shape["vocab"],
+                                    **small))
+    config = {k: v for k, v in hf_t5_config(ours.config).items() if k not in ("model_type", "architectures")}
+    hf = transformers.T5ForConditionalGeneration(transformers.T5Config(**config))
+    missing, unexpected = hf.load_state_dict(hf_t5_state_dict(ours), strict=False)
+    if unexpected or set(missing) - {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}:
+        raise RuntimeError(f"T5 weights do not map: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return ours, hf
+
+
+def bench_t5(shape: dict, runs: int, steps: int) -> dict:
+    ours, hf = t5_pair(shape)
+    batch = text_batch(shape)
+    mask = (batch.src != PAD).long()
+    with torch.no_grad():
+        hf_logits = hf.eval()(input_ids=batch.src, attention_mask=mask, decoder_input_ids=batch.tgt_in).logits
+        diff = max_logit_diff(ours.eval()(batch.src, batch.tgt_in), hf_logits)
+    inputs = dict(input_ids=batch.src, attention_mask=mask, decoder_input_ids=batch.tgt_in,
+                  labels=hf_labels(batch.tgt_out))
+    seconds = race({"transduce": our_step(ours, batch), "hf": hf_step(hf, inputs)}, runs, steps)
+    tokens = int(mask.sum() + (batch.tgt_in != PAD).sum())
+    return {"max_logit_diff": diff, "batch": [list(batch.src.shape), list(batch.tgt_in.shape)],
+            **report(seconds, tokens, "tokens")}
+
+
+def t5_searches(ours: Transformer, hf, src: torch.Tensor, beam: int, new: int) -> dict[str, Callable[[], int]]:
+    """Our search on the model as ``Translator`` prepares it, and HF ``generate``; each makes
+    exactly ``new`` tokens per sentence and returns the sentences it translated."""
+    model = Translator(ours, tokenizer=None).model
+    spec = SearchSpec(DecodeConfig(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=new, min_len=new))
+    mask = (src != PAD).long()
+    options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+
+    def run_ours() -> int:
+        out = spec.run(model, src)
+        return int((out.lengths[:, 0] == new).sum())
+
+    def run_hf() -> int:
+        out = hf.generate(input_ids=src, attention_mask=mask, num_beams=beam, max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, suppress_tokens=[PAD, BOS], use_cache=True, **options)
+        return int(((out[:, 1:] != PAD).sum(1) == new).sum())
+    return {"transduce": run_ours, "hf": run_hf}
+
+
+@torch.inference_mode()
+def bench_t5_decode(shape: dict, runs: int, rows: int, new: int) -> dict:
+    ours, hf = t5_pair(shape)
+    ours.eval(), hf.eval()
+    src = text_batch({**shape, "rows": rows, "seq": min(shape["seq"], 32)}).src
+    with torch.no_grad():
+        greedy = SearchSpec(DecodeConfig(beam=1, max_len_a=0.0, max_len_b=8, min_len=8)).run(ours, src).tokens[:, 0, :8]
+        hf_greedy = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), max_new_tokens=8, min_new_tokens=8,
+                                do_sample=False, suppress_tokens=[PAD, BOS])[:, 1:9]
+    out: dict = {"greedy_rows_equal": int((greedy == hf_greedy).all(dim=1).sum()), "sources": list(src.shape),
+                 "new_tokens": new}
+    for beam in (1, 4):
+        systems = t5_searches(ours, hf, src, beam, new)
+        for name, run in systems.items():
+            if run() != rows:
+                raise RuntimeError(f"{name} did not make {rows} x {new} tokens with beam {beam}")
+        out["greedy" if beam == 1 else "beam4"] = report(race(systems, runs, 1), rows, "sentences")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="lm,mlm,sample", help="comma-separated subset of lm,mlm,sample")
+    p.add_argument("--sections", default="lm,mlm,sample,t5,t5-decode",
+                   help="comma-separated subset of lm,mlm,sample,t5,t5-decode")
     p.add_argument("--shape", choices=list(SHAPES), default="small")
     p.add_argument("--runs", type=int, default=5, help="interleaved timed rounds")
     p.add_argument("--steps", type=int, default=2, help="training steps per timed round")
-    p.add_argument("--sample-batch", type=int, default=32, help="prompts sampled at once")
+    p.add_argument("--sample-batch", type=int, default=32,
+                   help="prompts sampled (t5-decode: sources translated) at once")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens, BOS included")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens sampled per prompt")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     sections = args.sections.split(",")
-    unknown = set(sections) - {"lm", "mlm", "sample"}
+    unknown = set(sections) - {"lm", "mlm", "sample", "t5", "t5-decode"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from lm, mlm, sample")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from lm, mlm, sample, t5, t5-decode")
     torch.set_num_threads(args.threads)
     import transformers
 
@@ -296,6 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         results["mlm"] = bench_mlm(shape, args.runs, args.steps)
     if "sample" in sections:
         results["sample"] = bench_sample(shape, args.runs, args.sample_batch, args.prompt_len, args.new_tokens)
+    if "t5" in sections:
+        results["t5"] = bench_t5(shape, args.runs, args.steps)
+    if "t5-decode" in sections:
+        results["t5-decode"] = bench_t5_decode(shape, args.runs, args.sample_batch, args.new_tokens)
     out = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
            "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
            "transformers": transformers.__version__, "python": sys.version.split()[0],

@@ -4,7 +4,7 @@ __version__ = "0.2.0"
 
 
 def __getattr__(name: str):
-    """``transduce.import_hf`` (a Hugging Face Marian directory -> a transduce model), imported lazily."""
+    """``transduce.import_hf`` (a Hugging Face Marian or T5 directory -> a transduce model), imported lazily."""
     if name == "import_hf":
         from .export.hf_import import import_hf
         return import_hf

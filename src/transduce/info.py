@@ -98,6 +98,11 @@ def _options(cfg: ModelConfig) -> dict:
         keys.append("output_bias")
     if cfg.arch == "encoder_only":
         keys += ["embed_norm", "type_vocab_size"]
+    if cfg.positions == "relative":
+        keys += ["relative_buckets", "relative_max_distance"]
+    # T5's options, shown where they differ from the paper's
+    keys += [k for k, plain in (("norm_kind", "layer"), ("scale_attention", True), ("scale_output", False))
+             if getattr(cfg, k) != plain]
     return {k: getattr(cfg, k) for k in keys}
 
 

@@ -35,10 +35,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _add_import(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import", help="import a Hugging Face MarianMTModel directory (e.g. OPUS-MT) as a "
+    p = sub.add_parser("import", help="import a Hugging Face MarianMTModel (e.g. OPUS-MT) or T5/mT5 directory as a "
                        "transduce model (verified)")
-    p.add_argument("marian_dir", help="local MarianMTModel directory: config.json, model.safetensors (or "
-                   "pytorch_model.bin), source.spm, target.spm, vocab.json")
+    p.add_argument("hf_dir", help="local MarianMTModel directory: config.json, model.safetensors (or "
+                   "pytorch_model.bin), source.spm, target.spm, vocab.json; or T5ForConditionalGeneration "
+                   "directory (model_type t5 or mt5): config.json, weights, spiece.model")
     p.add_argument("--out", required=True, help="model directory to write (written atomically)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_import)
@@ -48,7 +49,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     import json
 
     from ..export.hf_import import import_hf
-    checks = import_hf(args.marian_dir, args.out, args.force)
+    checks = import_hf(args.hf_dir, args.out, args.force)
     print(json.dumps({"out": args.out, **checks}, indent=2))
     return 0
 

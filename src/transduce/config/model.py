@@ -46,13 +46,26 @@ class ModelConfig:
     activation: str = "relu"
     """The feed-forward activation: ``relu`` (the paper), ``gelu`` (Hendrycks & Gimpel, 2016),
     ``gelu_tanh`` (its tanh approximation, GPT-2), ``silu`` (Swish/SiLU, Marian's OPUS-MT models)
-    or ``swiglu`` (a gated FFN, Shazeer, 2020)."""
+    or the gated FFNs of Shazeer (2020, https://arxiv.org/abs/2002.05202): ``swiglu``, or ``geglu``
+    (GELU, tanh approximation: T5 1.1 and mT5's "gated-gelu")."""
     norm: str = "post"
     """``post``: LayerNorm after each residual sum (the paper); ``pre``: pre-LN blocks with a final
     LayerNorm (Xiong et al., 2020)."""
+    norm_kind: str = "layer"
+    """``layer``: LayerNorm (Ba et al., 2016); ``rms``: RMSNorm (Zhang & Sennrich, 2019,
+    https://arxiv.org/abs/1910.07467), a scale without mean subtraction or bias, as T5's."""
     positions: str = "sinusoidal"
     """``sinusoidal`` (Sec. 3.5), ``learned`` absolute positions (BERT/GPT) or ``rope`` rotary
-    embeddings (Su et al., 2021; needs an even head dimension)."""
+    embeddings (Su et al., 2021; needs an even head dimension) or ``relative``: T5's bucketed
+    relative position bias added to the self-attention scores, bidirectional in the encoder and
+    causal in the decoder, one table per stack shared by its layers (Raffel et al., 2020, Sec.
+    2.1, https://arxiv.org/abs/1910.10683; arch=encoder_decoder, full attention)."""
+    relative_buckets: int = 32
+    """With ``positions: relative``: the number of buckets (distances below half of them, a
+    quarter in the encoder's each direction, have a bucket each; longer ones share log-spaced
+    buckets)."""
+    relative_max_distance: int = 128
+    """With ``positions: relative``: the distance from which all distances share the last bucket."""
     max_positions: int = 1024
     """The longest sequence the model takes: the learned position table's size, the span of
     linformer's projections, and where generation stops."""
@@ -66,6 +79,12 @@ class ModelConfig:
     """The output projection is the target embedding matrix (Sec. 3.4)."""
     scale_embeddings: bool = True
     """Embeddings multiplied by sqrt(d_model) (Sec. 3.4)."""
+    scale_attention: bool = True
+    """Scores divided by sqrt(d_k) (Eq. 1); False: not, as T5, which folds the factor into the
+    initialisation of the query projection."""
+    scale_output: bool = False
+    """The decoder's output multiplied by d_model^-0.5 before the tied output projection (T5,
+    whose embeddings are not scaled up; needs ``tie_output``)."""
     layer_norm_eps: float = 1e-5
     """LayerNorm's epsilon."""
     pad_id: int = 0
@@ -128,9 +147,10 @@ class ModelConfig:
 
     def _check_choices(self) -> None:
         one_of(self.arch, "model.arch", ARCHS)
-        one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu"))
+        one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         one_of(self.norm, "model.norm", ("post", "pre"))
-        one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope"))
+        one_of(self.norm_kind, "model.norm_kind", ("layer", "rms"))
+        one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope", "relative"))
 
     def _check_encoder_only(self) -> None:
         non_negative(self, "model", ("type_vocab_size", "n_classes"))
@@ -160,7 +180,30 @@ class ModelConfig:
             check(self.head_dim % 2 == 0, "model.positions",
                   f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
         check(self.rope_base > 0, "model.rope_base", "must be positive")
+        self._check_relative()
+        check(not self.scale_output or self.tie_output, "model.scale_output",
+              "rescales the input of a tied output projection; needs model.tie_output=true")
+        check(self.scale_attention or self.attention == self.cross_attention == "full", "model.scale_attention",
+              f"false needs full attention; got attention={self.attention}, cross_attention={self.cross_attention}")
         check(self.layer_norm_eps > 0, "model.layer_norm_eps", "must be positive")
+
+    def _check_relative(self) -> None:
+        """T5's buckets: half for each direction in the encoder, and of those half exact distances,
+        so the unidirectional half-count (relative_buckets / 2) must fall short of the max distance."""
+        if self.positions != "relative":
+            for k, default in (("relative_buckets", 32), ("relative_max_distance", 128)):
+                check(getattr(self, k) == default, f"model.{k}",
+                      f"applies to model.positions=relative; got positions={self.positions}")
+            return
+        check(self.arch == "encoder_decoder", "model.positions",
+              f"relative needs model.arch=encoder_decoder; got arch={self.arch}")
+        check(self.attention == self.cross_attention == "full", "model.positions",
+              f"relative needs full attention; got attention={self.attention}, cross_attention={self.cross_attention}")
+        check(self.relative_buckets >= 4 and self.relative_buckets % 2 == 0, "model.relative_buckets",
+              f"must be even and >= 4; got {self.relative_buckets}")
+        check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",
+              f"must exceed model.relative_buckets / 2 = {self.relative_buckets // 2}; "
+              f"got {self.relative_max_distance}")
 
     def _check_vocabulary(self) -> None:
         if self.share_embeddings:
@@ -185,6 +228,10 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "small": dict(d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1),
     "tiny": dict(d_model=128, n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=256, dropout=0.1,
                  max_positions=256),
+    # Raffel et al. (2020): t5-small's shape and options (T5 1.0: ReLU, tied output).
+    "t5-small": dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1,
+                     norm="pre", norm_kind="rms", positions="relative", bias=False, scale_embeddings=False,
+                     scale_attention=False, scale_output=True, layer_norm_eps=1e-6, max_positions=512),
 }
 
 

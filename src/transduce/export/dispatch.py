@@ -21,8 +21,9 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
     Args:
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
-        fmt: "hf" (MarianMTModel directory; GPT2LMHeadModel for a decoder_only model, BertForMaskedLM
-            or BertForSequenceClassification for an encoder_only one), "ctranslate2" or "onnx".
+        fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
+            GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
+            for an encoder_only one), "ctranslate2" or "onnx".
         out: destination directory (must not exist unless ``force``).
         quantization: None or "int8" (CTranslate2 only).
         force: replace an existing ``out``.
@@ -37,9 +38,19 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
-    arch = load_model_config(model_dir).arch
+    cfg = load_model_config(model_dir)
+    arch = cfg.arch
     if arch != "encoder_decoder" and fmt != "hf":
         raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
+    t5 = cfg.positions == "relative"
+    if t5 and fmt != "hf":
+        raise ExportError(f"--format {fmt}: relative position bias (model.positions=relative, T5) is not "
+                          "supported by this exporter; use --format hf")
+    plain = (("norm_kind", "layer"), ("scale_attention", True), ("scale_output", False))
+    t5_options = [f"model.{k}={getattr(cfg, k)}" for k, v in plain if getattr(cfg, k) != v]
+    if fmt == "ctranslate2" and (t5_options or cfg.activation == "geglu"):
+        raise ExportError(f"--format ctranslate2: {', '.join(t5_options or ['model.activation=geglu'])} is not "
+                          "supported by this exporter")
     with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "hf" and arch == "decoder_only":
             from .hf_gpt2 import export_hf_gpt2
@@ -47,6 +58,9 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         elif fmt == "hf" and arch == "encoder_only":
             from .hf_bert import export_hf_bert
             checks = export_hf_bert(model_dir, tmp)
+        elif fmt == "hf" and t5:
+            from .hf_t5 import export_hf_t5
+            checks = export_hf_t5(model_dir, tmp)
         elif fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)

@@ -1,5 +1,6 @@
 """Import a Hugging Face ``MarianMTModel`` directory (e.g. one of the OPUS-MT models) as a
-transduce model directory: the inverse of :mod:`transduce.export.hf`.
+transduce model directory: the inverse of :mod:`transduce.export.hf`. A T5 or mT5 directory
+(``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`.
 
 Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
 permutation ``P`` of :func:`~transduce.export.hf.residual_permutation` (Marian's position table
@@ -37,7 +38,6 @@ Examples:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -45,15 +45,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig, ModelConfig
-from ..data.tokenizer import SPECIAL_PIECES, Tokenizer
-from ..errors import ConfigError, TransduceError, one_line, require
+from ..config import ModelConfig
+from ..data.tokenizer import Tokenizer
+from ..errors import ConfigError, one_line, require
 from ..model import Transformer, save_model
 from ..model.io import load_state_checked
-from ..progress import progress_bar
-from .base import no_progress_bars, staging_dir, torch_threads
+from .base import staging_dir, torch_threads
 from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, residual_permutation
-from .verify import check_close, check_same_outputs, eager_search, probe_sources, probe_targets
+from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
+                      rewrite_spm)
 
 logger = logging.getLogger(__name__)
 
@@ -63,26 +63,26 @@ REFUSED = {"normalize_before": False, "normalize_embedding": False, "add_final_l
            "layernorm_embedding": False, "static_position_embeddings": True}
 
 
-class MarianImportError(TransduceError):
-    """A Marian directory transduce cannot import (missing file, unsupported option, failed check)."""
-
-
-def import_hf(marian_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
-    """Convert the MarianMTModel directory ``marian_dir`` into the transduce model directory
-    ``out`` (config.yaml with decoding settings, model.safetensors, tokenizer), verified against
-    transformers' own forward pass and greedy/beam search; returns the verification's measurements."""
-    where = Path(marian_dir)
+def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
+    """Convert the MarianMTModel (or T5ForConditionalGeneration) directory ``hf_dir`` into the
+    transduce model directory ``out`` (config.yaml with decoding settings, model.safetensors,
+    tokenizer), verified against transformers' own forward pass and greedy/beam search; returns
+    the verification's measurements. Nothing is written unless every check passes."""
+    where = Path(hf_dir)
     if not where.is_dir():
-        raise MarianImportError(f"{where}: not a directory")
-    config = _read_json(where / "config.json")
+        raise HFImportError(f"{where}: not a directory")
+    config = read_json(where / "config.json")
+    if config.get("model_type") in ("t5", "mt5"):
+        from .hf_t5_import import import_t5
+        return import_t5(where, config, out, force)
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
-    load_state_checked(model, _our_state(_read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
+    load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
                        f"{where} (mapped to transduce)")
     model.eval()
     tokenizer, dropped = _tokenizer(where, src_vocab, tgt_vocab)
     with staging_dir(out, force) as tmp, torch_threads(1):
-        save_model(model, tmp, _decode_config(where))
+        save_model(model, tmp, decode_config(where))
         tokenizer.save(tmp)
         checks = verify_import(model, where, src_vocab, tgt_vocab)
     checks["dropped_pieces"] = dropped
@@ -98,18 +98,12 @@ class _Vocab:
         self.pieces = _by_id(vocab, path)
         missing = [p for p in ("<pad>", "</s>", "<unk>") if p not in vocab]
         if missing:
-            raise MarianImportError(f"{path}: has no {missing[0]} piece")
+            raise HFImportError(f"{path}: has no {missing[0]} piece")
         self.pad, self.eos, self.unk = vocab["<pad>"], vocab["</s>"], vocab["<unk>"]
         self.start = self.pad if start is None else start
         specials = {self.pad, self.eos, self.unk}
         self.order = torch.tensor([self.pad, self.start, self.eos, self.unk]
                                   + [i for i in range(len(vocab)) if i not in specials])
-
-    def inverse(self) -> Tensor:
-        """Marian id -> our id (the pad, also the usual decoder start, becomes our PAD)."""
-        inverse = torch.empty(len(self.pieces), dtype=torch.long)
-        inverse[self.order.flip(0)] = torch.arange(len(self.order) - 1, -1, -1)  # first occurrence wins
-        return inverse
 
 
 def _by_id(vocab: dict, path: Path) -> list[str]:
@@ -117,14 +111,14 @@ def _by_id(vocab: dict, path: Path) -> list[str]:
     pieces = [""] * len(vocab)
     for piece, i in vocab.items():
         if not isinstance(i, int) or not 0 <= i < len(vocab) or pieces[i]:
-            raise MarianImportError(f"{path}: ids are not 0..{len(vocab) - 1}, one per piece (at {piece!r}: {i!r})")
+            raise HFImportError(f"{path}: ids are not 0..{len(vocab) - 1}, one per piece (at {piece!r}: {i!r})")
         pieces[i] = piece
     codes = [p for p in pieces if p.startswith(">>") and p.endswith("<<")]
     if codes:
-        raise MarianImportError(f"{path}: a multilingual model (language codes such as {codes[0]}) is not supported")
+        raise HFImportError(f"{path}: a multilingual model (language codes such as {codes[0]}) is not supported")
     clash = [p for p in pieces if p == "<s>"]
     if clash:
-        raise MarianImportError(f"{path}: holds '<s>', which transduce reserves for the decoder start")
+        raise HFImportError(f"{path}: holds '<s>', which transduce reserves for the decoder start")
     return pieces
 
 
@@ -132,32 +126,33 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
     name = where / "config.json"
     if config.get("model_type") != "marian":
-        raise MarianImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian'")
+        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5' or 'mt5' "
+                            "(the kinds transduce imports)")
     for key, default in REFUSED.items():
         if config.get(key, default) != default:
-            raise MarianImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
+            raise HFImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
                                     f"is post-LN with sinusoidal positions and no embedding LayerNorm)")
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
                              "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
         if config.get(enc) != config.get(dec):
-            raise MarianImportError(f"{name}: {enc}={config.get(enc)} and {dec}={config.get(dec)} differ "
+            raise HFImportError(f"{name}: {enc}={config.get(enc)} and {dec}={config.get(dec)} differ "
                                     f"(transduce has one model.{ours})")
     activation = config.get("activation_function", "swish")
     if activation not in ACTIVATIONS:
-        raise MarianImportError(f"{name}: activation_function={activation!r} is not supported "
+        raise HFImportError(f"{name}: activation_function={activation!r} is not supported "
                                 f"(one of {', '.join(ACTIVATIONS)})")
-    src_vocab = _Vocab(_read_json(where / "vocab.json"), where / "vocab.json")
+    src_vocab = _Vocab(read_json(where / "vocab.json"), where / "vocab.json")
     separate = (where / "target_vocab.json").is_file()
     if config.get("separate_vocabs") and not separate:
-        raise MarianImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
+        raise HFImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
     start = config.get("decoder_start_token_id")
-    tgt_vocab = (_Vocab(_read_json(where / "target_vocab.json"), where / "target_vocab.json", start)
-                 if separate else _Vocab(_read_json(where / "vocab.json"), where / "vocab.json", start))
+    tgt_vocab = (_Vocab(read_json(where / "target_vocab.json"), where / "target_vocab.json", start)
+                 if separate else _Vocab(read_json(where / "vocab.json"), where / "vocab.json", start))
     for key, want in (("pad_token_id", tgt_vocab.pad), ("eos_token_id", tgt_vocab.eos),
                       ("vocab_size", len(src_vocab.pieces)),
                       ("decoder_vocab_size", len(tgt_vocab.pieces))):
         if config.get(key) not in (None, want):
-            raise MarianImportError(f"{name}: {key}={config[key]} but the vocabulary says {want}")
+            raise HFImportError(f"{name}: {key}={config[key]} but the vocabulary says {want}")
     shared = not separate and config.get("share_encoder_decoder_embeddings", True)
     try:
         cfg = ModelConfig(
@@ -173,44 +168,10 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
             scale_embeddings=bool(config.get("scale_embedding", False)),
             layer_norm_eps=MARIAN_LN_EPS, output_bias=True)
     except KeyError as e:
-        raise MarianImportError(f"{name}: missing key {e.args[0]!r}") from None
+        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
     except (ConfigError, TypeError, ValueError) as e:
-        raise MarianImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
+        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
     return cfg, src_vocab, tgt_vocab
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise MarianImportError(f"{path}: not found (a MarianMTModel directory holds config.json, weights, "
-                                "source.spm, target.spm and vocab.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MarianImportError(f"{path}: not valid JSON ({one_line(e)})") from None
-    if not isinstance(data, dict):
-        raise MarianImportError(f"{path}: expected a JSON object")
-    return data
-
-
-def _read_weights(where: Path) -> dict[str, Tensor]:
-    """model.safetensors, or pytorch_model.bin read with ``weights_only=True`` (no pickled code)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    if (where / "model.safetensors").is_file():
-        try:
-            state = load_file(str(where / "model.safetensors"))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise MarianImportError(f"{where / 'model.safetensors'}: unreadable ({one_line(e)})") from None
-    elif (where / "pytorch_model.bin").is_file():
-        try:
-            state = torch.load(where / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any unpickling failure: a corrupt or unsafe file
-            raise MarianImportError(f"{where / 'pytorch_model.bin'}: not loadable as plain weights "
-                                    f"({one_line(e)})") from None
-    else:
-        raise MarianImportError(f"{where}: no model.safetensors or pytorch_model.bin")
-    return {k: v.float() for k, v in state.items() if isinstance(v, Tensor)}
 
 
 # Our layer parameter -> Marian's, per stack; and which side of each faces the residual stream.
@@ -231,7 +192,7 @@ def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tg
         for key in names:
             if key in state:
                 return state[key]
-        raise MarianImportError(f"Marian weights: missing tensor {names[0]}")
+        raise HFImportError(f"Marian weights: missing tensor {names[0]}")
 
     src_tokens = get("model.encoder.embed_tokens.weight", "model.shared.weight")
     ours = {"src_embed.tokens.weight": src_tokens[src_order][:, inv],
@@ -264,51 +225,10 @@ def _tokenizer(where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab) -> tuple[Token
     pieces of the .spm files vocab.json lacks."""
     protos, dropped = [], 0
     for spm_file, vocab in (("source.spm", src_vocab), ("target.spm", tgt_vocab)):
-        proto, n = _rewrite_spm(where / spm_file, vocab)
+        proto, n = rewrite_spm(where / spm_file, vocab)
         protos.append(proto)
         dropped += n
     return Tokenizer(protos[0], protos[1], name=str(where)), dropped
-
-
-def _rewrite_spm(path: Path, vocab: _Vocab) -> tuple[bytes, int]:
-    pb = require("sentencepiece.sentencepiece_model_pb2", "export", "transduce import")
-    if not path.is_file():
-        raise MarianImportError(f"{path}: not found")
-    proto = pb.ModelProto()
-    try:
-        proto.ParseFromString(path.read_bytes())
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
-        raise MarianImportError(f"{path}: not a SentencePiece model ({one_line(e)})") from None
-    kind = pb.ModelProto.SentencePiece
-    have = {p.piece: p for p in proto.pieces if p.type in (kind.NORMAL, kind.USER_DEFINED, kind.BYTE)}
-    out = pb.ModelProto()
-    out.CopyFrom(proto)
-    del out.pieces[:]
-    for piece, ptype in zip(SPECIAL_PIECES, (kind.CONTROL, kind.CONTROL, kind.CONTROL, kind.UNKNOWN)):
-        out.pieces.add(piece=piece, score=0.0, type=ptype)
-    for i in vocab.order.tolist()[len(SPECIAL_PIECES):]:
-        known = have.get(vocab.pieces[i])
-        if known is None:  # the other side's piece: decoded, never segmented to
-            out.pieces.add(piece=vocab.pieces[i], score=0.0, type=kind.UNUSED)
-        else:
-            out.pieces.add(piece=known.piece, score=known.score, type=known.type)
-    kept = set(vocab.pieces)
-    dropped = [p for p in have if p not in kept]
-    if dropped:
-        logger.warning("%s: %d piece(s) are not in the vocabulary (Marian maps them to <unk>); transduce "
-                       "segments them into smaller pieces, e.g. %r", path, len(dropped), dropped[0])
-    spec = out.trainer_spec
-    spec.vocab_size = len(out.pieces)
-    spec.pad_id, spec.bos_id, spec.eos_id, spec.unk_id = range(4)
-    spec.pad_piece, spec.bos_piece, spec.eos_piece, spec.unk_piece = SPECIAL_PIECES
-    return out.SerializeToString(), len(dropped)
-
-
-def _decode_config(where: Path) -> DecodeConfig:
-    """The beam size of the model's generation_config.json (4 if none), with our length penalty."""
-    path = where / "generation_config.json"
-    beam = _read_json(path).get("num_beams", 4) if path.is_file() else 4
-    return DecodeConfig(beam=max(1, int(beam)))
 
 
 @torch.no_grad()
@@ -317,28 +237,7 @@ def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab:
     """transformers' MarianMTModel from ``where`` against the imported model on the probe set:
     logits (in our id order) within ``atol``, and the same greedy and beam-4 outputs."""
     transformers = require("transformers", "export", "transduce import")
-    with no_progress_bars(transformers):
-        try:
-            hf = transformers.MarianMTModel.from_pretrained(where).float().eval()
-        except (OSError, ValueError, RuntimeError) as e:
-            raise MarianImportError(f"{where}: transformers cannot load it ({one_line(e)})") from None
-    src = probe_sources(model)
-    tgt = probe_targets(model, src.shape[0])
-    src_m, mask = src_vocab.order[src], (src != model.config.pad_id).long()
-    with progress_bar(3, unit="checks", desc="verifying") as bar:
-        got = hf(input_ids=src_m, attention_mask=mask, decoder_input_ids=tgt_vocab.order[tgt]).logits
-        checks: dict[str, object] = {
-            "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_vocab.order], atol)}
-        bar.update()
-        inverse, max_len = tgt_vocab.inverse(), 12
-        for beam in (1, 4):
-            want = eager_search(model, src, beam, max_len)
-            options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-            gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
-                              do_sample=False, forced_eos_token_id=None, **options)  # OPUS-MT forces EOS last
-            got_ids = [inverse[row[1:]].tolist() for row in gen]  # without the decoder start
-            name = "greedy" if beam == 1 else "beam"
-            checks[f"{name}_differences"] = check_same_outputs(f"imported {name}", model, src, want, got_ids,
-                                                               beam=beam > 1)
-            bar.update()
-    return checks
+    hf = load_hf_model(transformers.MarianMTModel, where)
+    return check_against_hf(model, hf, src_vocab.order, tgt_vocab.order, atol)
+
+

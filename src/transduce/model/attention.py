@@ -20,56 +20,68 @@ from torch import Tensor, nn
 from .embeddings import RotaryEmbedding
 from .linformer import LinformerAttention
 from .local_attention import LocalAttention
-from .masks import causal_mask, combine
+from .masks import apply_mask, causal_mask, combine
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
-    """softmax(Q K^T / sqrt(d_k)) with masked keys set to -inf (Eq. 1). -> (B, H, Tq, Tk)."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])           # (B, H, Tq, Tk)
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+                      scale: float | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)) with masked keys set to -inf (Eq. 1). -> (B, H, Tq, Tk).
+    ``scale`` replaces 1 / sqrt(d_k) (T5: 1); an additive ``mask`` is added to the scores."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale                             # (B, H, Tq, Tk)
     if is_causal:
         mask = combine(mask, causal_mask(q.shape[-2], k.shape[-2], q.device))
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = apply_mask(scores, mask)
     return torch.softmax(scores.float(), dim=-1).to(q.dtype)
 
 
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0,
-    is_causal: bool = False, need_weights: bool = False,
+    is_causal: bool = False, need_weights: bool = False, scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (Eq. 1).
 
     The fast path calls ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels on
     CUDA); ``need_weights=True`` takes the explicit math path and also returns the weights.
+    ``scale`` replaces 1 / sqrt(d_k) (None: the paper's). The mask is boolean or additive (a
+    float tensor with a position bias, not combined with ``is_causal``: it holds the causal -inf).
 
     Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask broadcastable to (B, H, Tq, Tk)
     -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk) or None.
     """
     if not need_weights:
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(q.dtype)
         t_q, t_k = q.shape[-2], k.shape[-2]
         # SDPA takes a mask or is_causal, not both, and aligns is_causal top-left; we need
         # bottom-right alignment when the queries are the last Tq of Tk positions (cache).
         if is_causal and (mask is not None or t_q != t_k):
             mask = combine(mask, causal_mask(t_q, t_k, q.device))
             is_causal = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal,
+                                             scale=scale)
         return out, None
-    weights = attention_weights(q, k, mask, is_causal)
+    weights = attention_weights(q, k, mask, is_causal, scale)
     out = F.dropout(weights, dropout) @ v                               # (B, H, Tq, Dh)
     return out, weights
 
 
 class FullAttention:
     """The paper's attention, Eq. 1 over every key: the kernel of ``model.attention="full"``,
-    called by :meth:`MultiHeadAttention.attend` (``start`` does not apply)."""
+    called by :meth:`MultiHeadAttention.attend` (``start`` does not apply). ``scale`` replaces
+    1 / sqrt(d_k) (None: the paper's)."""
+
+    def __init__(self, scale: float | None = None):
+        self.scale = scale
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, start: int,
                  dropout: float) -> Tensor:
-        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal)[0]
+        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, scale=self.scale)[0]
 
     def with_weights(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                      dropout: float) -> tuple[Tensor, Tensor]:
-        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights=True)
+        return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights=True, scale=self.scale)
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,11 @@ class KVCache:
         """Select batch rows (beam reordering / expansion). index: (B',) long."""
         return KVCache([c.reorder(index) for c in self.layers], self.length)
 
+    def key_length(self, new: int) -> int:
+        """The keys self-attention sees once ``new`` positions are appended (a position bias
+        is computed for them before the layers run)."""
+        return self.length + new
+
 
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (Sec. 3.2.2).
@@ -150,12 +167,15 @@ class MultiHeadAttention(nn.Module):
         rope: a rotary embedding applied to q and k (self-attention only), or None.
         pattern: which keys each query sees (full attention by default); it picks the module's
             ``kernel`` once, here.
+        scale: the factor of Q K^T, None for the paper's 1 / sqrt(Dh); T5's 1 (full attention only).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: RotaryEmbedding | None = None, pattern: AttentionPattern = AttentionPattern()):
+                 rope: RotaryEmbedding | None = None, pattern: AttentionPattern = AttentionPattern(),
+                 scale: float | None = None):
         super().__init__()
         self.pattern = pattern
+        self.scale = scale
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.dropout = dropout
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -173,7 +193,7 @@ class MultiHeadAttention(nn.Module):
             self.e_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
             self.f_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
             return LinformerAttention(self.e_proj, self.f_proj)
-        return FullAttention()
+        return FullAttention(self.scale)
 
     @property
     def is_full(self) -> bool:

@@ -88,6 +88,50 @@ class RotaryEmbedding(nn.Module):
         return x * cos + rotated * sin
 
 
+def relative_buckets(relative: Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of each relative position ``key - query`` (Raffel et al., 2020, Sec. 2.1;
+    Mesh TensorFlow's ``_relative_position_bucket``). Bidirectional: half the buckets for keys
+    after the query. Of a direction's buckets, half are exact distances 0, 1, ...; the rest
+    cover distances up to ``max_distance`` in log-spaced bins, and farther ones share the last.
+    Causal: keys after the query (never attended) fall in bucket 0. Shape: any -> same, long."""
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (relative > 0).long() * n_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = n_buckets // 2
+    # (float32 on purpose: the bins follow the reference's float arithmetic)
+    far = exact + (torch.log(distance.float() / exact) / math.log(max_distance / exact)
+                   * (n_buckets - exact)).long()
+    far = far.clamp(max=n_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's relative position bias: a learned scalar per (bucket, head) added to the attention
+    scores, computed once per stack and shared by its layers (Raffel et al., 2020, Sec. 2.1).
+
+    Args:
+        n_heads: H.
+        n_buckets, max_distance: see :func:`relative_buckets`.
+        bidirectional: True for the encoder, False for the decoder's causal self-attention.
+    """
+
+    def __init__(self, n_heads: int, n_buckets: int, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.bidirectional, self.n_buckets, self.max_distance = bidirectional, n_buckets, max_distance
+        self.weight = nn.Parameter(torch.empty(n_buckets, n_heads))
+        nn.init.normal_(self.weight, std=n_heads ** -0.5)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The bias of queries at positions ``q_pos`` (Tq,) over keys at ``k_pos`` (Tk,) -> (1, H, Tq, Tk)."""
+        relative = k_pos[None, :] - q_pos[:, None]                          # (Tq, Tk)
+        bucket = relative_buckets(relative, self.bidirectional, self.n_buckets, self.max_distance)
+        return nn.functional.embedding(bucket, self.weight).permute(2, 0, 1)[None]  # (1, H, Tq, Tk)
+
+
 class TokenEmbedding(nn.Module):
     """Embedding lookup multiplied by sqrt(d_model) (Sec. 3.4) when ``scale`` is set."""
 

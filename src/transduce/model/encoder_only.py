@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .embeddings import RotaryEmbedding, TokenEmbedding
-from .layers import EncoderLayer, init_linear_weights
+from .layers import EncoderLayer, init_linear_weights, norm_layer
 from .masks import padding_mask
 from .transformer import Embedder
 
@@ -94,7 +94,7 @@ class EncoderOnly(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg, rope) for _ in range(cfg.n_encoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so the stack ends with a LayerNorm.
         pre = cfg.norm == "pre"
-        self.final_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
+        self.final_norm = norm_layer(cfg) if pre else None
         self.mlm_head = None if cfg.n_classes else MaskedLMHead(cfg, tokens if cfg.tie_output else None)
         self.cls_head = ClassificationHead(cfg) if cfg.n_classes else None
         self._init_weights()

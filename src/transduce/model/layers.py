@@ -14,18 +14,29 @@ from .attention import AttentionPattern, LayerCache, MultiHeadAttention
 from .embeddings import RotaryEmbedding
 
 
+GATED = ("swiglu", "geglu")
+
+
+def norm_layer(cfg: ModelConfig) -> nn.Module:
+    """The normalisation ``cfg.norm_kind`` names: LayerNorm, or RMSNorm (T5's, no bias)."""
+    if cfg.norm_kind == "rms":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2); GELU (exact, or GPT-2's tanh approximation),
-    SiLU (x * sigmoid(x), Marian's "swish") or SwiGLU by config.
+    SiLU (x * sigmoid(x), Marian's "swish"), SwiGLU or GEGLU by config.
 
-    SwiGLU (Shazeer, 2020, https://arxiv.org/abs/2002.05202): (Swish(x W1) * x Wg) W2.
+    The gated FFNs (Shazeer, 2020, https://arxiv.org/abs/2002.05202): SwiGLU (Swish(x W1) * x Wg) W2,
+    GEGLU (GELU_tanh(x W1) * x Wg) W2 (T5 1.1 and mT5's "gated-gelu").
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.activation = cfg.activation
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.fc_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.activation == "swiglu" else None
+        self.fc_gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.activation in GATED else None
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.activation_dropout)
 
@@ -39,6 +50,8 @@ class FeedForward(nn.Module):
             h = F.gelu(h, approximate="tanh")
         elif self.activation == "silu":
             h = F.silu(h)
+        elif self.activation == "geglu":
+            h = F.gelu(h, approximate="tanh") * self.fc_gate(x)
         else:
             h = F.silu(h) * self.fc_gate(x)
         return self.fc2(self.dropout(h))
@@ -62,28 +75,34 @@ def attention_pattern(cfg: ModelConfig, kind: str) -> AttentionPattern:
     return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions)
 
 
+def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = None) -> MultiHeadAttention:
+    """One attention block of ``cfg``'s width, heads, dropout, biases and scale, of pattern ``kind``."""
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
+                              attention_pattern(cfg, kind), None if cfg.scale_attention else 1.0)
+
+
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual block."""
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                                            attention_pattern(cfg, cfg.attention))
+        self.self_attn = attention_block(cfg, cfg.attention, rope)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm1 = norm_layer(cfg)
+        self.norm2 = norm_layer(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x (B, S, D), mask (B, 1, 1, S) -> (B, S, D), weights (B, H, S, S) or None."""
+        """x (B, S, D), mask (B, 1, 1, S), or additive (B, H, S, S) with a position bias
+        -> (B, S, D), weights (B, H, S, S) or None."""
         h = self.norm1(x) if self.pre_norm else x
         h, weights = self.self_attn(h, h, mask, need_weights=need_weights)
         x = self._residual(x, h, self.norm1)
         h = self.ffn(self.norm2(x) if self.pre_norm else x)
         return self._residual(x, h, self.norm2), weights
 
-    def _residual(self, x: Tensor, h: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def _residual(self, x: Tensor, h: Tensor, norm: nn.Module) -> Tensor:
         x = x + self.dropout(h)
         return x if self.pre_norm else norm(x)
 
@@ -100,33 +119,32 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                                            attention_pattern(cfg, "local" if cfg.attention == "local" else "full"))
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias,
-                                             pattern=attention_pattern(cfg, cfg.cross_attention)) \
-            if cross_attention else None
+        self.self_attn = attention_block(cfg, "local" if cfg.attention == "local" else "full", rope)
+        self.cross_attn = attention_block(cfg, cfg.cross_attention) if cross_attention else None
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cross_attention else None
-        self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+        self.norm1 = norm_layer(cfg)
+        self.norm2 = norm_layer(cfg) if cross_attention else None
+        self.norm3 = norm_layer(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
     _residual = EncoderLayer._residual
 
     def forward(
         self, x: Tensor, memory: Tensor | None, memory_mask: Tensor | None, cache: LayerCache | None = None,
-        start: int = 0, need_weights: bool = False,
+        start: int = 0, need_weights: bool = False, self_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Decode x (B, T, D) against memory (B, S, D) (None for a layer without cross-attention).
 
         Without a cache the layer sees the whole target prefix under a causal mask. With a cache,
         x holds only the new positions start..start+T-1 and the cache is updated in place.
+        ``self_mask``: an additive self-attention mask (1, H, T, Tk) holding a position bias and
+        the causal -inf (T5), used instead of the causal mask and the cache's key mask.
 
         Returns: (B, T, D), self-attention weights (B, H, T, start+T) and cross-attention
         weights (B, H, T, S), the weights only if ``need_weights`` (and cross-attention exists).
         """
         h = self.norm1(x) if self.pre_norm else x
-        h, self_w = self._self_attention(h, cache, start, need_weights)
+        h, self_w = self._self_attention(h, cache, start, need_weights, self_mask)
         x = self._residual(x, h, self.norm1)
         cross_w = None
         if self.cross_attn is not None:
@@ -145,13 +163,16 @@ class DecoderLayer(nn.Module):
         h, cross_w = self.cross_attn(h, memory, memory_mask, kv=kv, start=start, need_weights=need_weights)
         return self._residual(x, h, self.norm2), cross_w
 
-    def _self_attention(self, h: Tensor, cache: LayerCache | None, start: int, need_weights: bool):
+    def _self_attention(self, h: Tensor, cache: LayerCache | None, start: int, need_weights: bool,
+                        self_mask: Tensor | None):
         if cache is None:
             # Right-padded targets need no padding mask here: the causal mask already keeps
             # real positions from seeing the pads after them, and pad positions are not scored.
-            return self.self_attn(h, h, None, is_causal=True, need_weights=need_weights)
+            return self.self_attn(h, h, self_mask, is_causal=self_mask is None, need_weights=need_weights)
         q, k, v = self.self_attn.project_qkv(h, start)
         # The cache keeps every position; local attention slices the last W (+ global) out of it.
         k, v = cache.append(k, v)                                         # (B, H, start+T, Dh)
+        if self_mask is not None:  # (it hides the keys after each query, the cache's room included)
+            return self.self_attn.attend(q, k, v, self_mask, need_weights=need_weights, start=start)
         causal = h.shape[1] > 1  # a single new position may see the whole cache
         return self.self_attn.attend(q, k, v, cache.key_mask, is_causal=causal, need_weights=need_weights, start=start)

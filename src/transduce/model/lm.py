@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .attention import KVCache
 from .embeddings import RotaryEmbedding, TokenEmbedding
-from .layers import DecoderLayer, init_linear_weights
+from .layers import DecoderLayer, init_linear_weights, norm_layer
 from .transformer import DecoderOutput, Embedder
 
 
@@ -47,7 +47,7 @@ class DecoderOnlyLM(nn.Module):
                                             for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so the stack ends with a LayerNorm.
         pre = cfg.norm == "pre"
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
+        self.decoder_norm = norm_layer(cfg) if pre else None
         self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         init_linear_weights(self)
         if cfg.tie_output:  # the output projection shares the embedding matrix (GPT-2 as Sec. 3.4)

@@ -3,6 +3,10 @@
 A mask is a boolean tensor where **True means "may attend"**, broadcastable to
 (B, H, Tq, Tk). This is the convention of ``F.scaled_dot_product_attention``; note that
 ``torch.nn.MultiheadAttention`` uses the opposite one (True = blocked).
+
+Where a position bias enters the scores (T5's relative positions) the mask is instead a float
+tensor added to them, -inf where a key is hidden (:func:`with_bias`), the other form
+``F.scaled_dot_product_attention`` takes; :func:`apply_mask` applies either.
 """
 
 from __future__ import annotations
@@ -56,3 +60,18 @@ def local_mask(q_pos: Tensor, k_pos: Tensor, window: int, n_global: int = 0, cau
     if causal:
         seen = seen & (d >= 0)
     return seen[None, None]
+
+
+def with_bias(bias: Tensor, mask: Tensor | None) -> Tensor:
+    """An additive mask: ``bias`` where the boolean ``mask`` allows, -inf elsewhere.
+
+    Shape: bias (1, H, Tq, Tk), mask broadcastable to (B, H, Tq, Tk) -> broadcast of both.
+    """
+    return bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+
+
+def apply_mask(scores: Tensor, mask: Tensor) -> Tensor:
+    """Scores (B, H, Tq, Tk) under a boolean mask (hidden keys -inf) or an additive one (added)."""
+    if mask.is_floating_point():
+        return scores + mask.to(scores.dtype)
+    return scores.masked_fill(~mask, float("-inf"))

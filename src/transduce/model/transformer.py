@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..errors import ConfigError
-from .attention import KVCache
-from .embeddings import LearnedPositions, RotaryEmbedding, SinusoidalPositions, TokenEmbedding, TokenTypeEmbedding
-from .layers import DecoderLayer, EncoderLayer, init_linear_weights
-from .masks import padding_mask
+from .attention import KVCache, MultiHeadAttention
+from .embeddings import (LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, TokenEmbedding,
+                         TokenTypeEmbedding)
+from .layers import DecoderLayer, EncoderLayer, init_linear_weights, norm_layer
+from .masks import padding_mask, with_bias
 
 
 @dataclass
@@ -61,10 +63,10 @@ class Embedder(nn.Module):
             self.positions = SinusoidalPositions(cfg.d_model, cfg.max_positions)
         elif cfg.positions == "learned":
             self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
-        else:  # rope: positions enter inside attention
+        else:  # rope, relative: positions enter inside attention
             self.positions = None
         self.token_types = TokenTypeEmbedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if cfg.embed_norm else None
+        self.norm = norm_layer(cfg) if cfg.embed_norm else None
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, ids: Tensor, start: int | Tensor = 0, token_types: Tensor | None = None) -> Tensor:
@@ -110,20 +112,33 @@ class Transformer(nn.Module):
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         pre = cfg.norm == "pre"
-        self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
-        self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias) if pre else None
+        self.encoder_norm = norm_layer(cfg) if pre else None
+        self.decoder_norm = norm_layer(cfg) if pre else None
+        self.encoder_bias, self.decoder_bias = (
+            (RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance, bidirectional)
+             for bidirectional in (True, False)) if cfg.positions == "relative" else (None, None))
         self.output_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        self.output_scale = cfg.d_model ** -0.5 if cfg.scale_output else 1.0
         init_linear_weights(self)
+        if not cfg.scale_attention:  # T5 folds 1/sqrt(Dh) into the queries' initialisation
+            with torch.no_grad():
+                for m in self.modules():
+                    if isinstance(m, MultiHeadAttention):
+                        m.q_proj.weight.mul_(cfg.head_dim ** -0.5)
         if cfg.tie_output:  # Sec. 3.4: the pre-softmax projection shares the embedding matrix
             self.output_proj.weight = tgt_tokens.weight
 
     def encode(self, src: Tensor, need_weights: bool = False) -> EncoderOutput:
         """Source ids (B, S) -> memory (B, S, D). Pad positions are masked as keys."""
         mask = padding_mask(src, self.config.pad_id)                     # (B, 1, 1, S)
+        self_mask = mask
+        if self.encoder_bias is not None:  # T5: one bias for every layer, with the pads' -inf
+            pos = torch.arange(src.shape[1], device=src.device)
+            self_mask = with_bias(self.encoder_bias(pos, pos), mask)       # (B, H, S, S)
         x = self.src_embed(src)
         attentions = [] if need_weights else None
         for layer in self.encoder_layers:
-            x, w = layer(x, mask, need_weights)
+            x, w = layer(x, self_mask, need_weights)
             if need_weights:
                 attentions.append(w)
         if self.encoder_norm is not None:
@@ -144,18 +159,32 @@ class Transformer(nn.Module):
         """
         start = cache.length if cache is not None else 0
         x = self.tgt_embed(tgt, start)                                    # (B, T, D)
+        self_mask = self._decoder_self_mask(tgt.shape[1], cache, start, tgt.device)
         self_ws, cross_ws = ([], []) if need_weights else (None, None)
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, sw, cw = layer(x, enc.memory, enc.mask, layer_cache, start, need_weights)
+            x, sw, cw = layer(x, enc.memory, enc.mask, layer_cache, start, need_weights, self_mask)
             if need_weights:
                 self_ws.append(sw)
                 cross_ws.append(cw)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if self.output_scale != 1.0:  # T5's rescale before the tied projection
+            x = x * self.output_scale
         if cache is not None:
             cache.length += tgt.shape[1]
         return DecoderOutput(x, self.output_proj(x) if project else None, cache, self_ws, cross_ws)
+
+    def _decoder_self_mask(self, t: int, cache: KVCache | None, start: int | Tensor,
+                           device: torch.device) -> Tensor | None:
+        """T5's causal relative bias for queries start..start+T-1 over every key the layers will
+        see (the cache's, its room included), -inf after each query -> (1, H, T, Tk); None
+        without relative positions."""
+        if self.decoder_bias is None:
+            return None
+        q_pos = torch.arange(t, device=device) + start                   # (T,)
+        k_pos = torch.arange(t if cache is None else cache.key_length(t), device=device)
+        return with_bias(self.decoder_bias(q_pos, k_pos), k_pos[None, :] <= q_pos[:, None])
 
     def forward(self, src: Tensor, tgt: Tensor, project: bool = True) -> Tensor:
         """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V), or with

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...model.attention import MultiHeadAttention, scaled_dot_product_attention
+from ...model.masks import apply_mask
 from ...model.layers import FeedForward
 from .cast import CastLinear
 from .cpu import OneDNNLinear
@@ -23,9 +24,10 @@ from .cpu import OneDNNLinear
 FEW_QUERIES = 8
 
 
-def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float | None = None) -> Tensor:
     """Eq. 1 as two batched matmuls over B*H: faster on CPU than the fused kernel for the few
-    queries per row of incremental decoding (BENCHMARKS.md, "Decoding speed").
+    queries per row of incremental decoding (BENCHMARKS.md, "Decoding speed"). ``scale``
+    replaces 1 / sqrt(Dh); the mask is boolean or additive.
 
     Shape: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh), mask broadcastable to (B, H, Tq, Tk)
     -> (B, H, Tq, Dh).
@@ -33,9 +35,9 @@ def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor
     b, h, t_q, dh = q.shape
     t_k = k.shape[-2]
     scores = torch.bmm(q.reshape(b * h, t_q, dh), k.reshape(b * h, t_k, dh).transpose(1, 2))  # (BH, Tq, Tk)
-    scores = scores.view(b, h, t_q, t_k).mul_(1.0 / math.sqrt(dh))
+    scores = scores.view(b, h, t_q, t_k).mul_(1.0 / math.sqrt(dh) if scale is None else scale)
     if mask is not None:
-        scores = scores.masked_fill_(~mask, float("-inf"))
+        scores = apply_mask(scores, mask)
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     return torch.bmm(weights.view(b * h, t_q, t_k), v.reshape(b * h, t_k, dh)).view(b, h, t_q, dh)
 
@@ -55,7 +57,7 @@ def repeat_shared_rows(b: int, k: Tensor, v: Tensor, mask: Tensor | None) -> tup
 
 def fast_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout: float = 0.0,
-    is_causal: bool = False, need_weights: bool = False,
+    is_causal: bool = False, need_weights: bool = False, scale: float | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """:func:`~transduce.model.attention.scaled_dot_product_attention`, with keys/values that
     may be shared by groups of consecutive query rows (the beams of a sentence attending to its
@@ -76,7 +78,7 @@ def fast_attention(
         if q.shape[-2] == 1 and not is_causal:
             h, dh = q.shape[1], q.shape[-1]
             grouped = q.view(b_kv, g, h, dh).transpose(1, 2)                  # (Bk, H, g, Dh)
-            out, weights = fast_attention(grouped, k, v, mask, dropout, False, need_weights)
+            out, weights = fast_attention(grouped, k, v, mask, dropout, False, need_weights, scale)
             out = out.transpose(1, 2).reshape(b, h, 1, dh)
             if weights is not None:
                 weights = weights.transpose(1, 2).reshape(b, h, 1, -1)
@@ -84,8 +86,8 @@ def fast_attention(
         k, v, mask = repeat_shared_rows(b, k, v, mask)
     if (not need_weights and not is_causal and q.device.type == "cpu" and not dropout
             and q.shape[-2] <= FEW_QUERIES):
-        return _few_queries(q, k, v, mask), None
-    return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights)
+        return _few_queries(q, k, v, mask, scale), None
+    return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights, scale)
 
 
 def _same_layout(layer: nn.Linear, w: Tensor, b: Tensor | None) -> bool:
@@ -191,7 +193,7 @@ class FastAttention(MultiHeadAttention):
             k, v, mask = repeat_shared_rows(q.shape[0], k, v, mask)
             return super().attend(q, k, v, mask, is_causal, need_weights, start)
         dropout = self.dropout if self.training else 0.0
-        out, weights = fast_attention(q, k, v, mask, dropout, is_causal, need_weights)
+        out, weights = fast_attention(q, k, v, mask, dropout, is_causal, need_weights, self.scale)
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, -1)), weights       # (B, Tq, D)
 

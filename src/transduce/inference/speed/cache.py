@@ -115,6 +115,10 @@ class PooledKVCache:
         """
         return PooledKVCache([c.reorder(index, cross) for c in self.layers], self.length)
 
+    def key_length(self, new: int) -> int:
+        """The keys self-attention sees once ``new`` positions are appended (as KVCache's)."""
+        return self.length + new
+
 
 @dataclass
 class StaticLayerCache:
@@ -166,6 +170,10 @@ class StaticKVCache:
                                      for shape in (self_shape, self_shape, cross_shape, cross_shape)),
                                    length, positions) for _ in range(n_layers)]
         return cls(layers, length)
+
+    def key_length(self, new: int) -> int:
+        """The keys self-attention sees: the whole buffer (its room hidden by the causal mask)."""
+        return self.layers[0].self_k.shape[2]
 
     def load(self, cross: list[tuple[Tensor, Tensor]]) -> None:
         """Start a batch at position 0: each layer's cross keys/values (b, H, s, Dh) into its

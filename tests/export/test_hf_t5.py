@@ -1,0 +1,205 @@
+"""T5 and mT5 from Hugging Face and back: random T5ForConditionalGeneration (relu, tied, the output
+rescale) and MT5ForConditionalGeneration (gated-gelu, untied) directories with a SentencePiece
+model trained on Multi30k (t5_fixtures). Imported: the same logits, tokens and greedy / beam-4
+translations of 100 Multi30k sentences as transformers; exported again: the same model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.config import DecodeConfig
+from transduce.data.batch import pad
+from transduce.inference import SearchSpec
+from transduce.data.tokenizer import Tokenizer
+from transduce.errors import TransduceError
+from transduce.export import export_model
+from transduce.export.hf_import import import_hf
+from transduce.inference.translator import Translator
+from transduce.model import load_model
+from extra_helpers import need_extra
+from t5_fixtures import MULTI30K, hf_t5_dir, multi30k_lines, train_spiece
+
+transformers = need_extra("export", "transformers")
+need_extra("export", "google.protobuf")  # rewriting the SentencePiece model's proto
+if not MULTI30K.is_dir():
+    pytest.skip(f"needs the Multi30k files in {MULTI30K}", allow_module_level=True)
+
+KINDS = ["t5", "mt5"]
+N_SENTENCES = 100
+
+
+@pytest.fixture(scope="module")
+def spiece(tmp_path_factory):
+    return train_spiece(tmp_path_factory.mktemp("spiece"))
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(spiece, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {kind: hf_t5_dir(transformers, spiece, root / kind, kind, seed=i) for i, kind in enumerate(KINDS)}
+
+
+@pytest.fixture(scope="module")
+def imported(hf_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("imported")
+    out = {}
+    for kind, where in hf_dirs.items():
+        checks = import_hf(where, root / kind)
+        assert checks["max_logit_diff"] <= 1e-4
+        assert checks["greedy_differences"] == 0 and checks["beam_differences"] == 0
+        out[kind] = root / kind
+    return out
+
+
+def _sources() -> list[str]:
+    return multi30k_lines("val.en.gz", N_SENTENCES)
+
+
+def _order(hf_dir) -> list[int]:
+    """The T5 id of each of our ids (pad, decoder start = pad, eos, unk, the rest in order)."""
+    n = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    return [0, 0, 1, 2] + list(range(3, n))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_options_are_mapped(imported, kind):
+    cfg = load_model(imported[kind]).config
+    assert (cfg.positions, cfg.norm_kind, cfg.scale_attention, cfg.bias) == ("relative", "rms", False, False)
+    assert (cfg.activation, cfg.tie_output, cfg.scale_output) == (
+        ("relu", True, True) if kind == "t5" else ("geglu", False, False))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_within_1e_4_on_multi30k(hf_dirs, imported, kind):
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dirs[kind])
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dirs[kind]).eval()
+    model, order = load_model(imported[kind]).eval(), torch.tensor(_order(hf_dirs[kind]))
+    texts = _sources()[:20]
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    tgt = hf_tok(multi30k_lines("val.de.gz", 20), return_tensors="pt", padding=True)["input_ids"]
+    ours_of = torch.empty(int(order.max()) + 1, dtype=torch.long)  # a T5 id's first place in order: our id
+    ours_of[order.flip(0)] = torch.arange(len(order) - 1, -1, -1)
+    src, dec = ours_of[batch["input_ids"]], torch.cat([torch.ones(20, 1, dtype=torch.long), ours_of[tgt]], 1)
+    with torch.no_grad():
+        want = hf(**batch, decoder_input_ids=order[dec]).logits[..., order]
+        got = model(src, dec)
+    assert (got - want).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tokens_equal_the_t5_tokenizer(hf_dirs, imported, kind):
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dirs[kind])
+    tok, order = Tokenizer.load(imported[kind]), _order(hf_dirs[kind])
+    for text in _sources() + [""]:
+        assert [order[i] for i in tok.encode(text, "src") + [2]] == hf_tok(text)["input_ids"], text
+
+
+def test_a_sentinel_is_one_piece_with_the_t5_id(hf_dirs, imported):
+    """The sentinel is one piece, T5's id. A known difference around it: transformers splits the
+    text at a special token (no space piece before it, a word start after it); SentencePiece
+    keeps the space before it as a piece and the following word joined."""
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dirs["t5"])
+    tok, order = Tokenizer.load(imported["t5"]), _order(hf_dirs["t5"])
+    sentinel = hf_tok.convert_tokens_to_ids("<extra_id_0>")
+    assert sentinel in hf_tok("a <extra_id_0> dog")["input_ids"]
+    assert sentinel in [order[i] for i in tok.encode("a <extra_id_0> dog", "src")]
+    assert tok.decode(tok.encode("a <extra_id_0> dog", "tgt"), "tgt") == "a <extra_id_0> dog"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_translations_equal_t5_generate_on_100_sentences(hf_dirs, imported, kind, beam):
+    """Output ids, sentinels included (transformers' decode drops them as special tokens)."""
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dirs[kind])
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dirs[kind]).eval()
+    texts = _sources()
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():  # our searches never emit pad (T5's decoder start) as a token
+        gen = hf.generate(**batch, num_beams=beam, length_penalty=0.0, early_stopping=True, max_new_tokens=20,
+                          do_sample=False, bad_words_ids=[[0]])
+    order = _order(hf_dirs[kind])
+    ours_of = {t5: i for i, t5 in reversed(list(enumerate(order)))}
+    want = [_through_eos([ours_of[t] for t in row[1:].tolist() if t != 0]) for row in gen]
+    tok, model = Tokenizer.load(imported[kind]), load_model(imported[kind]).eval()
+    src = pad([tok.encode(t, "src") for t in texts], eos=True)
+    decode = DecodeConfig(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=20)
+    with torch.inference_mode():
+        out = SearchSpec(decode).run(model, src)
+    got = [out.hypothesis(i) for i in range(len(texts))]
+    assert got == want
+    assert len({tuple(g) for g in got}) > 10  # (random weights, but outputs that depend on the input)
+    text = Translator.load(imported[kind]).translate(texts[:10], beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=20)
+    assert text == [tok.decode(g, "tgt") for g in got[:10]]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_round_trip_is_identical(imported, kind, tmp_path):
+    report = export_model(imported[kind], "hf", tmp_path / "hf")
+    assert report.checks["max_logit_diff"] <= 1e-4 and report.checks["tokenizer_differences"] == 0
+    assert report.checks["greedy_differences"] == 0 and report.checks["beam_differences"] == 0
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("a dog")["input_ids"][-1] == 2
+    import_hf(tmp_path / "hf", tmp_path / "again")
+    want, got = load_model(imported[kind]).state_dict(), load_model(tmp_path / "again").state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    texts = _sources()[:30]
+    assert Translator.load(tmp_path / "again").translate(texts, beam=4) == \
+        Translator.load(imported[kind]).translate(texts, beam=4)
+
+
+def _through_eos(ids: list[int]) -> list[int]:
+    """Ids up to the first EOS (ours, 2), included: transformers may pad finished rows with EOS."""
+    return ids[:ids.index(2) + 1] if 2 in ids else ids
+
+
+def _edited(hf_dir, tmp_path, edit):
+    shutil.copytree(hf_dir, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda d: d.update(model_type="bart"), "model_type is 'bart', not 'marian', 't5' or 'mt5'"),
+    (lambda d: d.update(feed_forward_proj="gated-silu"), "feed_forward_proj='gated-silu'"),
+    (lambda d: d.update(relative_attention_max_distance=3), "model.relative_max_distance"),
+    (lambda d: d.update(relative_attention_num_buckets=7), "model.relative_buckets"),
+    (lambda d: d.update(d_kv=4), "num_heads \\* d_kv = 16 differs from d_model=32"),
+    (lambda d: d.pop("d_ff"), "missing key 'd_ff'"),
+])
+def test_bad_directories_are_one_line_errors_and_write_nothing(hf_dirs, tmp_path, edit, named):
+    where = _edited(hf_dirs["mt5"], tmp_path, edit)
+    with pytest.raises(TransduceError, match=named) as e:
+        import_hf(where, tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_spiece_model_is_a_one_line_error(hf_dirs, tmp_path, capsys):
+    where = _edited(hf_dirs["t5"], tmp_path, lambda d: None)
+    (where / "spiece.model").unlink()
+    assert main(["import", str(where), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "spiece.model: not found" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_import_then_translate(hf_dirs, tmp_path, capsys):
+    assert main(["import", str(hf_dirs["t5"]), "--out", str(tmp_path / "m")]) == 0
+    assert "max_logit_diff" in capsys.readouterr().out
+    (tmp_path / "in.txt").write_text("translate English to German: A dog runs.\n", encoding="utf-8")
+    assert main(["translate", str(tmp_path / "m"), "--input", str(tmp_path / "in.txt"),
+                 "--output", str(tmp_path / "out.txt")]) == 0
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_other_formats_refuse_relative_positions_in_one_line(imported, tmp_path):
+    for fmt in ("ctranslate2", "onnx"):
+        with pytest.raises(TransduceError, match="relative position bias") as e:
+            export_model(imported["t5"], fmt, tmp_path / fmt)
+        assert "\n" not in str(e.value) and not (tmp_path / fmt).exists()
