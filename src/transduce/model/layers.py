@@ -54,22 +54,31 @@ def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> N
                 nn.init.zeros_(module.bias)
 
 
-def attention_pattern(cfg: ModelConfig, kind: str) -> AttentionPattern:
+def attention_pattern(cfg: ModelConfig, kind: str, layer: int = 0) -> AttentionPattern:
     """The :class:`AttentionPattern` of one attention block of kind ``cfg.attention`` (or
-    ``cfg.cross_attention``); Linformer's projections span ``cfg.max_positions`` positions."""
+    ``cfg.cross_attention``) in layer ``layer`` of the model (its random pattern's seed);
+    Linformer's projections span ``cfg.max_positions`` positions."""
     if kind == "full":
         return AttentionPattern()
-    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions)
+    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions,
+                            cfg.attention_block, cfg.random_blocks, cfg.lsh_hashes, cfg.lsh_buckets,
+                            cfg.attention_seed * 10_000 + layer)
+
+
+def decoder_self_attention(cfg: ModelConfig) -> str:
+    """The kind of the decoder's (causal) self-attention: local and lsh have a causal form;
+    linformer and bigbird do not, so with them it stays full."""
+    return cfg.attention if cfg.attention in ("local", "lsh") else "full"
 
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual block."""
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                                            attention_pattern(cfg, cfg.attention))
+                                            attention_pattern(cfg, cfg.attention, layer))
         self.ffn = FeedForward(cfg)
         self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
@@ -93,15 +102,18 @@ class DecoderLayer(nn.Module):
 
     ``cross_attention=False`` leaves the middle block out (no ``cross_attn``, no ``norm2``): the
     layer of a decoder-only language model, whose only context is the prefix (GPT).
-    Self-attention is local when ``cfg.attention`` is (causal band), else full: Linformer's
-    projection mixes future positions, so it has no causal form.
+    Self-attention is local or lsh when ``cfg.attention`` is (causal), else full
+    (:func:`decoder_self_attention`): Linformer's projection and BigBird's global and random
+    blocks mix future positions, so they have no causal form. ``layer`` is the layer's index
+    in the model (its random pattern's seed).
     """
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True,
+                 layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                                            attention_pattern(cfg, "local" if cfg.attention == "local" else "full"))
+                                            attention_pattern(cfg, decoder_self_attention(cfg), layer))
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias,
                                              pattern=attention_pattern(cfg, cfg.cross_attention)) \
             if cross_attention else None
