@@ -99,7 +99,7 @@ def measure(fn, t: int, repeats: int) -> dict:
         if i:
             times.append(time.perf_counter() - t0)
         saved = sum(n for p, n in storages.items() if p not in {x.untyped_storage().data_ptr() for x in (q, k, v)})
-        del out, storages
+        del out
         q.grad = k.grad = v.grad = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"ms": round(1000 * statistics.median(times), 1), "saved_mb": round(saved / 2**20, 1),
