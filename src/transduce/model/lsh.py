@@ -109,7 +109,8 @@ def lsh_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
 
 def _slots(bucket: Tensor, lsh: LSHAttention) -> tuple[Tensor, int]:
     """Where each position goes in the sorted layout: positions sorted by (bucket, position),
-    each bucket starting a new chunk -> slot of each position (B, H, n, T) and P, the slots."""
+    each bucket starting a new chunk -> slot of each position (B, H, n, T) and P, the slots the
+    fullest layout needs (a multiple of the chunk)."""
     t = bucket.shape[-1]
     order = (bucket * t + torch.arange(t, device=bucket.device)).argsort(dim=-1)  # sorted positions
     counts = torch.zeros(*bucket.shape[:-1], lsh.n_buckets, dtype=torch.long, device=bucket.device)
@@ -120,7 +121,7 @@ def _slots(bucket: Tensor, lsh: LSHAttention) -> tuple[Tensor, int]:
     sorted_bucket = bucket.gather(-1, order)
     rank = torch.arange(t, device=bucket.device) - first.gather(-1, sorted_bucket)
     slot = torch.empty_like(order).scatter_(-1, order, offset.gather(-1, sorted_bucket) + rank)
-    return slot, (-(-t // lsh.chunk) + lsh.n_buckets) * lsh.chunk           # enough for any bucket sizes
+    return slot, int(padded.sum(-1).max())
 
 
 def _sorted(x: Tensor, at: Tensor) -> Tensor:
@@ -154,8 +155,7 @@ def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
     rows = [F.pad(x, (0, 0, 0, 1)) for x in (q, F.normalize(k, dim=-1), v)]  # (B, H, T + 1, Dh)
     c, nc = lsh.chunk, n_slots // lsh.chunk
     qs, ks, vs = (_sorted(x, at).unflatten(3, (nc, c)) for x in rows)      # (B, H, n, nc, c, Dh)
-    q_pos = at.unflatten(3, (nc, c))                                        # (B, H, n, nc, c)
-    bias = _chunk_bias(q_pos, bucket, _key_mask(mask, b, t, q.device), is_causal)  # (B, H, n, nc, c, 2c)
+    bias = _chunk_bias(at.unflatten(3, (nc, c)), bucket, _key_mask(mask, b, t, q.device), is_causal)
     ks, vs = _with_previous(ks, 0.0), _with_previous(vs, 0.0)               # (B, H, n, nc, 2c, Dh)
     scores = qs @ ks.transpose(-2, -1) / math.sqrt(dh) + bias               # (B, H, n, nc, c, 2c)
     lse = scores.logsumexp(dim=-1, keepdim=True)
@@ -167,23 +167,33 @@ def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
 
 
 def _chunk_bias(q_pos: Tensor, bucket: Tensor, keep: Tensor, is_causal: bool) -> Tensor:
-    """The additive mask of each chunk's (c x 2c) scores: 0 where the key is a real position of
-    the query's bucket (not padding, and not after the query if causal), -SELF_PENALTY on the
-    query's own key, -inf elsewhere. An empty query slot sees the empty key slots (zeros), so
-    that no row is all -inf.
+    """The additive mask of each chunk's (c x 2c) scores, from the layout: a chunk holds one
+    bucket, its positions in order, then the empty slots; so the previous chunk is either all
+    visible (the same bucket: earlier positions) or not at all, and causality inside a chunk is
+    a triangle. 0: visible; -inf: another bucket, an empty slot, a padded key, a later key;
+    -SELF_PENALTY on the query's own key (visible even if padded). An empty query slot sees its
+    own (empty, zero) key, so that no row is all -inf.
 
-    Shape: q_pos (B, H, n, nc, c) positions in the slots (T: empty), bucket (B, H, n, T),
+    Shape: q_pos (B, H, n, nc, c) the position in each slot (T: empty), bucket (B, H, n, T),
     keep (B, T) -> (B, H, n, nc, c, 2c).
     """
     b, h, n, nc, c = q_pos.shape
     t = bucket.shape[-1]
-    q_bucket = F.pad(bucket, (0, 1), value=-1).gather(3, q_pos.flatten(3)).view(b, h, n, nc, c)
-    k_pos, k_bucket = _with_previous(q_pos, t), _with_previous(q_bucket, -1)  # (B, H, n, nc, 2c)
-    key_ok = F.pad(keep, (0, 1), value=False).gather(1, k_pos.reshape(b, -1)).view(k_pos.shape)
-    qp, kp = q_pos[..., :, None], k_pos[..., None, :]
-    visible = (q_bucket[..., :, None] == k_bucket[..., None, :]) & (kp < t) & (key_ok[..., None, :] | (kp == qp))
-    if is_causal:
-        visible = visible & (kp <= qp)
-    visible = visible | ((qp == t) & (kp == t))
-    bias = torch.zeros(visible.shape, device=q_pos.device).masked_fill(~visible, float("-inf"))
-    return bias - SELF_PENALTY * ((kp == qp) & (qp < t))
+    chunk_bucket = F.pad(bucket, (0, 1), value=-1).gather(3, q_pos[..., 0])  # (B, H, n, nc): its first slot's
+    same = F.pad(chunk_bucket[..., 1:] == chunk_bucket[..., :-1], (1, 0), value=False)  # previous chunk: same bucket
+    key_ok = F.pad(keep, (0, 1), value=False).gather(1, q_pos.reshape(b, -1)).view(q_pos.shape)  # real, not padded
+    key_ok = torch.cat([_previous(key_ok) & same[..., None], key_ok], dim=-1)  # (B, H, n, nc, 2c)
+    inf = float("-inf")
+    bias = torch.zeros(key_ok.shape, device=q_pos.device).masked_fill(~key_ok, inf)[..., None, :]
+    if is_causal:  # (later slots of the chunk are later positions, or empty)
+        bias = bias + F.pad(torch.full((c, c), inf, device=q_pos.device).triu(1), (c, 0))  # (.., c, 2c)
+    else:
+        bias = bias.expand(b, h, n, nc, c, 2 * c)
+    bias = bias.contiguous()
+    bias.diagonal(offset=c, dim1=-2, dim2=-1).copy_(torch.where(q_pos < t, -SELF_PENALTY, 0.0))
+    return bias
+
+
+def _previous(x: Tensor) -> Tensor:
+    """Each chunk's rows of the chunk before (False before the first): (B, H, n, nc, c) -> same."""
+    return F.pad(x[:, :, :, :-1], (0, 0, 1, 0), value=False)
