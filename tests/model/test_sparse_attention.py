@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transduce.config import ModelConfig
 from transduce.errors import ConfigError
 from transduce.model import DecoderOnlyLM, Transformer, load_model, save_model
-from transduce.model.bigbird import bigbird_attention, bigbird_reference, block_pattern, random_blocks
+from transduce.model.bigbird import BigBirdAttention, bigbird_attention, bigbird_reference, block_pattern, random_blocks
 from transduce.model.io import build_model
 from transduce.model.lsh import LSHAttention, lsh_attention, lsh_buckets, lsh_reference
 from attention_helpers import H, decode_step_by_step
@@ -241,4 +241,15 @@ def test_bigbird_is_encoder_only():
 def test_bad_sparse_options_are_one_line_errors(kw, message):
     with pytest.raises(ConfigError, match=message) as e:
         _cfg(**kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LSHAttention(8, 0, 4, 0), "lsh needs chunk >= 1, n_hashes >= 1"),
+    (lambda: LSHAttention(8, 2, 3, 0), "lsh needs chunk >= 1, n_hashes >= 1 and an even n_buckets"),
+    (lambda: BigBirdAttention(0, 3, 0), "bigbird needs block >= 1"),
+])
+def test_kernels_built_directly_check_their_settings(make, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        make()
     assert "\n" not in str(e.value)

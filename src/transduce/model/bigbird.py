@@ -45,6 +45,11 @@ class BigBirdAttention:
     n_random: int
     seed: int
 
+    def __post_init__(self) -> None:  # (config checks the same; this guards direct use)
+        if self.block < 1 or self.n_random < 0:
+            raise ConfigError(f"model.attention: bigbird needs block >= 1 and n_random >= 0; "
+                              f"got {self.block}, {self.n_random}")
+
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, start: int,
                  dropout: float) -> Tensor:
         if is_causal or start or q.shape[-2] != k.shape[-2]:

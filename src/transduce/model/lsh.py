@@ -51,6 +51,11 @@ class LSHAttention:
     n_buckets: int
     seed: int
 
+    def __post_init__(self) -> None:  # (config checks the same; this guards direct use)
+        if self.chunk < 1 or self.n_hashes < 1 or self.n_buckets < 2 or self.n_buckets % 2:
+            raise ConfigError(f"model.attention: lsh needs chunk >= 1, n_hashes >= 1 and an even n_buckets >= 2; "
+                              f"got {self.chunk}, {self.n_hashes}, {self.n_buckets}")
+
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, start: int,
                  dropout: float) -> Tensor:
         if mask is not None and mask.shape[-2] != 1:
