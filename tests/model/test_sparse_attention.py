@@ -253,3 +253,15 @@ def test_kernels_built_directly_check_their_settings(make, message):
     with pytest.raises(ConfigError, match=message) as e:
         make()
     assert "\n" not in str(e.value)
+
+
+def test_lsh_source_padding_is_inert():
+    """Right padding changes nothing at the real positions: a position's chunk counts only the
+    positions before it, and padded keys are masked. (BigBird's pattern is a function of the
+    padded length, as Hugging Face's: there it is not inert.)"""
+    torch.manual_seed(0)
+    model = Transformer(_cfg(attention="lsh", lsh_buckets=4)).eval()
+    src, tgt = _batch()
+    padded = torch.cat([src, torch.zeros(src.shape[0], 7, dtype=torch.long)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
