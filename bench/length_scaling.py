@@ -10,7 +10,11 @@ the matmul work per batch is fixed and what grows is attention. Attention paths 
 - ``local``: ``model.attention=local`` and ``model.cross_attention=local``, window ``--window``
   (blocked: O(T * W));
 - ``linformer``: ``model.attention=linformer`` (encoder self-attention, k = ``--linformer-k``);
-  the decoder's self- and cross-attention stay full.
+  the decoder's self- and cross-attention stay full;
+- ``bigbird``: ``model.attention=bigbird`` (encoder self-attention, blocks of 64, 3 random
+  blocks); the decoder's attention stays full;
+- ``lsh``: ``model.attention=lsh`` (encoder and decoder self-attention, 2 rounds, 32 buckets,
+  chunks of 64); cross-attention stays full.
 
 Each (length, path) point runs in a fresh process, so peak memory is that process's peak
 resident set (CPU) or ``max_memory_allocated`` (CUDA) above the model's own, and one point's
@@ -19,7 +23,7 @@ each length, and reports medians (for a shared machine). Prints JSON; ``--plot P
 tokens/s and peak memory against length.
 
 Usage:
-    python bench/length_scaling.py [--lengths 16,32,...,16384] [--paths sdpa,local,linformer]
+    python bench/length_scaling.py [--lengths 16,32,...,16384] [--paths sdpa,local,linformer,bigbird,lsh]
         [--budget 4096] [--steps 3] [--rounds 1] [--threads 2] [--window 256] [--linformer-k 256]
         [--warmup 1] [--timeout SECONDS] [--plot length_scaling.png] [--merge EARLIER.json ...]
 
@@ -54,6 +58,8 @@ def attention_options(path: str, window: int, linformer_k: int) -> dict:
         return dict(attention="local", cross_attention="local", attention_window=window)
     if path == "linformer":
         return dict(attention="linformer", linformer_k=linformer_k)
+    if path in ("bigbird", "lsh"):
+        return dict(attention=path, attention_block=64)
     return {}
 
 

@@ -1,4 +1,4 @@
-"""The exported formats run full attention: local and Linformer models are refused, one line."""
+"""The exported formats run full attention: local, Linformer, BigBird and LSH models are refused, one line."""
 
 import pytest
 import torch
@@ -17,6 +17,8 @@ PACKAGES = {"hf": ("transformers",), "ctranslate2": ("ctranslate2",), "onnx": ("
     (dict(attention="local"), "model.attention=local"),
     (dict(attention="linformer", linformer_k=8), "model.attention=linformer"),
     (dict(cross_attention="local"), "model.cross_attention=local"),
+    (dict(attention="bigbird", attention_block=4), "model.attention=bigbird"),
+    (dict(attention="lsh", attention_block=4), "model.attention=lsh"),
 ])
 def test_non_full_attention_is_refused(tmp_path, fmt, kw, named):
     need_extra("export", *PACKAGES[fmt])

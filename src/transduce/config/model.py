@@ -110,7 +110,13 @@ class ModelConfig:
     al., 2020, https://arxiv.org/abs/2004.05150), O(T * W) time and memory; ``linformer``: encoder
     self-attention with keys and values projected along the sequence to ``linformer_k`` rows (Wang
     et al., 2020, https://arxiv.org/abs/2006.04768) over ``max_positions`` positions. Linformer is
-    not causal, so decoder self-attention stays full (arch=decoder_only refuses it)."""
+    not causal, so decoder self-attention stays full (arch=decoder_only refuses it); ``bigbird``:
+    encoder self-attention in blocks of ``attention_block`` tokens, each block seeing its neighbour
+    blocks, the first and last block (global) and ``random_blocks`` random blocks (Zaheer et al.,
+    2020, https://arxiv.org/abs/2007.14062), also not causal; ``lsh``: Reformer's
+    locality-sensitive hashing attention (Kitaev et al., 2020, https://arxiv.org/abs/2001.04451),
+    shared query/key projections, ``lsh_hashes`` rounds into ``lsh_buckets`` buckets, attention
+    within chunks of ``attention_block`` sorted positions; causal in the decoder, with the cache."""
     cross_attention: str = "full"
     """Encoder-decoder attention: ``full`` (the paper) or ``local``: the source positions within
     ``attention_window`` of the target position (long, monotone, similar-length pairs such as
@@ -122,6 +128,18 @@ class ModelConfig:
     every position."""
     linformer_k: int = 256
     """Rows linformer projects keys and values to, at most ``max_positions``."""
+    attention_block: int = 64
+    """bigbird: the block size (queries and keys go in blocks of this many; a sequence that does
+    not divide is padded); lsh: the chunk size of sorted positions."""
+    random_blocks: int = 3
+    """bigbird: random key blocks per query block (r in the paper)."""
+    lsh_hashes: int = 2
+    """lsh: rounds of hashing (n_rounds); more rounds, fewer keys missed, more work."""
+    lsh_buckets: int = 32
+    """lsh: buckets per round (even: angular LSH takes argmax over [xR; -xR])."""
+    attention_seed: int = 0
+    """bigbird's random blocks and lsh's random rotations: drawn from this seed (and the layer's
+    index), so the same pattern is used in training, decoding and after loading."""
 
     def __post_init__(self) -> None:
         if isinstance(self.labels, list):
@@ -164,16 +182,26 @@ class ModelConfig:
             check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     def _check_attention(self) -> None:
-        one_of(self.attention, "model.attention", ("full", "local", "linformer"))
-        check(self.cross_attention != "linformer", "model.cross_attention",
-              "linformer applies to encoder self-attention only; use full or local")
+        one_of(self.attention, "model.attention", ("full", "local", "linformer", "bigbird", "lsh"))
+        where = "self-attention" if self.cross_attention == "lsh" else "encoder self-attention"
+        check(self.cross_attention not in ("linformer", "bigbird", "lsh"), "model.cross_attention",
+              f"{self.cross_attention} applies to {where} only; use full or local")
         one_of(self.cross_attention, "model.cross_attention", ("full", "local"))
         check(self.attention_window >= 1, "model.attention_window", f"must be >= 1; got {self.attention_window}")
         non_negative(self, "model", ("global_tokens",))
         check(self.attention != "linformer" or 1 <= self.linformer_k <= self.max_positions, "model.linformer_k",
               f"must be in [1, model.max_positions={self.max_positions}]; got {self.linformer_k}")
-        check(not (self.attention == "linformer" and self.arch == "decoder_only"), "model.attention",
-              "linformer applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
+        for kind in ("linformer", "bigbird"):
+            check(not (self.attention == kind and self.arch == "decoder_only"), "model.attention",
+                  f"{kind} applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
+        self._check_sparse_attention()
+
+    def _check_sparse_attention(self) -> None:
+        check(self.attention_block >= 1, "model.attention_block", f"must be >= 1; got {self.attention_block}")
+        non_negative(self, "model", ("random_blocks",))
+        check(self.lsh_hashes >= 1, "model.lsh_hashes", f"must be >= 1 (rounds of hashing); got {self.lsh_hashes}")
+        check(self.lsh_buckets >= 2 and self.lsh_buckets % 2 == 0, "model.lsh_buckets",
+              f"must be even and >= 2; got {self.lsh_buckets}")
 
     def _check_positions_and_norm(self) -> None:
         if self.positions == "rope":

@@ -1,8 +1,9 @@
 """Scaled dot-product and multi-head attention (Sec. 3.2), with an explicit key/value cache.
 
 A :class:`MultiHeadAttention` picks its kernel once, when it is built: :class:`FullAttention`
-(Eq. 1, the paper) or, for long inputs, local attention (:mod:`~transduce.model.local_attention`)
-or Linformer (:mod:`~transduce.model.linformer`).
+(Eq. 1, the paper) or, for long inputs, local attention (:mod:`~transduce.model.local_attention`),
+Linformer (:mod:`~transduce.model.linformer`), BigBird (:mod:`~transduce.model.bigbird`) or
+Reformer's LSH attention (:mod:`~transduce.model.lsh`).
 
 Legend: B batch, H heads, Tq query length, Tk key length, D d_model, Dh = D / H.
 Masks are boolean, True = may attend (see :mod:`transduce.model.masks`).
@@ -17,9 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .bigbird import BigBirdAttention
 from .embeddings import RotaryEmbedding
 from .linformer import LinformerAttention
 from .local_attention import LocalAttention
+from .lsh import LSHAttention
 from .masks import apply_mask, causal_mask, combine
 
 
@@ -84,19 +87,31 @@ class FullAttention:
         return scaled_dot_product_attention(q, k, v, mask, dropout, is_causal, need_weights=True, scale=self.scale)
 
 
+Kernel = FullAttention | LocalAttention | LinformerAttention | BigBirdAttention | LSHAttention
+
+
 @dataclass(frozen=True)
 class AttentionPattern:
     """Which keys a query sees: "full" (the paper, :class:`FullAttention`), "local" (``window``
     positions each side and ``n_global`` global tokens,
     :class:`~transduce.model.local_attention.LocalAttention`) or "linformer" (keys and values
     projected along the sequence to ``linformer_k`` rows by learned (k x ``max_len``) matrices,
-    :class:`~transduce.model.linformer.LinformerAttention`)."""
+    :class:`~transduce.model.linformer.LinformerAttention`), "bigbird" (blocks of ``block``:
+    window, global and ``n_random`` random blocks, :class:`~transduce.model.bigbird.BigBirdAttention`)
+    or "lsh" (``n_hashes`` rounds into ``n_buckets`` buckets, chunks of ``block``,
+    :class:`~transduce.model.lsh.LSHAttention`); ``seed`` draws bigbird's random blocks and
+    lsh's rotations (one per layer)."""
 
     kind: str = "full"
     window: int = 0
     n_global: int = 0
     linformer_k: int = 0
     max_len: int = 0
+    block: int = 0
+    n_random: int = 0
+    n_hashes: int = 0
+    n_buckets: int = 0
+    seed: int = 0
 
 
 @dataclass
@@ -185,10 +200,15 @@ class MultiHeadAttention(nn.Module):
         self.rope = rope
         self.kernel = self._kernel(pattern)
 
-    def _kernel(self, pattern: AttentionPattern) -> FullAttention | LocalAttention | LinformerAttention:
+    def _kernel(self, pattern: AttentionPattern) -> Kernel:
         """The attention this module runs, chosen once: the one place that asks the kind."""
         if pattern.kind == "local":
             return LocalAttention(pattern.window, pattern.n_global)
+        if pattern.kind == "bigbird":
+            return BigBirdAttention(pattern.block, pattern.n_random, pattern.seed)
+        if pattern.kind == "lsh":  # shared QK (Reformer Sec. 3): keys come from the query projection
+            self.k_proj = self.q_proj
+            return LSHAttention(pattern.block, pattern.n_hashes, pattern.n_buckets, pattern.seed)
         if pattern.kind == "linformer":  # E and F of Linformer's Eq. 7, parameters of this module
             self.e_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
             self.f_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)

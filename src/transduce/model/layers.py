@@ -67,27 +67,38 @@ def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> N
                 nn.init.zeros_(module.bias)
 
 
-def attention_pattern(cfg: ModelConfig, kind: str) -> AttentionPattern:
+def attention_pattern(cfg: ModelConfig, kind: str, layer: int = 0) -> AttentionPattern:
     """The :class:`AttentionPattern` of one attention block of kind ``cfg.attention`` (or
-    ``cfg.cross_attention``); Linformer's projections span ``cfg.max_positions`` positions."""
+    ``cfg.cross_attention``) in layer ``layer`` of the model (its random pattern's seed);
+    Linformer's projections span ``cfg.max_positions`` positions."""
     if kind == "full":
         return AttentionPattern()
-    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions)
+    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions,
+                            cfg.attention_block, cfg.random_blocks, cfg.lsh_hashes, cfg.lsh_buckets,
+                            cfg.attention_seed * 10_000 + layer)
 
 
-def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = None) -> MultiHeadAttention:
-    """One attention block of ``cfg``'s width, heads, dropout, biases and scale, of pattern ``kind``."""
+def decoder_self_attention(cfg: ModelConfig) -> str:
+    """The kind of the decoder's (causal) self-attention: local and lsh have a causal form;
+    linformer and bigbird do not, so with them it stays full."""
+    return cfg.attention if cfg.attention in ("local", "lsh") else "full"
+
+
+def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = None,
+                    layer: int = 0) -> MultiHeadAttention:
+    """One attention block of ``cfg``'s width, heads, dropout, biases and scale, of pattern ``kind``
+    in layer ``layer`` (its random pattern's seed)."""
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                              attention_pattern(cfg, kind), None if cfg.scale_attention else 1.0)
+                              attention_pattern(cfg, kind, layer), None if cfg.scale_attention else 1.0)
 
 
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual block."""
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = attention_block(cfg, cfg.attention, rope)
+        self.self_attn = attention_block(cfg, cfg.attention, rope, layer)
         self.ffn = FeedForward(cfg)
         self.norm1 = norm_layer(cfg)
         self.norm2 = norm_layer(cfg)
@@ -112,14 +123,17 @@ class DecoderLayer(nn.Module):
 
     ``cross_attention=False`` leaves the middle block out (no ``cross_attn``, no ``norm2``): the
     layer of a decoder-only language model, whose only context is the prefix (GPT).
-    Self-attention is local when ``cfg.attention`` is (causal band), else full: Linformer's
-    projection mixes future positions, so it has no causal form.
+    Self-attention is local or lsh when ``cfg.attention`` is (causal), else full
+    (:func:`decoder_self_attention`): Linformer's projection and BigBird's global and random
+    blocks mix future positions, so they have no causal form. ``layer`` is the layer's index
+    in the model (its random pattern's seed).
     """
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, cross_attention: bool = True,
+                 layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = attention_block(cfg, "local" if cfg.attention == "local" else "full", rope)
+        self.self_attn = attention_block(cfg, decoder_self_attention(cfg), rope, layer)
         self.cross_attn = attention_block(cfg, cfg.cross_attention) if cross_attention else None
         self.ffn = FeedForward(cfg)
         self.norm1 = norm_layer(cfg)

@@ -108,8 +108,9 @@ class Transformer(nn.Module):
         self.src_embed = Embedder(cfg, src_tokens)
         self.tgt_embed = Embedder(cfg, tgt_tokens)
         rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rope) for _ in range(cfg.n_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.n_decoder_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rope, i) for i in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope, layer=cfg.n_encoder_layers + i)
+                                            for i in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         pre = cfg.norm == "pre"
         self.encoder_norm = norm_layer(cfg) if pre else None

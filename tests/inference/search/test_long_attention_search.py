@@ -1,4 +1,4 @@
-"""Searches over models with local or Linformer attention: the prepared (fast) decoding paths,
+"""Searches over models with local, Linformer, BigBird or LSH attention: the prepared (fast) decoding paths,
 beams sharing the encoder keys, equal the plain model's teacher-forced math."""
 
 import pytest
@@ -25,7 +25,9 @@ def _teacher_forced_log_probs(model, src, tokens, lengths):
     return (logp * keep).sum(-1).view(b, k)
 
 
-@pytest.mark.parametrize("kw", [LONG, dict(attention="linformer", linformer_k=4)])
+@pytest.mark.parametrize("kw", [LONG, dict(attention="linformer", linformer_k=4),
+                                dict(attention="bigbird", attention_block=2, random_blocks=1),
+                                dict(attention="lsh", attention_block=2, lsh_buckets=4)])
 def test_greedy_with_and_without_the_cache_agree(kw):
     model = tiny_transformer(seed=3, **kw)
     src = random_sources([9, 4, 12], seed=3)

@@ -79,7 +79,7 @@ def unsupported(model: nn.Module, attention: AttentionChoice | None) -> str | No
     if model.training:
         return "static decoding runs an eval-mode model"
     if not full_attention_only(model):
-        return "static decoding runs full attention only; use static=False for local or linformer models"
+        return "static decoding runs full attention only; use static=False for other attention kinds"
     if attention is not None:
         return "static decoding records no attention maps; use static=False"
     return None

@@ -1,0 +1,267 @@
+"""BigBird block-sparse and Reformer LSH attention: each blocked/chunked kernel against its dense
+reference (forward and gradients), each reference against its formula written out, and the
+kinds inside models (seeded patterns, cache, save/load, one-line errors)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.config import ModelConfig
+from transduce.errors import ConfigError
+from transduce.model import DecoderOnlyLM, Transformer, load_model, save_model
+from transduce.model.bigbird import BigBirdAttention, bigbird_attention, bigbird_reference, block_pattern, random_blocks
+from transduce.model.io import build_model
+from transduce.model.lsh import LSHAttention, lsh_attention, lsh_buckets, lsh_reference
+from attention_helpers import H, decode_step_by_step
+
+V, DH = 40, 8
+
+
+def _qkv(b, t, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, H, t, DH, generator=g, dtype=dtype).requires_grad_() for _ in range(3))
+
+
+def _padding(b, t):
+    """Key masks (B, 1, 1, T): the first sentence whole, the others 5 and 2 shorter."""
+    lengths = torch.tensor([t, max(t - 5, 1), max(t - 2, 1)][:b])
+    return (torch.arange(t) < lengths[:, None])[:, None, None, :]
+
+
+def _grads(out, tensors):
+    return torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), tensors)
+
+
+def _assert_equal_forward_and_gradients(ours, ref, inputs):
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+    for g, r in zip(_grads(ours, inputs), _grads(ref, inputs)):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+# BigBird
+
+@pytest.mark.parametrize("t,block,n_random", [(64, 8, 2), (37, 4, 2), (100, 7, 3), (24, 4, 0), (13, 4, 3),
+                                              (9, 4, 1), (5, 8, 1), (16, 16, 2)])
+@pytest.mark.parametrize("b,padded", [(1, False), (3, True)])
+def test_bigbird_blocks_equal_the_masked_reference(t, block, n_random, b, padded):
+    """Blocks that do not divide T (padded), fewer blocks than the pattern wants (random slots
+    left empty), one block longer than the sequence (full attention): all equal the reference."""
+    q, k, v = _qkv(b, t, seed=t)
+    mask = _padding(b, t) if padded else None
+    ours = bigbird_attention(q, k, v, mask, block, n_random, seed=3)
+    ref = bigbird_reference(q, k, v, mask, block, n_random, seed=3)
+    _assert_equal_forward_and_gradients(ours, ref, (q, k, v))
+
+
+def test_bigbird_pattern_is_window_global_and_r_random_blocks():
+    nb, r = 12, 3
+    pattern = block_pattern(nb, H, r, seed=5)                               # (H, nb, nb)
+    i, j = torch.arange(nb)[:, None], torch.arange(nb)[None, :]
+    fixed = ((i - j).abs() <= 1) | (i == 0) | (i == nb - 1) | (j == 0) | (j == nb - 1)
+    assert (pattern & fixed).eq(fixed.expand_as(pattern)).all()             # window and global always
+    extra = (pattern & ~fixed).sum(-1)                                      # (H, nb): random blocks per row
+    assert extra[:, 1:-1].eq(r).all() and extra[:, [0, -1]].eq(0).all()
+    assert not torch.equal(pattern[0], pattern[1])                          # drawn per head
+    assert torch.equal(pattern, block_pattern(nb, H, r, seed=5))            # a function of the seed
+    assert not torch.equal(pattern, block_pattern(nb, H, r, seed=6))
+    idx, used = random_blocks(6, 1, 5, seed=0)                              # 6 blocks: 1 or 2 candidates a row
+    assert used.sum(-1)[0, 1:-1].tolist() == [2, 1, 1, 2]
+
+
+def test_bigbird_with_one_block_is_full_attention():
+    q, k, v = _qkv(2, 10)
+    mask = _padding(2, 10)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(bigbird_attention(q, k, v, mask, 16, 3, 0), want)
+
+
+# LSH
+
+@pytest.mark.parametrize("t,chunk,n_hashes,n_buckets", [(64, 8, 2, 8), (37, 4, 3, 4), (100, 7, 1, 6), (5, 8, 2, 4),
+                                                         (1, 4, 2, 2), (50, 50, 4, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,padded", [(1, False), (3, True)])
+def test_lsh_chunks_equal_the_dense_reference(t, chunk, n_hashes, n_buckets, causal, b, padded):
+    q, k, v = _qkv(b, t, seed=t)
+    mask = _padding(b, t) if padded else None
+    lsh = LSHAttention(chunk, n_hashes, n_buckets, seed=1)
+    ours = lsh_attention(q, k, v, mask, lsh, causal)
+    ref = lsh_reference(q, k, v, mask, lsh, causal)
+    _assert_equal_forward_and_gradients(ours, ref, (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_lsh_reference_is_its_formula(causal):
+    """One round, chunks longer than the sequence: query i attends to the keys of its bucket
+    (h(x) = argmax([xR; -xR])), earlier ones if causal, over normalised keys, its own key only
+    when it has no other; written out query by query, in float64."""
+    t = 23
+    q, k, v = _qkv(1, t, dtype=torch.float64)
+    lsh = LSHAttention(32, 1, 4, seed=2)
+    g = torch.Generator().manual_seed(2)
+    rotation = torch.randn(DH, 1, 2, generator=g).double()[:, 0]           # (Dh, nbk/2)
+    x = k[0].detach() @ rotation                                            # (H, T, 2)
+    bucket = torch.cat([x, -x], -1).argmax(-1)                              # (H, T)
+    assert torch.equal(lsh_buckets(k, lsh)[0, :, 0], bucket)
+    kn = k[0] / k[0].norm(dim=-1, keepdim=True)
+    want = torch.empty(H, t, DH, dtype=torch.float64)
+    for h in range(H):
+        for i in range(t):
+            keys = [j for j in range(t) if bucket[h, j] == bucket[h, i] and j != i and (j < i or not causal)] or [i]
+            w = torch.softmax(torch.stack([q[0, h, i] @ kn[h, j] for j in keys]) / math.sqrt(DH), 0)
+            want[h, i] = sum(wj * v[0, h, j] for wj, j in zip(w, keys))
+    torch.testing.assert_close(lsh_reference(q, k, v, None, lsh, causal)[0], want)
+
+
+def test_lsh_causal_outputs_do_not_see_the_future():
+    """Changing the later positions changes nothing before them: a position's buckets, chunks and
+    keys depend on earlier positions only (buckets are padded to whole chunks)."""
+    q, k, v = _qkv(1, 40)
+    lsh = LSHAttention(4, 2, 4, seed=0)
+    q2, k2, v2 = (torch.cat([x[:, :, :25], torch.randn(1, H, 15, DH)], 2) for x in (q, k, v))
+    a, b = lsh_attention(q, k, v, None, lsh, True), lsh_attention(q2, k2, v2, None, lsh, True)
+    torch.testing.assert_close(a[:, :, :25], b[:, :, :25], atol=1e-6, rtol=1e-6)
+
+
+# In models
+
+def _cfg(**kw):
+    base = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=H * DH, n_heads=H, n_encoder_layers=2,
+                n_decoder_layers=2, d_ff=48, dropout=0.0, max_positions=64, attention_block=4)
+    return ModelConfig(**{**base, **kw})
+
+
+def _batch(b=3, s=29, t=17, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (b, s), generator=g)
+    src[1, s - 4:] = 0
+    tgt = torch.randint(3, V, (b, t), generator=g)
+    tgt[:, 0] = 1
+    return src, tgt
+
+
+@pytest.mark.parametrize("kw", [dict(attention="bigbird", random_blocks=2), dict(attention="lsh", lsh_buckets=4),
+                                dict(arch="encoder_only", attention="bigbird"),
+                                dict(arch="decoder_only", attention="lsh")])
+def test_saved_model_runs_the_same_pattern(tmp_path, kw):
+    """The random blocks and rotations come from model.attention_seed: a reloaded model gives
+    the same outputs; another seed gives others."""
+    torch.manual_seed(0)
+    model = build_model(_cfg(**kw)).eval()
+    save_model(model, tmp_path / "m")
+    src, tgt = _batch()
+    ids = (src,) if model.config.arch != "encoder_decoder" else (src, tgt)
+    with torch.no_grad():
+        assert torch.equal(load_model(tmp_path / "m")(*ids), model(*ids))
+        other = build_model(_cfg(**kw, attention_seed=1)).eval()
+        other.load_state_dict(model.state_dict())
+        assert not torch.allclose(other(*ids), model(*ids), atol=1e-4)
+
+
+def test_lsh_shares_the_query_and_key_projections():
+    model = Transformer(_cfg(attention="lsh"))
+    for layer in list(model.encoder_layers) + list(model.decoder_layers):
+        assert layer.self_attn.k_proj is layer.self_attn.q_proj
+    assert model.decoder_layers[0].cross_attn.k_proj is not model.decoder_layers[0].cross_attn.q_proj
+
+
+def test_cached_lsh_decoding_equals_uncached():
+    torch.manual_seed(0)
+    model = Transformer(_cfg(attention="lsh", lsh_buckets=4, lsh_hashes=2)).eval()
+    src, tgt = _batch()
+    with torch.no_grad():
+        whole = model(src, tgt)
+        steps, chunks, _ = decode_step_by_step(model, src, tgt, chunk=5)
+    torch.testing.assert_close(steps, whole, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(chunks, whole, atol=1e-5, rtol=1e-4)
+
+
+def test_cached_lsh_lm_equals_uncached():
+    torch.manual_seed(0)
+    lm = DecoderOnlyLM(_cfg(arch="decoder_only", attention="lsh", lsh_buckets=4)).eval()
+    ids = _batch()[1]
+    with torch.no_grad():
+        whole = lm(ids)
+        cache, steps = lm.new_cache(), []
+        for t in range(ids.shape[1]):
+            out = lm.decode(ids[:, t:t + 1], cache)
+            cache = out.cache
+            steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kw", [dict(attention="bigbird", random_blocks=1), dict(attention="lsh", lsh_buckets=4)])
+def test_training_reduces_loss(kw):
+    """(40 steps end at 0.05-0.12 of the first loss over seeds 0-2: lsh's decoder sees only its
+    bucket of the prefix, so it learns slower than full attention; 0.25 leaves a margin.)"""
+    torch.manual_seed(0)
+    model = Transformer(_cfg(**kw)).train()
+    src, tgt = _batch()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = F.cross_entropy(model(src, tgt[:, :-1]).reshape(-1, V), tgt[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.25 * losses[0]
+
+
+@pytest.mark.parametrize("kind", ["bigbird", "lsh"])
+def test_attention_maps_need_full_attention(kind):
+    model = Transformer(_cfg(attention=kind))
+    with pytest.raises(ConfigError, match=f"attention maps need full attention; this model has {kind}"):
+        model.encode(_batch()[0], need_weights=True)
+
+
+def test_bigbird_is_encoder_only():
+    """The kernel refuses causal attention and cached queries in one line (config keeps models
+    from asking: the decoder's self-attention stays full)."""
+    model = Transformer(_cfg(attention="bigbird"))
+    assert model.decoder_layers[0].self_attn.is_full
+    attn = model.encoder_layers[0].self_attn
+    x = torch.randn(1, 9, H * DH)
+    with pytest.raises(ConfigError, match="bigbird is encoder self-attention only") as e:
+        attn(x, x, is_causal=True)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(attention="bigbird", arch="decoder_only"), "model.attention: bigbird applies to encoder self-attention"),
+    (dict(cross_attention="bigbird"), "model.cross_attention: bigbird applies to encoder self-attention only"),
+    (dict(cross_attention="lsh"), "model.cross_attention: lsh applies to self-attention only"),
+    (dict(attention="lsh", lsh_hashes=0), r"model.lsh_hashes: must be >= 1 \(rounds of hashing\); got 0"),
+    (dict(attention="lsh", lsh_buckets=5), "model.lsh_buckets: must be even and >= 2; got 5"),
+    (dict(attention="bigbird", attention_block=0), "model.attention_block: must be >= 1; got 0"),
+    (dict(attention="bigbird", random_blocks=-1), "model.random_blocks: must be >= 0; got -1"),
+])
+def test_bad_sparse_options_are_one_line_errors(kw, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        _cfg(**kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: LSHAttention(8, 0, 4, 0), "lsh needs chunk >= 1, n_hashes >= 1"),
+    (lambda: LSHAttention(8, 2, 3, 0), "lsh needs chunk >= 1, n_hashes >= 1 and an even n_buckets"),
+    (lambda: BigBirdAttention(0, 3, 0), "bigbird needs block >= 1"),
+])
+def test_kernels_built_directly_check_their_settings(make, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        make()
+    assert "\n" not in str(e.value)
+
+
+def test_lsh_source_padding_is_inert():
+    """Right padding changes nothing at the real positions: a position's chunk counts only the
+    positions before it, and padded keys are masked. (BigBird's pattern is a function of the
+    padded length, as Hugging Face's: there it is not inert.)"""
+    torch.manual_seed(0)
+    model = Transformer(_cfg(attention="lsh", lsh_buckets=4)).eval()
+    src, tgt = _batch()
+    padded = torch.cat([src, torch.zeros(src.shape[0], 7, dtype=torch.long)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
