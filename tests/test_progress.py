@@ -83,9 +83,16 @@ def test_log_lines_go_above_an_open_bar(monkeypatch):
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [handler])
     monkeypatch.setattr(root, "level", logging.INFO)
+    # (earlier tests' libraries may have disabled loggers or logging as a whole: undo it here)
+    logger = logging.getLogger("transduce.training")
+    monkeypatch.setattr(logging.root.manager, "disable", 0)
+    for name in ("transduce", "transduce.training"):
+        for attr, value in (("disabled", False), ("level", logging.NOTSET), ("propagate", True)):
+            monkeypatch.setattr(logging.getLogger(name), attr, value)
+    logging.root.manager._clear_cache()
     with progress_bar(10, unit="steps") as bar:
         bar.update(3)
-        logging.getLogger("transduce.training").info("step 3: val_loss 1.5")
+        logger.info("step 3: val_loss 1.5")
     assert "\nstep 3: val_loss 1.5\n" in terminal.getvalue().replace("\r", "\n")
     assert root.handlers == [handler]  # the console handler is back once the bar closes
 
