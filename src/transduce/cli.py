@@ -200,12 +200,18 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-threshold", type=float, default=None, metavar="P",
                    help="with --draft: the draft stops proposing in a step once its latest token's probability is "
                         "below P (default: 0, always K tokens); same output")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
+                   help="no n-gram of N tokens appears twice in an output (default: 0, off)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
+                   help="CTRL's repetition penalty on tokens already output: > 1 discourages repeats "
+                        "(default: 1.0, off)")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
 DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
-                "draft_threshold": "draft_threshold"}
+                "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
+                "repetition_penalty": "repetition_penalty"}
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:

@@ -40,6 +40,12 @@ class DecodeConfig:
     draft_threshold: float = 0.0
     """With a draft model: it stops proposing in a step once its latest token's probability is
     below this (0: always ``draft_tokens``); the output does not change."""
+    no_repeat_ngram_size: int = 0
+    """No n-gram of this size appears twice in an output (0: off); as fairseq, HF and CTranslate2
+    (:mod:`transduce.inference.search.repetition`)."""
+    repetition_penalty: float = 1.0
+    """CTRL's repetition penalty (Keskar et al., 2019): the logit of a token already output is
+    multiplied by it when negative, divided by it otherwise (1.0: off; > 1 discourages repeats)."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")
@@ -49,5 +55,9 @@ class DecodeConfig:
         check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
               f"must be in [0, 1); got {self.draft_threshold}")
         check(self.nbest <= self.beam, "decode.nbest", f"must be <= decode.beam ({self.beam})")
+        check(self.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size",
+              f"must be >= 0 (0: off); got {self.no_repeat_ngram_size}")
+        check(self.repetition_penalty > 0, "decode.repetition_penalty",
+              f"must be > 0 (1.0: off); got {self.repetition_penalty}")
         check(self.lenpen >= 0, "decode.lenpen", "must be >= 0")
         check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_a", "max_len_a/b must be >= 0")

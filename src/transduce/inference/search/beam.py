@@ -35,6 +35,7 @@ from ...config import DecodeConfig
 from ..speed import new_cache, prepared
 from .common import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
                      length_penalty, max_lengths)
+from .repetition import Repetition
 
 
 @dataclass
@@ -212,7 +213,7 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             penalty ((5 + |Y|) / 6) ** alpha (0 disables it); output limit ``max_len_a`` *
             source_len + ``max_len_b`` tokens (EOS counted); ``nbest`` hypotheses returned per
             sentence; no EOS before ``min_len`` tokens; ``stop``, when a sentence is done
-            (see the module doc).
+            (see the module doc); the repetition controls (:mod:`.repetition`).
         attention: also return each output token's cross-attention of this layer and head.
         prefix: (B, L) target ids each hypothesis must begin with, -1-padded
             (:func:`~transduce.inference.search.common.prefix_ids`); the rest is searched.
@@ -237,7 +238,8 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         forced = forced_tokens(prefix, beams.ids, step)                   # (B,) or None: no work without a prefix
         if forced is not None:
             forced = forced.repeat_interleave(beams.scores.shape[1])      # (N,) each beam its sentence's
-        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced)  # (N, w)
+        repeat = Repetition.of(decode, beams.tokens.view(n_rows, -1)[:, 1:])  # each beam's output so far
+        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat)  # (N, w)
         attn = None
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention)

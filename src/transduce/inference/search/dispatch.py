@@ -92,3 +92,6 @@ def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = 
                           "(use beam 1)")
     if attention is not None:
         raise ConfigError("attention: speculative decoding records no attention; decode without a draft model")
+    if decode.no_repeat_ngram_size or decode.repetition_penalty != 1.0:
+        raise ConfigError("decode.no_repeat_ngram_size/repetition_penalty: speculative decoding does not apply the "
+                          "repetition controls; decode without a draft model")
