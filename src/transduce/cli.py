@@ -269,6 +269,33 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="score given translations (forced decoding): per line the log-probability "
+                                     "and the score beam search would give that output")
+    p.add_argument("model_dir", help="model directory")
+    p.add_argument("ensemble", nargs="*", metavar="MORE_MODEL_DIRS", help="more model directories: score with "
+                   "their ensemble")
+    p.add_argument("--src", required=True, help="source file, one sentence per line")
+    p.add_argument("--tgt", required=True, help="target file aligned with --src (an empty line: the empty "
+                   "translation, scored as EOS alone)")
+    p.add_argument("--output", default=None, help="output file (default: stdout)")
+    p.add_argument("--output-format", default="text", choices=["text", "jsonl"],
+                   help="text: 'LOG_PROB<TAB>SCORE' per line; jsonl: also the target pieces and their "
+                        "log-probabilities (default: text)")
+    _add_decode_options(p)
+    _add_runtime_options(p, workers=False)
+    p.set_defaults(func=_cmd_score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from .inference import load
+    from .inference.scoring import score_files
+    with load([args.model_dir, *args.ensemble], runtime_of(args)) as translator:
+        score_files(translator, args.src, args.tgt, args.output, args.output_format,
+                    translator.settings(**decode_overrides(args)))
+    return 0
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue prompts with a decoder-only language model")
     p.add_argument("model_dir", help="model directory of a decoder_only model")
@@ -537,6 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_data(sub)
     _add_translate(sub)
+    _add_score(sub)
     _add_generate(sub)
     _add_classify(sub)
     _add_evaluate(sub)

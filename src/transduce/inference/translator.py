@@ -27,6 +27,7 @@ from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.dispatch import SearchSpec
+from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
 from .runtime import ModelDirs, Runtime, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
@@ -112,6 +113,10 @@ class BaseTranslator:
         """Indices of ``lengths`` grouped into the batches to search."""
         return length_sorted_batches(lengths, batch_tokens)
 
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
+        """Forced decoding of a (B, S) batch of source ids and (B, T) target ids (CPU output)."""
+        raise ConfigError("score: forced decoding runs in this process; load with runtime.workers=0")
+
     def close(self) -> None:
         """Release what the translator holds (nothing here)."""
 
@@ -157,6 +162,16 @@ class BaseTranslator:
         decode = self.settings(decode, **overrides)
         spec = SearchSpec(decode, temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
         return self._run(texts, spec)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], decode: DecodeConfig | None = None,
+              **overrides) -> list:
+        """Score each target as the translation of its source (forced decoding): a list of
+        :class:`~transduce.inference.scoring.Scored` (log-probability, the score beam search would
+        give that output, per-piece log-probabilities), in order."""
+        from .scoring import score_pairs
+
+        with torch.inference_mode():
+            return score_pairs(self, sources, targets, self.settings(decode, **overrides))
 
     def encode_source(self, text: str, max_input_len: int | None = None) -> tuple[list[int], bool]:
         """Source ids (no EOS), cut to ``max_input_len`` (default: :attr:`decode`'s, capped by
@@ -299,6 +314,12 @@ class Translator(BaseTranslator):
                 out = spec.run(self.model, src.to(self.device),
                                None if prefix is None else prefix.to(self.device), self.speculation).cpu()
             yield out  # outside the block: the caller does not run in inference mode
+
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
+        with torch.inference_mode(), self.autocast():
+            out = force_decode(self.model, src.to(self.device), tgt.to(self.device), decode)
+        return ForcedOutput(out.token_log_probs.float().cpu(), out.log_probs.float().cpu(), out.scores.float().cpu(),
+                            out.lengths.cpu())
 
 
 def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device

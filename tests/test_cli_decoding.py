@@ -1,0 +1,77 @@
+"""The decoding controls through ``transduce.cli.main``: ``score``, the repetition options,
+constraints and reranking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from transduce.cli import main
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
+
+FAST = ["--max-len-a", "0", "--max-len-b", "6", "--device", "cpu"]
+SOURCES = ["the cat sat on the mat", "a dog runs in the park", "", "tea"]
+
+
+def _write(path, lines: list[str]):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+TOY = ["the red dog runs", "a small cat sleeps under the tree", "the bird sings today", "old house"]
+
+
+def test_score_equals_the_beam_scores_of_its_outputs(trained_dir, tmp_path, capsys):
+    """Through text: the trained toy model's outputs end with EOS and re-tokenize to themselves."""
+    src = _write(tmp_path / "src.txt", TOY)
+    hyp = tmp_path / "hyp.txt"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(hyp), "--nbest", "2",
+                 "--device", "cpu"]) == 0
+    best = [line.split("\t") for line in hyp.read_text(encoding="utf-8").splitlines()][::2]
+    tgt = _write(tmp_path / "tgt.txt", [text for _, text in best])
+    capsys.readouterr()
+    assert main(["score", str(trained_dir), "--src", str(src), "--tgt", str(tgt), "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(TOY)
+    for (score, _), line in zip(best, lines):
+        assert abs(float(line.split("\t")[1]) - float(score)) < 1e-4
+
+
+def test_score_jsonl_and_empty_target(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "src.txt", ["the cat", "tea"])
+    tgt = _write(tmp_path / "tgt.txt", ["THE CAT", ""])
+    assert main(["score", str(model_dir), "--src", str(src), "--tgt", str(tgt), "--output-format", "jsonl",
+                 "--device", "cpu"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1]["pieces"] == ["</s>"] and rows[1]["log_prob"] < 0  # the empty translation: EOS alone
+    for row in rows:
+        assert len(row["pieces"]) == len(row["token_log_probs"])
+        assert abs(sum(row["token_log_probs"]) - row["log_prob"]) < 1e-4
+
+
+def test_score_rejects_misaligned_files(model_dir, tmp_path, capsys):
+    src = _write(tmp_path / "src.txt", ["a", "b"])
+    tgt = _write(tmp_path / "tgt.txt", ["A"])
+    assert main(["score", str(model_dir), "--src", str(src), "--tgt", str(tgt)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "1 lines" in err
+
+
+def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
+
+
+def test_translate_with_repetition_options(model_dir, tmp_path):
+    src = _write(tmp_path / "src.txt", SOURCES)
+    out = tmp_path / "out.txt"
+    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--beam", "3",
+                 "--max-len-a", "0", "--max-len-b", "12", "--device", "cpu", "--no-repeat-ngram-size", "1",
+                 "--repetition-penalty", "1.2"]) == 0
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES)
+    assert main(["translate", str(model_dir), "--input", str(src), "--repetition-penalty", "0"]) == 2
