@@ -75,3 +75,25 @@ def test_translate_with_repetition_options(model_dir, tmp_path):
                  "--repetition-penalty", "1.2"]) == 0
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES)
     assert main(["translate", str(model_dir), "--input", str(src), "--repetition-penalty", "0"]) == 2
+
+
+def test_translate_with_constraints_and_a_glossary(trained_dir, tmp_path):
+    src = _write(tmp_path / "src.txt", ["the red dog runs\tKatze", "a small cat sleeps\tVogel\tHaus", "old house", ""])
+    glossary = _write(tmp_path / "glossary.tsv", ["house\tBaum"])
+    out = tmp_path / "out.txt"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(out), "--constraints",
+                 "--glossary", str(glossary), "--device", "cpu"]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 4 and lines[3] == ""  # an empty source: an empty translation, constraints or not
+    assert "Katze" in lines[0] and "Vogel" in lines[1] and "Haus" in lines[1] and "Baum" in lines[2]
+
+
+@pytest.mark.parametrize("case", ["too_long", "bad_glossary"])
+def test_constraint_errors_are_one_line(trained_dir, tmp_path, capsys, case):
+    src = _write(tmp_path / "src.txt", ["the dog\t" + " ".join(["Hund"] * 40)])
+    glossary = _write(tmp_path / "glossary.tsv", ["dog Hund"])
+    args = ["--constraints"] if case == "too_long" else ["--glossary", str(glossary)]
+    assert main(["translate", str(trained_dir), "--input", str(src), "--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert ("output limit" in err) if case == "too_long" else ("glossary.tsv:1" in err)

@@ -182,9 +182,10 @@ def _add_runtime_options(p: argparse.ArgumentParser, workers: bool = True) -> No
                         "retried once (default: 120)")
 
 
-def _add_decode_options(p: argparse.ArgumentParser) -> None:
+def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -> None:
     """Decoding settings; each replaces one of the model directory's saved settings (its
-    config.yaml ``decode`` section), those not given keep them."""
+    config.yaml ``decode`` section), those not given keep them. ``constraints``: also where
+    constraints come from (the input line, a glossary)."""
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
@@ -205,6 +206,16 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
                    help="CTRL's repetition penalty on tokens already output: > 1 discourages repeats "
                         "(default: 1.0, off)")
+    if not constraints:
+        return
+    p.add_argument("--constraints", action="store_true",
+                   help="each input line is 'SOURCE<TAB>PHRASE<TAB>PHRASE...': every phrase must appear in its "
+                        "translation (constrained beam search, dynamic beam allocation)")
+    p.add_argument("--glossary", default=None, metavar="FILE",
+                   help="a TSV file of 'source term<TAB>target term' lines: a target term must appear in the "
+                        "translation of each sentence whose words contain its source term")
+    p.add_argument("--glossary-ignore-case", action="store_true", help="match the glossary's source terms "
+                   "regardless of case")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
@@ -217,6 +228,13 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
 def decode_overrides(args: argparse.Namespace) -> dict:
     """The decoding settings given on the command line (DecodeConfig field -> value)."""
     return {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
+
+
+def terms_of(args: argparse.Namespace):
+    """Where the command line's constraints come from (:class:`~transduce.inference.terms.Terms`)."""
+    from .inference.terms import Glossary, Terms
+    glossary = None if args.glossary is None else Glossary.load(args.glossary, args.glossary_ignore_case)
+    return Terms(args.constraints, glossary)
 
 
 def runtime_of(args: argparse.Namespace):
@@ -253,7 +271,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
-    _add_decode_options(p)
+    _add_decode_options(p, constraints=True)
     _add_runtime_options(p)
     p.set_defaults(func=_cmd_translate)
 
@@ -261,7 +279,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import draft_summary, translate_file
     with _load(args) as translator:
-        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, **decode_overrides(args))
+        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, terms=terms_of(args),
+                       **decode_overrides(args))
         draft = draft_summary(translator)
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "

@@ -22,6 +22,7 @@ from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import DataError
 from ..progress import Progress
+from .terms import Terms
 from .translator import Translation, Translator
 
 logger = logging.getLogger(__name__)
@@ -107,12 +108,15 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
     decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
-    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, **overrides,
+    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, terms: Terms = Terms(),
+    **overrides,
 ) -> int:
     """Translate a file (or stdin) line by line into a file (or stdout) with ``decode`` (default:
     the translator's settings) and ``overrides`` of its fields (``nbest=4`` writes the 4 best as
     ``SCORE<TAB>TEXT`` lines); returns lines read. ``prefix_path``: a file aligned with the input
-    whose lines each translation must begin with (an empty line: no prefix).
+    whose lines each translation must begin with (an empty line: no prefix). ``terms``: where
+    each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
+    TAB-separated phrases, a glossary).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
@@ -127,7 +131,8 @@ def translate_file(
             prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
             if prefix is not None and None in prefix:
                 raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
-            results = translator.translate_detailed(chunk, decode, prefix=prefix)
+            sources, constraints = terms.split(chunk)
+            results = translator.translate_detailed(sources, decode, prefix=prefix, constraints=constraints)
             out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
             out.flush()
             n += len(chunk)

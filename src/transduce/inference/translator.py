@@ -26,6 +26,7 @@ from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
+from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
@@ -103,10 +104,10 @@ class BaseTranslator:
     decode: DecodeConfig
     progress: Progress | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
-                ) -> Iterator[SearchOutput]:
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
+                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order (with each
-        batch's forced-prefix ids, if given)."""
+        batch's forced-prefix ids and constraint ids, if given)."""
         raise NotImplementedError
 
     def _batches(self, lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -135,24 +136,28 @@ class BaseTranslator:
         return replace(decode or self.decode, **overrides)
 
     def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None,
-                  prefix: Sequence[str] | None = None, **overrides) -> list[str]:
+                  prefix: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
+                  **overrides) -> list[str]:
         """Translate each text with ``decode`` (default: :attr:`decode`) and ``overrides`` of its
         fields (``beam=1`` is greedy search). Empty input gives empty output. ``prefix``: one
-        target text per input that its translation must begin with ("" for none)."""
+        target text per input that its translation must begin with ("" for none).
+        ``constraints``: per input, target phrases its translation must contain (constrained
+        beam search, :mod:`~transduce.inference.search.constraints`)."""
         decode = self.settings(decode, **overrides)
-        out = self.translate_detailed(texts, replace(decode, nbest=1), prefix=prefix)
+        out = self.translate_detailed(texts, replace(decode, nbest=1), prefix=prefix, constraints=constraints)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
                            attention: AttentionChoice | None = None, prefix: Sequence[str] | None = None,
-                           **overrides) -> list[Translation]:
+                           constraints: Sequence[Sequence[str]] | None = None, **overrides) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
         ``attention`` also returns each hypothesis' cross-attention of that layer and head;
-        ``prefix``: each output begins with that target text (the rest is searched)."""
+        ``prefix``: each output begins with that target text (the rest is searched);
+        ``constraints``: per text, target phrases its output must contain."""
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
-        return self._run(texts, SearchSpec(decode, attention), prefix)
+        return self._run(texts, SearchSpec(decode, attention), prefix, constraints)
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
@@ -183,10 +188,12 @@ class BaseTranslator:
         logger.warning("input of %d tokens truncated to max_input_len=%d: %.40r...", len(ids), limit, text)
         return ids[:limit], True
 
-    def _run(self, texts: Sequence[str], spec: SearchSpec, prefix: Sequence[str] | None = None) -> list[Translation]:
+    def _run(self, texts: Sequence[str], spec: SearchSpec, prefix: Sequence[str] | None = None,
+             constraints: Sequence[Sequence[str]] | None = None) -> list[Translation]:
         """Tokenize, search in length-sorted batches, and return results in input order."""
-        if prefix is not None and len(prefix) != len(texts):
-            raise ConfigError(f"prefix: {len(prefix)} prefixes for {len(texts)} texts (one per text)")
+        for name, given in (("prefix", prefix), ("constraints", constraints)):
+            if given is not None and len(given) != len(texts):
+                raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
         results = [self._source(text, spec.decode.max_input_len) for text in texts]
         todo = [i for i, r in enumerate(results) if r.source_tokens]
         eos = self.config.eos_id
@@ -198,7 +205,11 @@ class BaseTranslator:
         if prefix is not None:
             ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]
             prefixes = [prefix_ids([ids[i] for i in index]) for index in batches]
-        for index, out in zip(batches, self._search(sources, spec, prefixes)):
+        phrases = None
+        if constraints is not None:
+            ids = [[self.tokenizer.encode(p, side="tgt") for p in c if p.strip()] for c in constraints]
+            phrases = [constraint_ids([ids[i] for i in index]) for index in batches]
+        for index, out in zip(batches, self._search(sources, spec, prefixes, phrases)):
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
@@ -307,12 +318,13 @@ class Translator(BaseTranslator):
         """Autocast to bf16/fp16 when ``runtime.precision`` asks for it, else nothing."""
         return autocast_context(self.device, self.runtime.precision)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
-                ) -> Iterator[SearchOutput]:
-        for src, prefix in zip(batches, prefixes or [None] * len(batches)):
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
+                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
+        none = [None] * len(batches)
+        for src, prefix, phrases in zip(batches, prefixes or none, constraints or none):
             with torch.inference_mode(), self.autocast():
-                out = spec.run(self.model, src.to(self.device),
-                               None if prefix is None else prefix.to(self.device), self.speculation).cpu()
+                out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
+                               self.speculation, None if phrases is None else phrases.to(self.device)).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
