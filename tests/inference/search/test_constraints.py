@@ -101,5 +101,6 @@ def test_bank_order_is_round_robin_fullest_first():
     scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, -math.inf]])
     bank = torch.tensor([[0, 0, 1, 2, 2, 2]])
     order = bank_order(scores, bank, 6)[0].tolist()
-    assert order[:5] == [3, 2, 0, 4, 1]  # best of bank 2, 1, 0; then second best of 2, 0
+    assert order[:5] == [0, 3, 2, 4, 1]  # the best of all (bank 0); best of bank 2, 1; second best of 2, 0
     assert order[5] == 5                  # -inf last
+    assert bank_order(scores, bank, 6, best_first=False)[0].tolist()[:5] == [3, 2, 0, 4, 1]  # plain round-robin

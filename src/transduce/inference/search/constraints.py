@@ -154,7 +154,7 @@ class ConstraintBeams:
         bank = grown.progress(rows_l, met, done).view(b, k * m)
         ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
         total = total.masked_fill(ends & ~grown.all_met(rows_l, met).view(b, k * m), -math.inf)
-        order = bank_order(total, bank, min(2 * beam, k * m))            # (B, 2K)
+        order = bank_order(total, bank, min(2 * beam, k * m), beam > 1)  # (B, 2K)
         scores = total.gather(1, order)
         parent = order // m
         ends = ends.gather(1, order) & (scores > -math.inf)
@@ -162,14 +162,22 @@ class ConstraintBeams:
         return Candidates(scores, parent, token.view(b, k * m).gather(1, order), ends)
 
 
-def bank_order(scores: Tensor, bank: Tensor, width: int) -> Tensor:
+def bank_order(scores: Tensor, bank: Tensor, width: int, best_first: bool = True) -> Tensor:
     """The first ``width`` candidates of each sentence in dynamic beam allocation's order: the
-    best of each bank (fullest bank first), then the second best of each, and so on; -inf
-    scores last. (B, M) scores and banks -> (B, width) indices."""
+    best candidate of all (if ``best_first``), then the best of each bank (fullest bank first),
+    then the second best of each, and so on; -inf scores last. (B, M) scores and banks ->
+    (B, width) indices.
+
+    The best of all goes first (with a beam of 2 or more, so that the fullest bank keeps a beam)
+    because with more banks than beams (a constraint of several
+    tokens) the round-robin alone would drop the emptiest bank, and with it the hypothesis the
+    model prefers, which often produces the constraint itself a few words later."""
     n_banks = int(bank.max()) + 1
     by_score = scores.argsort(dim=1, descending=True, stable=True)        # (B, M)
     sorted_bank = bank.gather(1, by_score)
     rank = F.one_hot(sorted_bank, n_banks).cumsum(dim=1).gather(2, sorted_bank.unsqueeze(2)).squeeze(2) - 1
     key = rank * n_banks + (n_banks - 1 - sorted_bank)                   # (B, M) round-robin, fullest first
+    if best_first:
+        key[:, 0] = -1                                                    # the best of all
     key = key.masked_fill(scores.gather(1, by_score) == -math.inf, torch.iinfo(torch.long).max)
     return by_score.gather(1, key.topk(width, dim=1, largest=False).indices)
