@@ -97,3 +97,13 @@ def test_constraint_errors_are_one_line(trained_dir, tmp_path, capsys, case):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert ("output limit" in err) if case == "too_long" else ("glossary.tsv:1" in err)
+
+
+def test_translate_nbest_with_mbr_writes_its_choice(trained_dir, tmp_path):
+    src = _write(tmp_path / "src.txt", TOY)
+    out = tmp_path / "out.txt"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(out), "--nbest", "4",
+                 "--rerank", "mbr", "--mbr-utility", "bleu", "--device", "cpu"]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == len(TOY) and all("\t" not in line for line in lines)  # one choice per input
+    assert main(["translate", str(trained_dir), "--input", str(src), "--rerank", "mbr", "--device", "cpu"]) == 2

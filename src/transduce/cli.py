@@ -206,6 +206,11 @@ def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -
     p.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
                    help="CTRL's repetition penalty on tokens already output: > 1 discourages repeats "
                         "(default: 1.0, off)")
+    p.add_argument("--rerank", default=None, choices=["none", "mbr"],
+                   help="reorder the --nbest hypotheses: mbr = minimum Bayes risk, by expected --mbr-utility "
+                        "against the others (default: none)")
+    p.add_argument("--mbr-utility", default=None, choices=["chrf", "bleu"],
+                   help="with --rerank mbr: the sentence-level utility (default: chrf)")
     if not constraints:
         return
     p.add_argument("--constraints", action="store_true",
@@ -222,7 +227,7 @@ def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -
 DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
-                "repetition_penalty": "repetition_penalty"}
+                "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility"}
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:

@@ -113,7 +113,8 @@ def translate_file(
 ) -> int:
     """Translate a file (or stdin) line by line into a file (or stdout) with ``decode`` (default:
     the translator's settings) and ``overrides`` of its fields (``nbest=4`` writes the 4 best as
-    ``SCORE<TAB>TEXT`` lines); returns lines read. ``prefix_path``: a file aligned with the input
+    ``SCORE<TAB>TEXT`` lines; with ``rerank`` the n-best are the pool it chooses from, and only
+    its choice is written); returns lines read. ``prefix_path``: a file aligned with the input
     whose lines each translation must begin with (an empty line: no prefix). ``terms``: where
     each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
     TAB-separated phrases, a glossary).
@@ -133,7 +134,8 @@ def translate_file(
                 raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
             sources, constraints = terms.split(chunk)
             results = translator.translate_detailed(sources, decode, prefix=prefix, constraints=constraints)
-            out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
+            shown = 1 if decode.rerank != "none" else decode.nbest  # reranking: the n-best are the pool, one answer
+            out.write("".join(line + "\n" for t in results for line in format_translation(t, shown)))
             out.flush()
             n += len(chunk)
             translator.progress.update(n)  # empty lines are not searched: count them too

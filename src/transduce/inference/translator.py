@@ -30,6 +30,7 @@ from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
+from .rerank import mbr_rerank
 from .runtime import ModelDirs, Runtime, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
 from .speed import restore
@@ -49,6 +50,7 @@ class Hypothesis:
         score: the ranking score (length-normalised log-prob for beam search).
         log_prob: sum of the token log-probabilities.
         ended: whether the hypothesis ended with EOS (False: it hit the length limit).
+        utility: its expected utility when the n-best list was reranked by MBR, else None.
         attention: (T, S) cross-attention, rows = ``tokens`` (+ EOS if ``ended``), columns =
             the source tokens + EOS; None unless asked for.
     """
@@ -60,6 +62,7 @@ class Hypothesis:
     log_prob: float
     ended: bool = True
     attention: Tensor | None = None
+    utility: float | None = None
 
 
 @dataclass
@@ -144,7 +147,9 @@ class BaseTranslator:
         ``constraints``: per input, target phrases its translation must contain (constrained
         beam search, :mod:`~transduce.inference.search.constraints`)."""
         decode = self.settings(decode, **overrides)
-        out = self.translate_detailed(texts, replace(decode, nbest=1), prefix=prefix, constraints=constraints)
+        if decode.rerank == "none":  # only the best is needed; reranking chooses among the n-best
+            decode = replace(decode, nbest=1)
+        out = self.translate_detailed(texts, decode, prefix=prefix, constraints=constraints)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
@@ -215,6 +220,9 @@ class BaseTranslator:
             logger.debug("translated a batch of %d sentences", len(index))
             if self.progress is not None:
                 self.progress.advance(len(index))
+        if spec.decode.rerank == "mbr":
+            for r in results:
+                mbr_rerank(r, spec.decode.mbr_utility)
         return results
 
     def _source(self, text: str, max_input_len: int) -> Translation:
