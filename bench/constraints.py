@@ -6,13 +6,15 @@ taken from its reference (``--ref``): distinct words of the reference (of at lea
 Vilar, 2018; Hu et al., 2019). Both systems translate the same sentences with beam ``--beam``;
 reported are BLEU and chrF against the references, the share of constraints that appear in the
 output (as text), the speed in sentences per second (median of ``--runs`` interleaved rounds)
-and the constrained/plain ratios, as one JSON object.
+and the constrained/plain ratios, as one JSON object. With ``--mbr-nbest N`` (0: skip) a third
+system reranks beam ``N``'s N-best by minimum Bayes risk with chrF as the utility
+(``decode.rerank=mbr``), unconstrained, for its BLEU and chrF against plain beam search.
 
 ``--dry`` runs a few sentences once (CI, so the benchmark never rots).
 
 Usage:
     python bench/constraints.py MODEL_DIR --src test.en --ref test.de [--lines 1000] [--beam 4] \\
-        [--max-constraints 2] [--runs 3] [--threads 2]
+        [--max-constraints 2] [--mbr-nbest 8] [--runs 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mbr-nbest", type=int, default=8, help="n-best size for the MBR system (0: skip it)")
     p.add_argument("--dry", action="store_true", help="8 sentences, one run")
     args = p.parse_args(argv)
     lines, runs = (8, 1) if args.dry else (args.lines, args.runs)
@@ -90,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         "plain": lambda: translator.translate(sources, beam=args.beam, nbest=1),
         "constrained": lambda: translator.translate(sources, beam=args.beam, nbest=1, constraints=constraints),
     }
+    if args.mbr_nbest:
+        n = args.mbr_nbest
+        systems["mbr_chrf"] = lambda: translator.translate(sources, beam=n, nbest=n, rerank="mbr", mbr_utility="chrf")
     seconds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[str]] = {}
     for _ in range(runs):  # interleaved: a shared machine drifts
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "constraints", "model_dir": os.fspath(args.model_dir), "sentences": len(sources),
         "constraints": sum(len(c) for c in constraints), "beam": args.beam, "runs": runs, **report,
         "speed_ratio": round(report["constrained"]["sentences_per_s"] / report["plain"]["sentences_per_s"], 3),
-        "bleu_gain": round(report["constrained"]["bleu"] - report["plain"]["bleu"], 2),
+        "bleu_gain": round(report["constrained"]["bleu"] - report["plain"]["bleu"], 2), "mbr_nbest": args.mbr_nbest,
         "date": datetime.date.today().isoformat(), "commit": commit(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
