@@ -107,3 +107,16 @@ def test_translate_nbest_with_mbr_writes_its_choice(trained_dir, tmp_path):
     lines = out.read_text(encoding="utf-8").splitlines()
     assert len(lines) == len(TOY) and all("\t" not in line for line in lines)  # one choice per input
     assert main(["translate", str(trained_dir), "--input", str(src), "--rerank", "mbr", "--device", "cpu"]) == 2
+
+
+def test_translate_jsonl_has_token_log_probs_that_sum_to_the_log_prob(trained_dir, tmp_path):
+    src = _write(tmp_path / "src.txt", TOY + [""])
+    out = tmp_path / "out.jsonl"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(out), "--nbest", "2",
+                 "--output-format", "jsonl", "--no-repeat-ngram-size", "3", "--device", "cpu"]) == 0
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == len(TOY) + 1 and rows[-1]["translation"] == "" and rows[-1]["token_log_probs"] == []
+    for row in rows[:-1]:
+        assert len(row["pieces"]) == len(row["token_log_probs"]) and row["pieces"][-1] == "</s>"
+        assert abs(sum(row["token_log_probs"]) - row["log_prob"]) < 1e-4
+        assert len(row["hypotheses"]) == 2 and row["hypotheses"][0]["translation"] == row["translation"]

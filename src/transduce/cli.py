@@ -273,6 +273,9 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
     p.add_argument("--nbest", type=int, default=None,
                    help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
+    p.add_argument("--output-format", default="text", choices=["text", "jsonl"],
+                   help="jsonl: one JSON object per input line: the translation, its score and log-probability, "
+                        "its pieces and their log-probabilities (and the n-best) (default: text)")
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
@@ -285,7 +288,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     from .inference import draft_summary, translate_file
     with _load(args) as translator:
         translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, terms=terms_of(args),
-                       **decode_overrides(args))
+                       output_format=args.output_format, **decode_overrides(args))
         draft = draft_summary(translator)
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
@@ -313,7 +316,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_score(args: argparse.Namespace) -> int:
     from .inference import load
-    from .inference.scoring import score_files
+    from .inference.files import score_files
     with load([args.model_dir, *args.ensemble], runtime_of(args)) as translator:
         score_files(translator, args.src, args.tgt, args.output, args.output_format,
                     translator.settings(**decode_overrides(args)))
