@@ -87,7 +87,7 @@ def test_constraints_refuse_sampling_and_static(spec):
 def test_progress_follows_the_output():
     phrases = constraint_ids([[[5, 6, 7], [9]]])                          # (1, 2, 3)
     state = ConstraintBeams.start(phrases)
-    rows, lengths = state._rows(torch.tensor([0]))
+    rows, lengths = state.sentence_rows(torch.tensor([0]))
     trace = []
     for token in [5, 6, 8, 5, 6, 7, 9]:  # "5 6" interrupted by 8, then "5 6 7" and "9"
         met, cur, done = state.step(rows, lengths, torch.tensor([token]))

@@ -77,17 +77,19 @@ class ConstraintBeams:
         return ConstraintBeams(phrases, torch.zeros(b, c, dtype=torch.bool, device=device),
                                torch.full((b,), -1, device=device), torch.zeros(b, dtype=torch.long, device=device))
 
-    def _rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+    def sentence_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """The phrases (N, C, L) and their lengths (N, C) of each row, from its sentence's ``ids``."""
         k = self.met.shape[0] // ids.shape[0]
         rows = self.phrases[ids].repeat_interleave(k, dim=0)
         return rows, (rows >= 0).sum(dim=2)
 
-    def all_met(self, lengths: Tensor, met: Tensor) -> Tensor:
+    @staticmethod
+    def all_met(lengths: Tensor, met: Tensor) -> Tensor:
         """(N,) bool: every (non-empty) phrase met."""
         return (met | (lengths == 0)).all(dim=1)
 
-    def progress(self, lengths: Tensor, met: Tensor, done: Tensor) -> Tensor:
+    @staticmethod
+    def progress(lengths: Tensor, met: Tensor, done: Tensor) -> Tensor:
         """(N,) constraint tokens produced: completed phrases plus the one in progress."""
         return (lengths * met).sum(dim=1) + done
 
@@ -122,7 +124,7 @@ class ConstraintBeams:
         """The progress of the new ``beams`` (after their last token), which continue ``rows``
         (B*K,) of the old ones (beam search's reorder)."""
         parent = ConstraintBeams(self.phrases, self.met[rows], self.cur[rows], self.done[rows])
-        phrases, lengths = parent._rows(beams.ids)
+        phrases, lengths = parent.sentence_rows(beams.ids)
         met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1))
         return ConstraintBeams(self.phrases, met, cur, done)
 
@@ -133,7 +135,7 @@ class ConstraintBeams:
 
         Shape: logp (N, V) step log-probs -> Candidates of width min(2K, M).
         """
-        phrases, lengths = self._rows(beams.ids)
+        phrases, lengths = self.sentence_rows(beams.ids)
         b, k = beams.scores.shape
         logp = logp.clone()
         logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
