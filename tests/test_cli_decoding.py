@@ -120,3 +120,26 @@ def test_translate_jsonl_has_token_log_probs_that_sum_to_the_log_prob(trained_di
         assert len(row["pieces"]) == len(row["token_log_probs"]) and row["pieces"][-1] == "</s>"
         assert abs(sum(row["token_log_probs"]) - row["log_prob"]) < 1e-4
         assert len(row["hypotheses"]) == 2 and row["hypotheses"][0]["translation"] == row["translation"]
+
+
+def test_reverse_reranking_adds_the_reverse_models_score(trained_dir, tmp_path):
+    """The toy model stands in for its own reverse: the plumbing and the arithmetic, not the gain."""
+    from transduce.inference import Translator
+
+    tr = Translator.load(trained_dir)
+    tr.reverse = Translator.load(trained_dir)
+    out = tr.translate_detailed(TOY[:2] + [""], beam=3, nbest=3, rerank="reverse", reverse_weight=0.5)
+    for t in out[:2]:
+        utilities = [h.utility for h in t.hypotheses]
+        assert utilities == sorted(utilities, reverse=True)
+        for h in t.hypotheses:
+            back = tr.reverse.score([h.text], [t.source])[0].score
+            assert abs(h.utility - (h.score + 0.5 * back)) < 1e-4
+    assert out[2].best.text == ""
+    src = _write(tmp_path / "src.txt", TOY)
+    dst = tmp_path / "out.txt"
+    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(dst), "--nbest", "3",
+                 "--rerank", f"reverse:{trained_dir}", "--reverse-weight", "0.3", "--device", "cpu"]) == 0
+    assert len(dst.read_text(encoding="utf-8").splitlines()) == len(TOY)
+    with pytest.raises(Exception, match="reverse needs a target->source model"):
+        Translator.load(trained_dir).translate(TOY[:1], nbest=2, rerank="reverse")

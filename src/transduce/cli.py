@@ -7,6 +7,7 @@ exit with status 2.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import errno
 import logging
 import sys
@@ -206,9 +207,13 @@ def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -
     p.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
                    help="CTRL's repetition penalty on tokens already output: > 1 discourages repeats "
                         "(default: 1.0, off)")
-    p.add_argument("--rerank", default=None, choices=["none", "mbr"],
+    p.add_argument("--rerank", default=None, type=_rerank_choice, metavar="{none,mbr,reverse:DIR}",
                    help="reorder the --nbest hypotheses: mbr = minimum Bayes risk, by expected --mbr-utility "
-                        "against the others (default: none)")
+                        "against the others; reverse:DIR = noisy channel, the target->source model in DIR scores "
+                        "the source given each hypothesis, --reverse-weight times its score is added (translate "
+                        "only) (default: none)")
+    p.add_argument("--reverse-weight", type=float, default=None, metavar="W",
+                   help="with --rerank reverse:DIR: the reverse model score's weight (default: 1.0)")
     p.add_argument("--mbr-utility", default=None, choices=["chrf", "bleu"],
                    help="with --rerank mbr: the sentence-level utility (default: chrf)")
     if not constraints:
@@ -227,12 +232,22 @@ def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -
 DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
-                "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility"}
+                "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
+                "reverse_weight": "reverse_weight"}
+
+
+def _rerank_choice(text: str) -> str:
+    if text in ("none", "mbr") or (text.startswith("reverse:") and len(text) > len("reverse:")):
+        return text
+    raise argparse.ArgumentTypeError(f"expected none, mbr or reverse:DIR; got {text!r}")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:
     """The decoding settings given on the command line (DecodeConfig field -> value)."""
-    return {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
+    out = {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
+    if "rerank" in out:  # reverse:DIR is the setting "reverse" and the model the translator's reverse
+        out["rerank"] = out["rerank"].split(":", 1)[0]
+    return out
 
 
 def terms_of(args: argparse.Namespace):
@@ -258,6 +273,8 @@ def _load(args: argparse.Namespace):
     if args.draft is not None and args.beam not in (None, 1):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
     translator = load([args.model_dir, *args.ensemble], runtime_of(args), args.draft)
+    if (getattr(args, "rerank", None) or "").startswith("reverse:"):
+        translator.reverse = load(args.rerank.split(":", 1)[1], replace(runtime_of(args), workers=0))
     if args.draft is not None and translator.settings(**decode_overrides(args)).batch_tokens > 1:
         logging.getLogger("transduce.inference").warning(
             "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "

@@ -47,19 +47,23 @@ class DecodeConfig:
     """CTRL's repetition penalty (Keskar et al., 2019): the logit of a token already output is
     multiplied by it when negative, divided by it otherwise (1.0: off; > 1 discourages repeats)."""
     rerank: str = "none"
-    """How the ``nbest`` hypotheses are reordered: ``none`` (by score) or ``mbr`` (minimum Bayes
-    risk: by expected ``mbr_utility`` against the others; :mod:`transduce.inference.rerank`)."""
+    """How the ``nbest`` hypotheses are reordered: ``none`` (by score), ``mbr`` (minimum Bayes
+    risk: by expected ``mbr_utility`` against the others) or ``reverse`` (noisy channel: a
+    target->source model's score added, ``reverse_weight`` times; the translator's ``reverse``);
+    see :mod:`transduce.inference.rerank`."""
     mbr_utility: str = "chrf"
     """With ``rerank: mbr``: the sentence-level utility, ``chrf`` or ``bleu`` (sacrebleu's)."""
+    reverse_weight: float = 1.0
+    """With ``rerank: reverse``: the weight of the reverse model's score."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")
         check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")
         one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
-        one_of(self.rerank, "decode.rerank", ("none", "mbr"))
+        one_of(self.rerank, "decode.rerank", ("none", "mbr", "reverse"))
         one_of(self.mbr_utility, "decode.mbr_utility", ("chrf", "bleu"))
         check(self.rerank == "none" or self.nbest >= 2, "decode.rerank",
-              f"mbr chooses among the n-best; set decode.nbest >= 2 (got {self.nbest})")
+              f"reranking chooses among the n-best; set decode.nbest >= 2 (got {self.nbest})")
         positive(self, "decode", ("beam", "nbest", "batch_tokens", "max_input_len", "draft_tokens"))
         check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
               f"must be in [0, 1); got {self.draft_threshold}")

@@ -30,7 +30,7 @@ from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
-from .rerank import mbr_rerank
+from .rerank import mbr_rerank, reverse_rerank
 from .runtime import ModelDirs, Runtime, apply_threads, model_dirs, prepared_for
 from .search.speculative import Speculation, check_draft
 from .speed import restore
@@ -50,7 +50,8 @@ class Hypothesis:
         score: the ranking score (length-normalised log-prob for beam search).
         log_prob: sum of the token log-probabilities.
         ended: whether the hypothesis ended with EOS (False: it hit the length limit).
-        utility: its expected utility when the n-best list was reranked by MBR, else None.
+        utility: the reranking value when the n-best list was reranked: the expected utility
+            (MBR) or score + weight x the reverse model's score (noisy channel); else None.
         attention: (T, S) cross-attention, rows = ``tokens`` (+ EOS if ``ended``), columns =
             the source tokens + EOS; None unless asked for.
     """
@@ -106,6 +107,7 @@ class BaseTranslator:
     config: object
     decode: DecodeConfig
     progress: Progress | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
+    reverse: "BaseTranslator | None" = None  # a target->source model, for decode.rerank == "reverse"
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
                 constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
@@ -223,6 +225,8 @@ class BaseTranslator:
         if spec.decode.rerank == "mbr":
             for r in results:
                 mbr_rerank(r, spec.decode.mbr_utility)
+        elif spec.decode.rerank == "reverse":
+            reverse_rerank(results, self.reverse, spec.decode)
         return results
 
     def _source(self, text: str, max_input_len: int) -> Translation:
