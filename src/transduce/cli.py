@@ -212,6 +212,9 @@ def _add_decode_options(p: argparse.ArgumentParser, constraints: bool = False) -
                         "against the others; reverse:DIR = noisy channel, the target->source model in DIR scores "
                         "the source given each hypothesis, --reverse-weight times its score is added (translate "
                         "only) (default: none)")
+    p.add_argument("--mbr-samples", type=int, default=None, metavar="N",
+                   help="with --rerank mbr: choose among N samples (temperature 1) instead of the n-best "
+                        "(default: 0, the n-best)")
     p.add_argument("--reverse-weight", type=float, default=None, metavar="W",
                    help="with --rerank reverse:DIR: the reverse model score's weight (default: 1.0)")
     p.add_argument("--mbr-utility", default=None, choices=["chrf", "bleu"],
@@ -233,7 +236,7 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
                 "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
-                "reverse_weight": "reverse_weight"}
+                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples"}
 
 
 def _rerank_choice(text: str) -> str:

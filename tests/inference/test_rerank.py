@@ -45,3 +45,21 @@ def test_one_hypothesis_is_left_alone():
 def test_bad_rerank_settings_are_one_line_errors(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         DecodeConfig(**kwargs)
+
+
+def test_sampled_pool_weighs_each_draw_once_and_keeps_a_text_once():
+    t = _translation(["a b c", "a b c", "a b d", "x y z"], [-9.0, -9.0, -0.1, -0.1])
+    mbr_rerank(t, "chrf", samples=True)
+    assert [h.text for h in t.hypotheses][0] == "a b c"  # drawn twice: the consensus, whatever its log-prob
+    assert len(t.hypotheses) == 3
+
+
+def test_mbr_over_samples_needs_two(model_dir):
+    from transduce.inference import Translator
+
+    tr = Translator.load(model_dir)
+    out = tr.translate_detailed(["the cat", ""], rerank="mbr", mbr_samples=3, max_len_b=5)
+    assert 1 <= len(out[0].hypotheses) <= 3 and out[0].best.utility is not None and out[1].best.text == ""
+    assert tr.translate(["the cat"], rerank="mbr", mbr_samples=3, max_len_b=5) == [out[0].best.text]  # seeded
+    with pytest.raises(ConfigError, match="decode.rerank"):
+        DecodeConfig(rerank="mbr", mbr_samples=1)

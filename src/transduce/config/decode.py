@@ -53,6 +53,9 @@ class DecodeConfig:
     see :mod:`transduce.inference.rerank`."""
     mbr_utility: str = "chrf"
     """With ``rerank: mbr``: the sentence-level utility, ``chrf`` or ``bleu`` (sacrebleu's)."""
+    mbr_samples: int = 0
+    """With ``rerank: mbr``: the pool is this many samples (ancestral sampling, temperature 1,
+    seeds 0, 1, ...; each counted once, as Eikema & Aziz, 2020) instead of the n-best (0)."""
     reverse_weight: float = 1.0
     """With ``rerank: reverse``: the weight of the reverse model's score."""
 
@@ -62,8 +65,10 @@ class DecodeConfig:
         one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
         one_of(self.rerank, "decode.rerank", ("none", "mbr", "reverse"))
         one_of(self.mbr_utility, "decode.mbr_utility", ("chrf", "bleu"))
-        check(self.rerank == "none" or self.nbest >= 2, "decode.rerank",
-              f"reranking chooses among the n-best; set decode.nbest >= 2 (got {self.nbest})")
+        check(self.mbr_samples >= 0, "decode.mbr_samples", f"must be >= 0; got {self.mbr_samples}")
+        check(self.rerank == "none" or self.nbest >= 2 or (self.rerank == "mbr" and self.mbr_samples >= 2),
+              "decode.rerank", f"reranking chooses among the n-best (or, for mbr, samples); set decode.nbest >= 2 "
+                               f"(got {self.nbest}) or decode.mbr_samples >= 2")
         positive(self, "decode", ("beam", "nbest", "batch_tokens", "max_input_len", "draft_tokens"))
         check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
               f"must be in [0, 1); got {self.draft_threshold}")

@@ -30,10 +30,11 @@ UTILITIES: dict[str, Callable[[str, str], float]] = {
 }
 
 
-def expected_utilities(texts: Sequence[str], log_probs: Sequence[float], utility: str) -> list[float]:
-    """Each text's expected utility against all of them, weighted by softmax(``log_probs``)."""
-    top = max(log_probs)
-    weights = [math.exp(lp - top) for lp in log_probs]
+def expected_utilities(texts: Sequence[str], log_probs: Sequence[float] | None, utility: str) -> list[float]:
+    """Each text's expected utility against all of them, weighted by softmax(``log_probs``), or
+    equally (None: samples, whose frequencies are the weights)."""
+    top = max(log_probs) if log_probs is not None else 0.0
+    weights = [math.exp(lp - top) for lp in log_probs] if log_probs is not None else [1.0] * len(texts)
     total = sum(weights)
     score = UTILITIES[utility]
     cache: dict[tuple[str, str], float] = {}
@@ -46,16 +47,19 @@ def expected_utilities(texts: Sequence[str], log_probs: Sequence[float], utility
     return [sum(w * u(hyp, ref) for w, ref in zip(weights, texts)) / total for hyp in texts]
 
 
-def mbr_rerank(translation, utility: str) -> None:
+def mbr_rerank(translation, utility: str, samples: bool = False) -> None:
     """Reorder a :class:`~transduce.inference.translator.Translation`'s hypotheses by expected
-    ``utility`` (``chrf`` or ``bleu``), best first, and record it on each (in place)."""
+    ``utility`` (``chrf`` or ``bleu``), best first, and record it on each (in place). ``samples``:
+    the hypotheses are samples, weighted equally; a text drawn twice is then kept once."""
     hyps = translation.hypotheses
     if len(hyps) < 2:
         return
-    usable = [h.log_prob if math.isfinite(h.log_prob) else -1e9 for h in hyps]
+    usable = None if samples else [h.log_prob if math.isfinite(h.log_prob) else -1e9 for h in hyps]
     for h, value in zip(hyps, expected_utilities([h.text for h in hyps], usable, utility)):
         h.utility = value
     hyps.sort(key=lambda h: -h.utility)
+    seen: set[str] = set()
+    translation.hypotheses = [h for h in hyps if not (h.text in seen or seen.add(h.text))]
 
 
 def reverse_rerank(translations: Sequence, reverse, decode: DecodeConfig) -> None:

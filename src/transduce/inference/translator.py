@@ -164,7 +164,21 @@ class BaseTranslator:
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
+        if decode.rerank == "mbr" and decode.mbr_samples:
+            if prefix is not None or constraints is not None or attention is not None:
+                raise ConfigError("decode.mbr_samples: MBR over samples takes no prefix, constraints or attention")
+            return self._sampled_mbr(texts, decode)
         return self._run(texts, SearchSpec(decode, attention), prefix, constraints)
+
+    def _sampled_mbr(self, texts: Sequence[str], decode: DecodeConfig) -> list[Translation]:
+        """MBR over ``decode.mbr_samples`` samples of each text (seeds 0, 1, ...)."""
+        plain = replace(decode, rerank="none", nbest=1)
+        draws = [self._run(texts, SearchSpec(plain, temperature=1.0, seed=k)) for k in range(decode.mbr_samples)]
+        for first, *others in zip(*draws):
+            if first.source_tokens:
+                first.hypotheses = [t.best for t in (first, *others)]
+                mbr_rerank(first, decode.mbr_utility, samples=True)
+        return draws[0]
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
