@@ -225,6 +225,19 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
         raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
 
 
+async def translate_job(service: TranslationService, req) -> list[str]:
+    """A /translate request's translations: one job of plain sentences, or of (sentence, its
+    constraints) items (422 unless one list of constraints per sentence)."""
+    decode = service.settings(**req.model_dump(exclude={"sentences", "constraints"}, exclude_none=True))
+    if req.constraints is None:
+        return await run_job(service, ("translate", decode, None), req.sentences)
+    if len(req.constraints) != len(req.sentences):
+        raise ApiError(422, f"constraints: {len(req.constraints)} lists for {len(req.sentences)} sentences "
+                            "(one per sentence)")
+    items = [(s, tuple(c)) for s, c in zip(req.sentences, req.constraints)]
+    return await run_job(service, ("constrained", decode, None), items)
+
+
 def create_app(service: TranslationService, title: str = "transduce"):
     """The FastAPI application for ``service`` (see the module docstring for the routes)."""
     fastapi = require("fastapi", "serve", "serving")
@@ -269,16 +282,7 @@ def create_app(service: TranslationService, title: str = "transduce"):
     async def translate(request: Request):
         req = await parse_body(request, TranslateRequest)
         check_sentences(req.sentences, cfg)
-        if not req.sentences:
-            return {"translations": []}
-        decode = service.settings(**req.model_dump(exclude={"sentences", "constraints"}, exclude_none=True))
-        if req.constraints is None:
-            return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
-        if len(req.constraints) != len(req.sentences):
-            raise ApiError(422, f"constraints: {len(req.constraints)} lists for {len(req.sentences)} sentences "
-                                "(one per sentence)")
-        items = [(s, tuple(c)) for s, c in zip(req.sentences, req.constraints)]
-        return {"translations": await run_job(service, ("constrained", decode, None), items)}
+        return {"translations": await translate_job(service, req) if req.sentences else []}
 
     @app.post("/attention")
     async def attention(request: Request):
