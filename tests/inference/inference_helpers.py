@@ -161,6 +161,6 @@ class HangingSpec(SearchSpec):
     """A search that never ends: a stand-in for an endless loop in a decoding worker (a worker
     process imports it from here, as the test module put this directory on its sys.path)."""
 
-    def run(self, model, src, prefix=None, speculation=None):
+    def run(self, model, src, prefix=None, speculation=None, constraints=None):
         while True:
             time.sleep(0.1)

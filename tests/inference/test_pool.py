@@ -68,6 +68,12 @@ def test_pool_forces_prefixes_as_the_translator_does(pool, translator):
     _same(got, translator.translate_detailed(TEXTS, beam=4, max_len_b=8, prefix=prefixes))
 
 
+def test_pool_constrains_and_controls_repetition_as_the_translator_does(pool, translator):
+    constraints = [["THE"], [], ["A DOG", "CAT"], [], [], [], [], [], ["WE"]]
+    kwargs = dict(beam=3, nbest=2, max_len_b=10, no_repeat_ngram_size=2, constraints=constraints)
+    _same(pool.translate_detailed(TEXTS, **kwargs), translator.translate_detailed(TEXTS, **kwargs))
+
+
 def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
     """A seed seeds each batch's generator, so the same batches give the same samples."""
     batches = pool._batches([len(pool.encode_source(t)[0]) + 1 for t in TEXTS if t], 4096)

@@ -83,6 +83,17 @@ def test_empty_list_and_search_options(client):
     assert r.status_code == 200 and r.json()["translations"][1] == ""
 
 
+def test_constraints_and_repetition_options(client):
+    body = {"sentences": ["the red dog runs", "a cat"], "constraints": [["Katze"], []], "beam": 3,
+            "no_repeat_ngram_size": 2, "repetition_penalty": 1.1}
+    r = client.post("/translate", json=body)
+    assert r.status_code == 200 and "Katze" in r.json()["translations"][0]
+    bad = client.post("/translate", json={"sentences": ["a", "b"], "constraints": [["x"]]})
+    assert bad.status_code == 422 and "constraints" in bad.json()["error"]
+    long = client.post("/translate", json={"sentences": ["a"], "constraints": [["Hund " * 60]], "max_len_b": 5})
+    assert long.status_code == 422 and "output limit" in long.json()["error"]
+
+
 def test_attention_endpoint(client):
     r = client.post("/attention", json={"sentence": "the red dog sleeps", "beam": 1})
     assert r.status_code == 200

@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-from .options import (add_decode_options, add_model_dirs, add_runtime_options, check_worker_timeout, decode_overrides,
-                      load_translator, runtime_of)
+from .options import (add_constraint_options, add_decode_options, add_model_dirs, add_runtime_options,
+                      check_worker_timeout, decode_overrides, load_translator, runtime_of, terms_of)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Adds this module's commands, in the order ``--help`` lists them."""
     _add_translate(sub)
+    _add_score(sub)
     _add_generate(sub)
     _add_classify(sub)
     _add_evaluate(sub)
@@ -26,10 +27,14 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", default=None, help="output file, written atomically (default: stdout)")
     p.add_argument("--nbest", type=int, default=None,
                    help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
+    p.add_argument("--output-format", default="text", choices=["text", "jsonl"],
+                   help="jsonl: one JSON object per input line: the translation, its score and log-probability, "
+                        "its pieces and their log-probabilities (and the n-best) (default: text)")
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
     add_decode_options(p)
+    add_constraint_options(p)
     add_runtime_options(p)
     p.set_defaults(func=_cmd_translate)
 
@@ -37,11 +42,39 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _cmd_translate(args: argparse.Namespace) -> int:
     from ..inference import draft_summary, translate_file
     with load_translator(args) as translator:
-        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, **decode_overrides(args))
+        translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, terms=terms_of(args),
+                       output_format=args.output_format, **decode_overrides(args))
         draft = draft_summary(translator)
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
               "tokens per step of the model", file=sys.stderr)
+    return 0
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="score given translations (forced decoding): per line the log-probability "
+                                     "and the score beam search would give that output")
+    p.add_argument("model_dir", help="model directory")
+    p.add_argument("ensemble", nargs="*", metavar="MORE_MODEL_DIRS", help="more model directories: score with "
+                   "their ensemble")
+    p.add_argument("--src", required=True, help="source file, one sentence per line")
+    p.add_argument("--tgt", required=True, help="target file aligned with --src (an empty line: the empty "
+                   "translation, scored as EOS alone)")
+    p.add_argument("--output", default=None, help="output file (default: stdout)")
+    p.add_argument("--output-format", default="text", choices=["text", "jsonl"],
+                   help="text: 'LOG_PROB<TAB>SCORE' per line; jsonl: also the target pieces and their "
+                        "log-probabilities (default: text)")
+    add_decode_options(p)
+    add_runtime_options(p, workers=False)
+    p.set_defaults(func=_cmd_score)
+
+
+def _cmd_score(args: argparse.Namespace) -> int:
+    from ..inference import load
+    from ..inference.files import score_files
+    with load([args.model_dir, *args.ensemble], runtime_of(args)) as translator:
+        score_files(translator, args.src, args.tgt, args.output, args.output_format,
+                    translator.settings(**decode_overrides(args)))
     return 0
 
 

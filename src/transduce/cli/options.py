@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import replace
 
 from ..errors import ConfigError
 
@@ -64,17 +65,64 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-threshold", type=float, default=None, metavar="P",
                    help="with --draft: the draft stops proposing in a step once its latest token's probability is "
                         "below P (default: 0, always K tokens); same output")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None, metavar="N",
+                   help="no n-gram of N tokens appears twice in an output (default: 0, off)")
+    p.add_argument("--repetition-penalty", type=float, default=None, metavar="P",
+                   help="CTRL's repetition penalty on tokens already output: > 1 discourages repeats "
+                        "(default: 1.0, off)")
+    p.add_argument("--rerank", default=None, type=_rerank_choice, metavar="{none,mbr,reverse:DIR}",
+                   help="reorder the --nbest hypotheses: mbr = minimum Bayes risk, by expected --mbr-utility "
+                        "against the others; reverse:DIR = noisy channel, the target->source model in DIR scores "
+                        "the source given each hypothesis, --reverse-weight times its score is added (translate "
+                        "only) (default: none)")
+    p.add_argument("--mbr-samples", type=int, default=None, metavar="N",
+                   help="with --rerank mbr: choose among N samples (temperature 1) instead of the n-best "
+                        "(default: 0, the n-best)")
+    p.add_argument("--reverse-weight", type=float, default=None, metavar="W",
+                   help="with --rerank reverse:DIR: the reverse model score's weight (default: 1.0)")
+    p.add_argument("--mbr-utility", default=None, choices=["chrf", "bleu"],
+                   help="with --rerank mbr: the sentence-level utility (default: chrf)")
+
+
+def add_constraint_options(p: argparse.ArgumentParser) -> None:
+    """Where constraints come from: the input line, a glossary."""
+    p.add_argument("--constraints", action="store_true",
+                   help="each input line is 'SOURCE<TAB>PHRASE<TAB>PHRASE...': every phrase must appear in its "
+                        "translation (constrained beam search, dynamic beam allocation)")
+    p.add_argument("--glossary", default=None, metavar="FILE",
+                   help="a TSV file of 'source term<TAB>target term' lines: a target term must appear in the "
+                        "translation of each sentence whose words contain its source term")
+    p.add_argument("--glossary-ignore-case", action="store_true", help="match the glossary's source terms "
+                   "regardless of case")
 
 
 # argparse dest -> DecodeConfig field, for the flags that override the saved decoding settings
 DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "max_len_b": "max_len_b",
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
-                "draft_threshold": "draft_threshold"}
+                "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
+                "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
+                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples"}
+
+
+def _rerank_choice(text: str) -> str:
+    if text in ("none", "mbr") or (text.startswith("reverse:") and len(text) > len("reverse:")):
+        return text
+    raise argparse.ArgumentTypeError(f"expected none, mbr or reverse:DIR; got {text!r}")
 
 
 def decode_overrides(args: argparse.Namespace) -> dict:
     """The decoding settings given on the command line (DecodeConfig field -> value)."""
-    return {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
+    out = {field: getattr(args, dest) for dest, field in DECODE_FLAGS.items() if getattr(args, dest, None) is not None}
+    if "rerank" in out:  # reverse:DIR is the setting "reverse" and the model the translator's reverse
+        out["rerank"] = out["rerank"].split(":", 1)[0]
+    return out
+
+
+def terms_of(args: argparse.Namespace):
+    """Where the command line's constraints come from (:class:`~transduce.inference.terms.Terms`)."""
+    from ..inference.terms import Glossary, Terms
+    glossary = None if args.glossary is None else Glossary.load(args.glossary, args.glossary_ignore_case)
+    return Terms(args.constraints, glossary)
 
 
 def check_worker_timeout(args: argparse.Namespace) -> None:
@@ -98,6 +146,8 @@ def load_translator(args: argparse.Namespace):
     if args.draft is not None and args.beam not in (None, 1):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
     translator = load([args.model_dir, *args.ensemble], runtime_of(args), args.draft)
+    if (getattr(args, "rerank", None) or "").startswith("reverse:"):
+        translator.reverse = load(args.rerank.split(":", 1)[1], replace(runtime_of(args), workers=0))
     if args.draft is not None and translator.settings(**decode_overrides(args)).batch_tokens > 1:
         logging.getLogger("transduce.inference").warning(
             "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "

@@ -40,14 +40,42 @@ class DecodeConfig:
     draft_threshold: float = 0.0
     """With a draft model: it stops proposing in a step once its latest token's probability is
     below this (0: always ``draft_tokens``); the output does not change."""
+    no_repeat_ngram_size: int = 0
+    """No n-gram of this size appears twice in an output (0: off); as fairseq, HF and CTranslate2
+    (:mod:`transduce.inference.search.repetition`)."""
+    repetition_penalty: float = 1.0
+    """CTRL's repetition penalty (Keskar et al., 2019): the logit of a token already output is
+    multiplied by it when negative, divided by it otherwise (1.0: off; > 1 discourages repeats)."""
+    rerank: str = "none"
+    """How the ``nbest`` hypotheses are reordered: ``none`` (by score), ``mbr`` (minimum Bayes
+    risk: by expected ``mbr_utility`` against the others) or ``reverse`` (noisy channel: a
+    target->source model's score added, ``reverse_weight`` times; the translator's ``reverse``);
+    see :mod:`transduce.inference.rerank`."""
+    mbr_utility: str = "chrf"
+    """With ``rerank: mbr``: the sentence-level utility, ``chrf`` or ``bleu`` (sacrebleu's)."""
+    mbr_samples: int = 0
+    """With ``rerank: mbr``: the pool is this many samples (ancestral sampling, temperature 1,
+    seeds 0, 1, ...; each counted once, as Eikema & Aziz, 2020) instead of the n-best (0)."""
+    reverse_weight: float = 1.0
+    """With ``rerank: reverse``: the weight of the reverse model's score."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")
         check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")
         one_of(self.stop, "decode.stop", ("k_finished", "best_finished"))
+        one_of(self.rerank, "decode.rerank", ("none", "mbr", "reverse"))
+        one_of(self.mbr_utility, "decode.mbr_utility", ("chrf", "bleu"))
+        check(self.mbr_samples >= 0, "decode.mbr_samples", f"must be >= 0; got {self.mbr_samples}")
+        check(self.rerank == "none" or self.nbest >= 2 or (self.rerank == "mbr" and self.mbr_samples >= 2),
+              "decode.rerank", f"reranking chooses among the n-best (or, for mbr, samples); set decode.nbest >= 2 "
+                               f"(got {self.nbest}) or decode.mbr_samples >= 2")
         positive(self, "decode", ("beam", "nbest", "batch_tokens", "max_input_len", "draft_tokens"))
         check(0.0 <= self.draft_threshold < 1.0, "decode.draft_threshold",
               f"must be in [0, 1); got {self.draft_threshold}")
         check(self.nbest <= self.beam, "decode.nbest", f"must be <= decode.beam ({self.beam})")
+        check(self.no_repeat_ngram_size >= 0, "decode.no_repeat_ngram_size",
+              f"must be >= 0 (0: off); got {self.no_repeat_ngram_size}")
+        check(self.repetition_penalty > 0, "decode.repetition_penalty",
+              f"must be > 0 (1.0: off); got {self.repetition_penalty}")
         check(self.lenpen >= 0, "decode.lenpen", "must be >= 0")
         check(self.max_len_a >= 0 and self.max_len_b >= 0, "decode.max_len_a", "max_len_a/b must be >= 0")

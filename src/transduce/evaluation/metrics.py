@@ -91,7 +91,9 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
     """
     if len(sources) != len(references):
         raise DataError(f"{len(sources)} source lines but {len(references)} reference lines")
-    decode = replace(decode or translator.decode, nbest=1)
+    decode = decode or translator.decode
+    if decode.rerank == "none":  # reranking chooses among the n-best
+        decode = replace(decode, nbest=1)
     start = time.perf_counter()
     results = translator.translate_detailed(sources, decode)
     seconds = time.perf_counter() - start

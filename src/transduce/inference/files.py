@@ -24,6 +24,8 @@ from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import DataError
 from ..progress import progress_bar
+from .scoring import best_token_log_probs, format_scored, score_pairs, translation_json
+from .terms import Terms
 from .translator import Translation, Translator
 
 logger = logging.getLogger(__name__)
@@ -110,12 +112,18 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
     decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
-    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, **overrides,
+    stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, terms: Terms = Terms(),
+    output_format: str = "text", **overrides,
 ) -> int:
     """Translate a file (or stdin) line by line into a file (or stdout) with ``decode`` (default:
     the translator's settings) and ``overrides`` of its fields (``nbest=4`` writes the 4 best as
-    ``SCORE<TAB>TEXT`` lines); returns lines read. ``prefix_path``: a file aligned with the input
-    whose lines each translation must begin with (an empty line: no prefix).
+    ``SCORE<TAB>TEXT`` lines; with ``rerank`` the n-best are the pool it chooses from, and only
+    its choice is written); returns lines read. ``prefix_path``: a file aligned with the input
+    whose lines each translation must begin with (an empty line: no prefix). ``terms``: where
+    each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
+    TAB-separated phrases, a glossary). ``output_format`` ``jsonl``: a JSON object per input
+    line instead (:func:`~transduce.inference.scoring.translation_json`: per-token log-probabilities,
+    by forced decoding of the outputs, in this process).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
@@ -131,8 +139,9 @@ def translate_file(
             prefix = None if prefixes is None else [next(prefixes, None) for _ in chunk]
             if prefix is not None and None in prefix:
                 raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
-            results = translator.translate_detailed(chunk, decode, prefix=prefix)
-            out.write("".join(line + "\n" for t in results for line in format_translation(t, decode.nbest)))
+            sources, constraints = terms.split(chunk)
+            results = translator.translate_detailed(sources, decode, prefix=prefix, constraints=constraints)
+            out.write("".join(line + "\n" for line in _output_lines(translator, results, decode, output_format)))
             out.flush()
             n += len(chunk)
             bar.update(n - bar.n)  # empty lines are not searched: count them too
@@ -140,3 +149,27 @@ def translate_file(
         if prefixes is not None and next(prefixes, None) is not None:
             raise DataError(f"{prefix_path}: has more lines than the input ({n})")
     return n
+
+
+def _output_lines(translator, results: list[Translation], decode: DecodeConfig, output_format: str) -> list[str]:
+    """The output lines of a chunk's translations in ``output_format`` (text or jsonl)."""
+    if output_format == "jsonl":
+        log_probs = best_token_log_probs(translator, results, decode)
+        return [one_line(translation_json(t, lp)) for t, lp in zip(results, log_probs)]
+    shown = 1 if decode.rerank != "none" else decode.nbest  # reranking: the n-best are the pool, one answer
+    return [line for t in results for line in format_translation(t, shown)]
+
+
+def score_files(translator, src_path: str | os.PathLike, tgt_path: str | os.PathLike,
+                output_path: str | os.PathLike | None, output_format: str = "text",
+                decode: DecodeConfig | None = None) -> int:
+    """Score the aligned lines of two files into a file (or stdout); returns the pairs scored. A
+    one-line DataError when the files differ in length."""
+    decode = decode or translator.decode
+    sources, targets = list(read_lines(src_path)), list(read_lines(tgt_path))
+    if len(sources) != len(targets):
+        raise DataError(f"{tgt_path}: has {len(targets)} lines, {src_path} has {len(sources)} (one target per source)")
+    with atomic_output(output_path) as out, reporting(translator, len(sources), enabled=not out.isatty()):
+        scored = score_pairs(translator, sources, targets, decode)
+        out.write("".join(one_line(format_scored(s, output_format)) + "\n" for s in scored))
+    return len(scored)

@@ -145,7 +145,7 @@ def _ready() -> int:
     return os.getpid()
 
 
-def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None
+def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None, constraints: _Packed | None = None
             ) -> tuple[float, tuple[_Packed | None, ...]]:
     """Search one batch in a worker: (seconds it took, the packed SearchOutput)."""
     if "error" in _WORKER:
@@ -154,7 +154,7 @@ def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None
     start = time.perf_counter()
     with torch.inference_mode(), translator.autocast():
         out = _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor(),
-                             translator.speculation))
+                             translator.speculation, None if constraints is None else constraints.tensor()))
     return time.perf_counter() - start, out
 
 
@@ -249,12 +249,14 @@ class SearchPool:
         """Seconds a batch of ``positions`` may take (see ``SLOW_FACTOR``)."""
         return max(self.timeout_s, SLOW_FACTOR * self._rate * positions)
 
-    def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None
-            ) -> Iterator[SearchOutput]:
+    def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None,
+            constraints: Sequence[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
-        (each with its forced-prefix ids, if given)."""
+        (each with its forced-prefix ids and its constraint ids, if given)."""
         prefixes = prefixes or [None] * len(batches)
-        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p)) for src, p in zip(batches, prefixes)]
+        constraints = constraints or [None] * len(batches)
+        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p), None if c is None else _Packed.of(c))
+                for src, p, c in zip(batches, prefixes, constraints)]
         deadlines = [self._deadline(_positions(src, spec)) for src in batches]
         try:
             futures = [self._executor.submit(_search, *job) for job in jobs]
@@ -373,6 +375,6 @@ class TranslatorPool(BaseTranslator):
         budget = min(batch_tokens, max(share, MIN_BATCH_TOKENS))
         return spread_batches(length_sorted_batches(lengths, budget), lengths, self.pool.workers)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
-                ) -> Iterator[SearchOutput]:
-        return self.pool.map(batches, spec, prefixes)
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
+                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
+        return self.pool.map(batches, spec, prefixes, constraints)

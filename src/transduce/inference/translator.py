@@ -25,9 +25,12 @@ from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
+from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
+from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
 from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
+from .rerank import mbr_rerank, reverse_rerank
 from .search.speculative import Speculation, check_draft
 from .speed import restore
 
@@ -49,6 +52,8 @@ class Hypothesis:
         score: the ranking score (length-normalised log-prob for beam search).
         log_prob: sum of the token log-probabilities.
         ended: whether the hypothesis ended with EOS (False: it hit the length limit).
+        utility: the reranking value when the n-best list was reranked: the expected utility
+            (MBR) or score + weight x the reverse model's score (noisy channel); else None.
         attention: (T, S) cross-attention, rows = ``tokens`` (+ EOS if ``ended``), columns =
             the source tokens + EOS; None unless asked for.
     """
@@ -60,6 +65,7 @@ class Hypothesis:
     log_prob: float
     ended: bool = True
     attention: Tensor | None = None
+    utility: float | None = None
 
 
 @dataclass
@@ -103,16 +109,21 @@ class BaseTranslator:
     config: object
     decode: DecodeConfig
     progress: tqdm | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
+    reverse: "BaseTranslator | None" = None  # a target->source model, for decode.rerank == "reverse"
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
-                ) -> Iterator[SearchOutput]:
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
+                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order (with each
-        batch's forced-prefix ids, if given)."""
+        batch's forced-prefix ids and constraint ids, if given)."""
         raise NotImplementedError
 
     def _batches(self, lengths: list[int], batch_tokens: int) -> list[list[int]]:
         """Indices of ``lengths`` grouped into the batches to search."""
         return length_sorted_batches(lengths, batch_tokens)
+
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
+        """Forced decoding of a (B, S) batch of source ids and (B, T) target ids (CPU output)."""
+        raise ConfigError("score: forced decoding runs in this process; load with runtime.workers=0")
 
     def close(self) -> None:
         """Release what the translator holds (nothing here)."""
@@ -132,24 +143,44 @@ class BaseTranslator:
         return replace(decode or self.decode, **overrides)
 
     def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None,
-                  prefix: Sequence[str] | None = None, **overrides) -> list[str]:
+                  prefix: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
+                  **overrides) -> list[str]:
         """Translate each text with ``decode`` (default: :attr:`decode`) and ``overrides`` of its
         fields (``beam=1`` is greedy search). Empty input gives empty output. ``prefix``: one
-        target text per input that its translation must begin with ("" for none)."""
+        target text per input that its translation must begin with ("" for none).
+        ``constraints``: per input, target phrases its translation must contain (constrained
+        beam search, :mod:`~transduce.inference.search.constraints`)."""
         decode = self.settings(decode, **overrides)
-        out = self.translate_detailed(texts, replace(decode, nbest=1), prefix=prefix)
+        if decode.rerank == "none":  # only the best is needed; reranking chooses among the n-best
+            decode = replace(decode, nbest=1)
+        out = self.translate_detailed(texts, decode, prefix=prefix, constraints=constraints)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
                            attention: AttentionChoice | None = None, prefix: Sequence[str] | None = None,
-                           **overrides) -> list[Translation]:
+                           constraints: Sequence[Sequence[str]] | None = None, **overrides) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
         ``attention`` also returns each hypothesis' cross-attention of that layer and head;
-        ``prefix``: each output begins with that target text (the rest is searched)."""
+        ``prefix``: each output begins with that target text (the rest is searched);
+        ``constraints``: per text, target phrases its output must contain."""
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
-        return self._run(texts, SearchSpec(decode, attention), prefix)
+        if decode.rerank == "mbr" and decode.mbr_samples:
+            if prefix is not None or constraints is not None or attention is not None:
+                raise ConfigError("decode.mbr_samples: MBR over samples takes no prefix, constraints or attention")
+            return self._sampled_mbr(texts, decode)
+        return self._run(texts, SearchSpec(decode, attention), prefix, constraints)
+
+    def _sampled_mbr(self, texts: Sequence[str], decode: DecodeConfig) -> list[Translation]:
+        """MBR over ``decode.mbr_samples`` samples of each text (seeds 0, 1, ...)."""
+        plain = replace(decode, rerank="none", nbest=1)
+        draws = [self._run(texts, SearchSpec(plain, temperature=1.0, seed=k)) for k in range(decode.mbr_samples)]
+        for first, *others in zip(*draws):
+            if first.source_tokens:
+                first.hypotheses = [t.best for t in (first, *others)]
+                mbr_rerank(first, decode.mbr_utility, samples=True)
+        return draws[0]
 
     def sample(self, texts: Sequence[str], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                seed: int | None = None, decode: DecodeConfig | None = None, **overrides) -> list[Translation]:
@@ -159,6 +190,16 @@ class BaseTranslator:
         decode = self.settings(decode, **overrides)
         spec = SearchSpec(decode, temperature=float(temperature), top_k=top_k, top_p=float(top_p), seed=seed)
         return self._run(texts, spec)
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], decode: DecodeConfig | None = None,
+              **overrides) -> list:
+        """Score each target as the translation of its source (forced decoding): a list of
+        :class:`~transduce.inference.scoring.Scored` (log-probability, the score beam search would
+        give that output, per-piece log-probabilities), in order."""
+        from .scoring import score_pairs
+
+        with torch.inference_mode():
+            return score_pairs(self, sources, targets, self.settings(decode, **overrides))
 
     def encode_source(self, text: str, max_input_len: int | None = None) -> tuple[list[int], bool]:
         """Source ids (no EOS), cut to ``max_input_len`` (default: :attr:`decode`'s, capped by
@@ -170,10 +211,12 @@ class BaseTranslator:
         logger.warning("input of %d tokens truncated to max_input_len=%d: %.40r...", len(ids), limit, text)
         return ids[:limit], True
 
-    def _run(self, texts: Sequence[str], spec: SearchSpec, prefix: Sequence[str] | None = None) -> list[Translation]:
+    def _run(self, texts: Sequence[str], spec: SearchSpec, prefix: Sequence[str] | None = None,
+             constraints: Sequence[Sequence[str]] | None = None) -> list[Translation]:
         """Tokenize, search in length-sorted batches, and return results in input order."""
-        if prefix is not None and len(prefix) != len(texts):
-            raise ConfigError(f"prefix: {len(prefix)} prefixes for {len(texts)} texts (one per text)")
+        for name, given in (("prefix", prefix), ("constraints", constraints)):
+            if given is not None and len(given) != len(texts):
+                raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
         results = [self._source(text, spec.decode.max_input_len) for text in texts]
         todo = [i for i, r in enumerate(results) if r.source_tokens]
         eos = self.config.eos_id
@@ -185,12 +228,21 @@ class BaseTranslator:
         if prefix is not None:
             ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]
             prefixes = [prefix_ids([ids[i] for i in index]) for index in batches]
-        for index, out in zip(batches, self._search(sources, spec, prefixes)):
+        phrases = None
+        if constraints is not None:
+            ids = [[self.tokenizer.encode(p, side="tgt") for p in c if p.strip()] for c in constraints]
+            phrases = [constraint_ids([ids[i] for i in index]) for index in batches]
+        for index, out in zip(batches, self._search(sources, spec, prefixes, phrases)):
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
             if self.progress is not None:
                 self.progress.update(len(index))
+        if spec.decode.rerank == "mbr":
+            for r in results:
+                mbr_rerank(r, spec.decode.mbr_utility)
+        elif spec.decode.rerank == "reverse":
+            reverse_rerank(results, self.reverse, spec.decode)
         return results
 
     def _source(self, text: str, max_input_len: int) -> Translation:
@@ -294,13 +346,20 @@ class Translator(BaseTranslator):
         """Autocast to bf16/fp16 when ``runtime.precision`` asks for it, else nothing."""
         return autocast_context(self.device, self.runtime.precision)
 
-    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None
-                ) -> Iterator[SearchOutput]:
-        for src, prefix in zip(batches, prefixes or [None] * len(batches)):
+    def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
+                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
+        none = [None] * len(batches)
+        for src, prefix, phrases in zip(batches, prefixes or none, constraints or none):
             with torch.inference_mode(), self.autocast():
-                out = spec.run(self.model, src.to(self.device),
-                               None if prefix is None else prefix.to(self.device), self.speculation).cpu()
+                out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
+                               self.speculation, None if phrases is None else phrases.to(self.device)).cpu()
             yield out  # outside the block: the caller does not run in inference mode
+
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
+        with torch.inference_mode(), self.autocast():
+            out = force_decode(self.model, src.to(self.device), tgt.to(self.device), decode)
+        return ForcedOutput(out.token_log_probs.float().cpu(), out.log_probs.float().cpu(), out.scores.float().cpu(),
+                            out.lengths.cpu())
 
 
 def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device

@@ -2,7 +2,8 @@
 :class:`~.batcher.DynamicBatcher` that owns it.
 
 Routes:
-    POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50}
+    POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50,
+                      "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "constraints": [[...], ...]}
                      -> {"translations": [...]} in input order (settings not given: the model's)
     POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
@@ -63,15 +64,19 @@ class TranslationService:
         self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
                                       max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
 
-    def cost(self, texts: list[str]) -> int:
-        """Source tokens + EOS of ``texts``: what the token budget counts."""
+    def cost(self, items: list[str] | list[tuple[str, tuple[str, ...]]]) -> int:
+        """Source tokens + EOS of the items' texts: what the token budget counts."""
+        texts = [t if isinstance(t, str) else t[0] for t in items]
         return sum(len(self.translator.tokenizer.encode(t, "src")) + 1 for t in texts)
 
-    def _run(self, key: Hashable, items: list[str]) -> list[Any]:
-        """One batch of jobs with the same key: (kind, DecodeConfig, AttentionChoice or None)."""
+    def _run(self, key: Hashable, items: list[Any]) -> list[Any]:
+        """One batch of jobs with the same key: (kind, DecodeConfig, AttentionChoice or None);
+        a ``constrained`` job's items are (text, its constraints)."""
         kind, decode, attention = key
         if kind == "translate":
             return self.translator.translate(items, decode)
+        if kind == "constrained":
+            return self.translator.translate([t for t, _ in items], decode, constraints=[list(c) for _, c in items])
         return [attention_payload(r) for r in self.translator.translate_detailed(items, decode, attention)]
 
     def settings(self, **fields) -> Any:
@@ -159,6 +164,9 @@ def request_models():
         lenpen: float | None = Field(None, ge=0.0, le=5.0)
         max_len_a: float | None = Field(None, ge=0.0, le=4.0)
         max_len_b: int | None = Field(None, ge=0, le=1024)
+        no_repeat_ngram_size: int | None = Field(None, ge=0, le=16)
+        repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+        constraints: list[list[str]] | None = None  # per sentence: target phrases it must contain
 
     class AttentionRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -215,6 +223,19 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
         raise ApiError(422, str(e)) from None
     except Exception as e:  # noqa: BLE001 - reported to the client, logged by the batcher
         raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
+
+
+async def translate_job(service: TranslationService, req) -> list[str]:
+    """A /translate request's translations: one job of plain sentences, or of (sentence, its
+    constraints) items (422 unless one list of constraints per sentence)."""
+    decode = service.settings(**req.model_dump(exclude={"sentences", "constraints"}, exclude_none=True))
+    if req.constraints is None:
+        return await run_job(service, ("translate", decode, None), req.sentences)
+    if len(req.constraints) != len(req.sentences):
+        raise ApiError(422, f"constraints: {len(req.constraints)} lists for {len(req.sentences)} sentences "
+                            "(one per sentence)")
+    items = [(s, tuple(c)) for s, c in zip(req.sentences, req.constraints)]
+    return await run_job(service, ("constrained", decode, None), items)
 
 
 def create_app(service: TranslationService, title: str = "transduce"):
@@ -286,10 +307,7 @@ def _add_decode_routes(app, service: TranslationService) -> None:
     async def translate(request: Request):
         req = await parse_body(request, TranslateRequest)
         check_sentences(req.sentences, cfg)
-        if not req.sentences:
-            return {"translations": []}
-        decode = service.settings(**req.model_dump(exclude={"sentences"}, exclude_none=True))
-        return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
+        return {"translations": await translate_job(service, req) if req.sentences else []}
 
     @app.post("/attention")
     async def attention(request: Request):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +35,11 @@ from torch import Tensor
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
 from .common import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
-                     length_penalty, max_lengths)
+                     length_penalty, max_lengths, step_log_probs)
+from .repetition import Repetition
+
+if TYPE_CHECKING:  # constraints.py builds on this module's Beams and Candidates
+    from .constraints import ConstraintBeams
 
 
 @dataclass
@@ -202,7 +207,8 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
-                attention: AttentionChoice | None = None, prefix: Tensor | None = None) -> SearchOutput:
+                attention: AttentionChoice | None = None, prefix: Tensor | None = None,
+                constraints: ConstraintBeams | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -212,20 +218,23 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             penalty ((5 + |Y|) / 6) ** alpha (0 disables it); output limit ``max_len_a`` *
             source_len + ``max_len_b`` tokens (EOS counted); ``nbest`` hypotheses returned per
             sentence; no EOS before ``min_len`` tokens; ``stop``, when a sentence is done
-            (see the module doc).
+            (see the module doc); the repetition controls (:mod:`.repetition`).
         attention: also return each output token's cross-attention of this layer and head.
         prefix: (B, L) target ids each hypothesis must begin with, -1-padded
             (:func:`~transduce.inference.search.common.prefix_ids`); the rest is searched.
+        constraints: each sentence's target phrases that must appear, tracked per hypothesis
+            (:meth:`~transduce.inference.search.constraints.ConstraintBeams.start`): dynamic beam
+            allocation (:mod:`.constraints`).
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
     with prepared(model):
-        return _beam_search(model, src, decode, attention, prefix)
+        return _beam_search(model, src, decode, attention, prefix, constraints)
 
 
 def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None,
-                 prefix: Tensor | None) -> SearchOutput:
+                 prefix: Tensor | None, cons: ConstraintBeams | None) -> SearchOutput:
     cfg, beam, need_attention = model.config, decode.beam, attention is not None
     beams, fin = start(src, beam, cfg, decode.max_len_a, decode.max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
@@ -237,12 +246,17 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         forced = forced_tokens(prefix, beams.ids, step)                   # (B,) or None: no work without a prefix
         if forced is not None:
             forced = forced.repeat_interleave(beams.scores.shape[1])      # (N,) each beam its sentence's
-        row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced)  # (N, w)
+        repeat = Repetition.of(decode, beams.tokens.view(n_rows, -1)[:, 1:])  # each beam's output so far
         attn = None
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention)
             attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
-        cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)
+        if cons is None:
+            row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat)
+            cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)  # from (N, w) each
+        else:
+            logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len, forced, repeat)  # (N, V)
+            cand = cons.candidates(logp, beams, beam, step, cfg.eos_id)
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)
@@ -258,6 +272,8 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         if bool(done.any()):
             beams, rows, keep = drop_done(beams, rows, done)
             enc = enc.index_select(keep)
+        if cons is not None:
+            cons = cons.advanced(beams, rows)
         cache = cache.reorder(rows, cross=keep)
     return best_of(fin, decode.nbest)
 

@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from .repetition import Repetition
 
 
 class Seq2Seq(Protocol):
@@ -98,16 +99,23 @@ def max_lengths(src: Tensor, config: object, max_len_a: float, max_len_b: int) -
 
 
 def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int,
-                   forced: Tensor | None = None) -> Tensor:
+                   forced: Tensor | None = None, repeat: Repetition | None = None) -> Tensor:
     """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS; rows
-    with a ``forced`` token (N,) (-1: none) may only take that one (prefix decoding).
+    with a ``forced`` token (N,) (-1: none) may only take that one (prefix decoding). With
+    ``repeat``, its penalty applies to the logits and its n-gram blocking to the log-probs
+    (:mod:`.repetition`): every search applies them here.
 
     Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
     ``step`` may be a 0-dim device tensor (static decoding), which the host never reads.
 
     Shape: logits (N, V) -> (N, V) float32.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logits = logits.float()
+    if repeat is not None:
+        logits = repeat.penalise(logits)
+    logp = torch.log_softmax(logits, dim=-1)
+    if repeat is not None:
+        logp = repeat.block(logp)
     logp[:, config.pad_id] = -math.inf
     logp[:, config.bos_id] = -math.inf
     if isinstance(step, Tensor):
@@ -136,21 +144,22 @@ SCORE_ROWS = 128
 
 
 def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
-                k: int, forced: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                k: int, forced: Tensor | None = None, repeat: Repetition | None = None) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
-    projected ``states`` (``forced`` tokens as it says), then :func:`topk_rows`, in blocks of
-    ``SCORE_ROWS`` rows on CPU.
+    projected ``states`` (``forced`` tokens and ``repeat`` as it says), then :func:`topk_rows`,
+    in blocks of ``SCORE_ROWS`` rows on CPU.
 
     Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V).
     """
-    def score(block: Tensor, forced_block: Tensor | None) -> tuple[Tensor, Tensor]:
-        logp = step_log_probs(model.output_proj(block), config, step, min_len, forced_block)  # (rows, V)
+    def score(start: int, block: Tensor) -> tuple[Tensor, Tensor]:
+        stop = start + block.shape[0]
+        logp = step_log_probs(model.output_proj(block), config, step, min_len,
+                              None if forced is None else forced[start:stop],
+                              None if repeat is None else repeat.rows(start, stop))  # (rows, V)
         return topk_rows(logp, min(k, logp.shape[-1]))
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
-    blocks = states.split(rows)
-    forced_blocks = forced.split(rows) if forced is not None else [None] * len(blocks)
-    parts = [score(block, f) for block, f in zip(blocks, forced_blocks)]
+    parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])

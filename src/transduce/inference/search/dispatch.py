@@ -17,7 +17,8 @@ from torch import Tensor
 from ...config import DecodeConfig
 from ...errors import ConfigError
 from .beam import beam_search
-from .common import AttentionChoice, SearchOutput
+from .common import AttentionChoice, SearchOutput, max_lengths
+from .constraints import ConstraintBeams, check_fits
 from .greedy import greedy_search
 from .sampling import filter_logits, sample
 from .speculative import Speculation, speculative_search
@@ -43,10 +44,14 @@ class SearchSpec:
     static: bool | None = None
 
     def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
-            speculation: Speculation | None = None) -> SearchOutput:
+            speculation: Speculation | None = None, constraints: Tensor | None = None) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
         beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
-        greedy search or sampling with its draft model proposing tokens."""
+        greedy search or sampling with its draft model proposing tokens; with ``constraints``
+        (B, C, L) phrase ids (-1-padded, :func:`~.constraints.constraint_ids`), constrained beam
+        search (any beam size, eager)."""
+        if constraints is not None:
+            return self._constrained(model, src, prefix, speculation, constraints)
         if speculation is not None:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work without a draft model")
@@ -73,6 +78,15 @@ class SearchSpec:
             raise ConfigError(f"static: {why_not}")
         return True
 
+    def _constrained(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None,
+                     speculation: Speculation | None, constraints: Tensor) -> SearchOutput:
+        if speculation is not None or self.temperature:
+            raise ConfigError("constraints: constrained decoding is beam search; drop the draft model and sampling")
+        if self.static:
+            raise ConfigError("static: constrained decoding runs eagerly; use static=False")
+        check_fits(constraints, max_lengths(src, model.config, self.decode.max_len_a, self.decode.max_len_b))
+        return beam_search(model, src, self.decode, self.attention, prefix, ConstraintBeams.start(constraints))
+
     def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
         check_speculative(self.decode, self.attention)
         if not self.temperature:
@@ -92,3 +106,6 @@ def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = 
                           "(use beam 1)")
     if attention is not None:
         raise ConfigError("attention: speculative decoding records no attention; decode without a draft model")
+    if decode.no_repeat_ngram_size or decode.repetition_penalty != 1.0:
+        raise ConfigError("decode.no_repeat_ngram_size/repetition_penalty: speculative decoding does not apply the "
+                          "repetition controls; decode without a draft model")

@@ -14,12 +14,14 @@ from torch import Tensor
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
 from .common import AttentionChoice, SearchOutput, Seq2Seq, best_tokens, cross_attention_row, forced_tokens, max_lengths
+from .repetition import Repetition
 
 
 # Choose the next token from the decoder's output states (N, D) at a step (the second
-# argument), each row's forced token or -1 (the third, or None for no forcing): returns the ids
+# argument), each row's forced token or -1 (the third, or None for no forcing), under the
+# repetition controls over each row's output so far (the fourth, or None): returns the ids
 # (N,) long and their log-probabilities (N,).
-TokenChooser = Callable[[Tensor, int, Tensor | None], tuple[Tensor, Tensor]]
+TokenChooser = Callable[[Tensor, int, Tensor | None, Repetition | None], tuple[Tensor, Tensor]]
 
 
 @dataclass
@@ -28,7 +30,7 @@ class _Rows:
 
     ids: Tensor        # (N,) which sentence of the batch each active row is
     last: Tensor       # (N, 1) the token fed to the next step
-    prefix: Tensor     # (N, t + 1) BOS + tokens so far (only read by the uncached path)
+    prefix: Tensor     # (N, t + 1) BOS + tokens so far (read by the uncached path and the repetition controls)
     limit: Tensor      # (N,) max_len of each row
 
 
@@ -71,7 +73,8 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
     for step in range(t_cap):
         out = model.decode(rows.last if use_cache else rows.prefix, enc, cache, need_weights=need_attention,
                            project=False)
-        token, token_logp = choose(out.states[:, -1], step, forced_tokens(prefix, rows.ids, step))  # (N,), (N,)
+        repeat = Repetition.of(decode, rows.prefix[:, 1:])
+        token, token_logp = choose(out.states[:, -1], step, forced_tokens(prefix, rows.ids, step), repeat)  # (N,), (N,)
         out_tokens[rows.ids, step] = token
         out_logp[rows.ids] += token_logp
         if need_attention:
@@ -99,7 +102,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
         model: an encoder-decoder with ``encode``/``decode``/``new_cache`` (see :class:`Seq2Seq`).
         src: (B, S) source ids, each row ending in EOS, right-padded with PAD.
         decode: the settings used here: ``max_len_a``/``max_len_b`` (output limit
-            a * source_len + b tokens, EOS counted) and ``min_len`` (no EOS before it).
+            a * source_len + b tokens, EOS counted), ``min_len`` (no EOS before it) and the
+            repetition controls (:mod:`.repetition`).
         attention: also return each output token's cross-attention of this layer and head.
         use_cache: decode incrementally with the KV cache (False re-runs the prefix).
         prefix: (B, L) target ids each output must begin with, -1-padded
@@ -110,8 +114,9 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
     """
     cfg = model.config
 
-    def most_probable(states: Tensor, step: int, forced: Tensor | None) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced)  # (N, 1) each
+    def most_probable(states: Tensor, step: int, forced: Tensor | None, repeat: Repetition | None
+                      ) -> tuple[Tensor, Tensor]:
+        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
     return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix)

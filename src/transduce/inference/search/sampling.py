@@ -16,6 +16,7 @@ from torch import Tensor
 from ...config import DecodeConfig, check_sampling
 from .common import AttentionChoice, Seq2Seq, SearchOutput, step_log_probs
 from .greedy import sequential_search
+from .repetition import Repetition
 
 
 def filter_logits(logp: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -46,7 +47,7 @@ def sample(
     Args:
         model: as :func:`~transduce.inference.search.greedy.greedy_search`.
         src: as :func:`~transduce.inference.search.greedy.greedy_search`.
-        decode: as :func:`~transduce.inference.search.greedy.greedy_search`.
+        decode: as :func:`~transduce.inference.search.greedy.greedy_search` (with its repetition controls).
         attention: as :func:`~transduce.inference.search.greedy.greedy_search`.
         temperature: divides the logits; < 1 sharpens, > 1 flattens.
         top_k: sample among the k most probable tokens only (0 = all).
@@ -63,8 +64,8 @@ def sample(
 
     cfg = model.config
 
-    def choose(states: Tensor, step: int, forced: Tensor | None) -> tuple[Tensor, Tensor]:
-        logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len)  # (N, V)
+    def choose(states: Tensor, step: int, forced: Tensor | None, repeat: Repetition | None) -> tuple[Tensor, Tensor]:
+        logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len, repeat=repeat)  # (N, V)
         probs = filter_logits(logp, temperature, top_k, top_p).exp()     # (N, V)
         token = torch.multinomial(probs, 1, generator=generator)         # (N, 1)
         return token.squeeze(1), logp.gather(1, token).squeeze(1)

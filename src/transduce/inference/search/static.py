@@ -58,6 +58,7 @@ from ..speed import STATIC_SEARCHES, prepared, refresh
 from ..speed.cache import StaticKVCache
 from .beam import Beams, Finished, best_of, candidates, pick, store, survivors
 from .common import AttentionChoice, SearchOutput, best_tokens, length_penalty, max_lengths
+from .repetition import Repetition
 
 # The host reads whether every sentence is done once per this many steps (each read waits for
 # the device; the steps run past the end are no-ops on frozen sentences).
@@ -187,7 +188,8 @@ class StaticSearch:
     def _greedy_update(self, states: Tensor, pos: Tensor) -> None:
         """The most probable token of each live row; rows end at EOS or their limit."""
         cfg = self.model.config
-        logp, token = best_tokens(self.model, states, cfg, pos, self.decode.min_len, 1)  # (N, 1)
+        repeat = Repetition.of(self.decode, self.tokens[:, 0], pos)     # the output so far: positions < pos
+        logp, token = best_tokens(self.model, states, cfg, pos, self.decode.min_len, 1, None, repeat)  # (N, 1)
         token = token[:, 0].masked_fill(self.done, cfg.pad_id)
         self.tokens[:, 0].index_copy_(1, pos.view(1), token.unsqueeze(1))
         self.scores[:, 0] += logp[:, 0].masked_fill(self.done, 0.0)
@@ -200,7 +202,8 @@ class StaticSearch:
         """beam.py's step on all sentences: top 2K candidates, the ending ones of the top K
         into the finished store (none for done sentences), the best K others stay alive."""
         cfg, k, decode = self.model.config, self.beam, self.decode
-        row_logp, row_token = best_tokens(self.model, states, cfg, pos, decode.min_len, 2 * k)  # (N, w)
+        repeat = Repetition.of(decode, self.tokens.view(-1, self.tokens.shape[2]), pos)  # positions < pos written
+        row_logp, row_token = best_tokens(self.model, states, cfg, pos, decode.min_len, 2 * k, None, repeat)  # (N, w)
         beams = Beams(self.ids, self.tokens, self.scores, self.limit, None)
         cand = candidates(row_logp, row_token, beams, k, pos, cfg.eos_id)
         cand.ends &= ~self.done.unsqueeze(1)
@@ -255,7 +258,8 @@ def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: tor
         return StaticSearch(model, *shape, dtype, decode, device)
     autocast = autocast_dtype(device)
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
-    key = (shape, dtype, device, autocast, decode.min_len, decode.lenpen, decode.stop, decode.nbest, weights)
+    key = (shape, dtype, device, autocast, decode.min_len, decode.lenpen, decode.stop, decode.nbest,
+           decode.no_repeat_ngram_size, decode.repetition_penalty, weights)
     kept = _searches(model)
     search = kept.pop(key, None)
     if search is None:

@@ -1,0 +1,185 @@
+"""Lexically constrained beam search: dynamic beam allocation (Post & Vilar, 2018,
+https://arxiv.org/abs/1804.06609), batched as in Hu et al. (2019, https://aclanthology.org/N19-1090).
+
+Each sentence has target phrases that must appear in its output (any order). A hypothesis'
+*progress* is the number of constraint tokens it has produced: those of the phrases it
+completed plus those of the phrase it is in the middle of. At each step the candidates are each
+beam's best 2K tokens plus, per beam, the next token of every constraint it could continue or
+start (so a constraint can always be pushed into the beam, however improbable). The K beams
+are then shared out among the progress levels (*banks*) round-robin, fullest bank first (as
+fairseq's ``--constraints``): the best candidate of each bank, then the second best of each,
+and so on. A hypothesis may end (EOS, or its length limit) only once every constraint is met;
+scores stay the model's own log-probabilities. A phrase interrupted part-way is dropped back to
+not started (a token that repeats the phrase's own beginning may restart it, as fairseq).
+
+:func:`~transduce.inference.search.beam.beam_search` runs it through two hooks:
+:meth:`ConstraintBeams.candidates` instead of the plain candidates, and
+:meth:`ConstraintBeams.advanced` when the beams are reordered. Without constraints beam search
+does none of this and its output is unchanged.
+
+Legend: B active sentences, K beam, N = B*k rows, C constraints per sentence (padded), L
+longest phrase, V vocabulary, w = min(2K, V) best tokens per row, M candidates per sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...errors import ConfigError
+from .beam import Beams, Candidates
+from .common import topk_rows
+
+
+def constraint_ids(phrases: list[list[list[int]]], device: torch.device | str = "cpu") -> Tensor | None:
+    """(B, C, L) constraint ids, -1-padded, from each sentence's list of phrases (token id
+    lists); None when no sentence has one."""
+    c = max((len(p) for p in phrases), default=0)
+    length = max((len(ids) for p in phrases for ids in p), default=0)
+    if c == 0 or length == 0:
+        return None
+    out = torch.full((len(phrases), c, length), -1, dtype=torch.long)
+    for i, sentence in enumerate(phrases):
+        for j, ids in enumerate(sentence):
+            out[i, j, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out.to(device)
+
+
+def check_fits(constraints: Tensor, limit: Tensor) -> None:
+    """A one-line ConfigError when a sentence's constraints need more tokens than its output
+    limit (``limit`` (B,), :func:`~transduce.inference.search.common.max_lengths`)."""
+    need = (constraints >= 0).sum(dim=(1, 2))                             # (B,)
+    over = (need > limit).nonzero()
+    if over.numel():
+        i = int(over[0])
+        raise ConfigError(f"constraints: sentence {i + 1} needs {int(need[i])} tokens for its constraints, more than "
+                          f"its output limit of {int(limit[i])} (decode.max_len_a * source length + decode.max_len_b)")
+
+
+@dataclass
+class ConstraintBeams:
+    """Each alive hypothesis' progress through its sentence's constraints."""
+
+    phrases: Tensor  # (B0, C, L) every input sentence's constraint ids, -1-padded
+    met: Tensor      # (N, C) bool: phrases completed
+    cur: Tensor      # (N,) the phrase in progress, -1: none
+    done: Tensor     # (N,) its tokens produced so far
+
+    @staticmethod
+    def start(phrases: Tensor) -> "ConstraintBeams":
+        """One hypothesis (BOS) per sentence, nothing met."""
+        b, c, _ = phrases.shape
+        device = phrases.device
+        return ConstraintBeams(phrases, torch.zeros(b, c, dtype=torch.bool, device=device),
+                               torch.full((b,), -1, device=device), torch.zeros(b, dtype=torch.long, device=device))
+
+    def sentence_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The phrases (N, C, L) and their lengths (N, C) of each row, from its sentence's ``ids``."""
+        k = self.met.shape[0] // ids.shape[0]
+        rows = self.phrases[ids].repeat_interleave(k, dim=0)
+        return rows, (rows >= 0).sum(dim=2)
+
+    @staticmethod
+    def all_met(lengths: Tensor, met: Tensor) -> Tensor:
+        """(N,) bool: every (non-empty) phrase met."""
+        return (met | (lengths == 0)).all(dim=1)
+
+    @staticmethod
+    def progress(lengths: Tensor, met: Tensor, done: Tensor) -> Tensor:
+        """(N,) constraint tokens produced: completed phrases plus the one in progress."""
+        return (lengths * met).sum(dim=1) + done
+
+    def next_tokens(self, phrases: Tensor, lengths: Tensor) -> Tensor:
+        """(N, C) the tokens that advance a row: the next token of its phrase in progress (column
+        of that phrase), else the first token of each unmet phrase; -1 elsewhere."""
+        n, c, length = phrases.shape
+        rows = torch.arange(n, device=phrases.device)
+        going = self.cur >= 0
+        nxt = phrases[rows, self.cur.clamp(min=0), self.done.clamp(max=length - 1)]  # (N,)
+        first = phrases[:, :, 0].masked_fill(self.met | (lengths == 0), -1)        # (N, C)
+        in_progress = torch.full_like(first, -1).scatter_(1, self.cur.clamp(min=0).unsqueeze(1), nxt.unsqueeze(1))
+        return torch.where(going.unsqueeze(1), in_progress, first)
+
+    def step(self, phrases: Tensor, lengths: Tensor, token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's (met, cur, done) after it outputs ``token`` (N,)."""
+        n, c, length = phrases.shape
+        rows = torch.arange(n, device=token.device)
+        expected = phrases[rows, self.cur.clamp(min=0), self.done.clamp(max=length - 1)]
+        goes_on = (self.cur >= 0) & (token == expected)
+        cur = torch.where(goes_on, self.cur, -1)
+        done = torch.where(goes_on, self.done + 1, 0)
+        starts = (phrases[:, :, 0] == token.unsqueeze(1)) & ~self.met & (lengths > 0)  # (N, C)
+        restart = starts.any(dim=1) & ~goes_on
+        cur = torch.where(restart, starts.long().argmax(dim=1), cur)
+        done = torch.where(restart, 1, done)
+        complete = (cur >= 0) & (done == lengths.gather(1, cur.clamp(min=0).unsqueeze(1)).squeeze(1))
+        met = self.met | (F.one_hot(cur.clamp(min=0), c).bool() & complete.unsqueeze(1))
+        return met, torch.where(complete, -1, cur), torch.where(complete, 0, done)
+
+    def advanced(self, beams: Beams, rows: Tensor) -> "ConstraintBeams":
+        """The progress of the new ``beams`` (after their last token), which continue ``rows``
+        (B*K,) of the old ones (beam search's reorder)."""
+        parent = ConstraintBeams(self.phrases, self.met[rows], self.cur[rows], self.done[rows])
+        phrases, lengths = parent.sentence_rows(beams.ids)
+        met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1))
+        return ConstraintBeams(self.phrases, met, cur, done)
+
+    def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) -> Candidates:
+        """The step's candidates in bank order (see the module doc): each row's best w tokens
+        and the tokens that advance its constraints, scored, the top 2K kept; only the first K
+        may end, and only with every constraint met.
+
+        Shape: logp (N, V) step log-probs -> Candidates of width min(2K, M).
+        """
+        phrases, lengths = self.sentence_rows(beams.ids)
+        b, k = beams.scores.shape
+        logp = logp.clone()
+        logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
+        top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
+        extra = self.next_tokens(phrases, lengths)                        # (N, C)
+        c = extra.shape[1]
+        earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
+        repeated = ((extra.unsqueeze(2) == extra.unsqueeze(1)) & earlier).any(dim=2)
+        in_top = (extra.unsqueeze(2) == top_token.unsqueeze(1)).any(dim=2)
+        extra_logp = logp.gather(1, extra.clamp(min=0)).masked_fill((extra < 0) | repeated | in_top, -math.inf)
+        token = torch.cat([top_token, extra.clamp(min=0)], dim=1)        # (N, m), m = w + C
+        m = token.shape[1]
+        total = (beams.scores.view(-1, 1) + torch.cat([top_logp, extra_logp], dim=1)).view(b, k * m)
+        grown = ConstraintBeams(self.phrases, self.met.repeat_interleave(m, 0), self.cur.repeat_interleave(m, 0),
+                                self.done.repeat_interleave(m, 0))
+        rows_l = lengths.repeat_interleave(m, 0)
+        met, _, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1))
+        bank = grown.progress(rows_l, met, done).view(b, k * m)
+        ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
+        total = total.masked_fill(ends & ~grown.all_met(rows_l, met).view(b, k * m), -math.inf)
+        order = bank_order(total, bank, min(2 * beam, k * m), beam > 1)  # (B, 2K)
+        scores = total.gather(1, order)
+        parent = order // m
+        ends = ends.gather(1, order) & (scores > -math.inf)
+        ends[:, beam:] = False  # as beam search: only the first K may finish
+        return Candidates(scores, parent, token.view(b, k * m).gather(1, order), ends)
+
+
+def bank_order(scores: Tensor, bank: Tensor, width: int, best_first: bool = True) -> Tensor:
+    """The first ``width`` candidates of each sentence in dynamic beam allocation's order: the
+    best candidate of all (if ``best_first``), then the best of each bank (fullest bank first),
+    then the second best of each, and so on; -inf scores last. (B, M) scores and banks ->
+    (B, width) indices.
+
+    The best of all goes first (with a beam of 2 or more, so that the fullest bank keeps a beam)
+    because with more banks than beams (a constraint of several
+    tokens) the round-robin alone would drop the emptiest bank, and with it the hypothesis the
+    model prefers, which often produces the constraint itself a few words later."""
+    n_banks = int(bank.max()) + 1
+    by_score = scores.argsort(dim=1, descending=True, stable=True)        # (B, M)
+    sorted_bank = bank.gather(1, by_score)
+    rank = F.one_hot(sorted_bank, n_banks).cumsum(dim=1).gather(2, sorted_bank.unsqueeze(2)).squeeze(2) - 1
+    key = rank * n_banks + (n_banks - 1 - sorted_bank)                   # (B, M) round-robin, fullest first
+    if best_first:
+        key[:, 0] = -1                                                    # the best of all
+    key = key.masked_fill(scores.gather(1, by_score) == -math.inf, torch.iinfo(torch.long).max)
+    return by_score.gather(1, key.topk(width, dim=1, largest=False).indices)
