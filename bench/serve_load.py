@@ -9,8 +9,14 @@ server's batching counters from /health.
 Model: ``--model DIR`` (e.g. ``runs/demo/model``); without it, a fixed random-weight model of the
 demo's shape whose outputs are cut at ``--max-len-b`` tokens (random weights never emit EOS).
 
+With ``--kill-at S`` (one ``workersN`` mode), the load runs for ``--seconds`` instead and one worker
+(a pid from /health) is SIGKILLed ``S`` seconds in: the report gives p99 latency of the requests
+sent before the kill (steady) and of those sent in the ``--window`` seconds after it, and the
+failed requests (issue #37: a killed worker must cost one worker, not the pool).
+
 Needs the ``serve`` extra and httpx. Usage:
     python bench/serve_load.py [--model runs/demo/model] [--clients 32] [--requests 2000] [--beam 4]
+    python bench/serve_load.py --modes workers2 --clients 16 --seconds 40 --kill-at 20 --window 5
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -91,6 +98,61 @@ async def load(url: str, sentences: list[str], clients: int, options: dict) -> t
         return latencies, errors, time.perf_counter() - start
 
 
+async def timed_load(url: str, sentences: list[str], clients: int, options: dict, seconds: float,
+                     kill_at: float) -> tuple[list[tuple[float, float, int]], dict]:
+    """Requests from ``clients`` for ``seconds``; one worker SIGKILLed at ``kill_at``. Returns
+    (sent at, latency, status) per request, and what was killed when."""
+    records: list[tuple[float, float, int]] = []
+    killed: dict = {}
+    t0 = time.perf_counter()
+
+    async def client(http: httpx.AsyncClient, k: int) -> None:
+        i = k
+        while (sent := time.perf_counter() - t0) < seconds:
+            try:
+                r = await http.post("/translate", json={"sentences": [sentences[i % len(sentences)]], **options})
+                status = r.status_code
+            except httpx.HTTPError:
+                status = 0
+            records.append((sent, time.perf_counter() - t0 - sent, status))
+            i += clients
+
+    async def killer(http: httpx.AsyncClient) -> None:
+        await asyncio.sleep(kill_at)
+        pid = (await http.get("/health")).json()["workers"]["pids"][0]
+        os.kill(pid, signal.SIGKILL)
+        killed.update(pid=pid, at_s=round(time.perf_counter() - t0, 2))
+
+    limits = httpx.Limits(max_connections=clients + 1, max_keepalive_connections=clients + 1)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        await asyncio.gather(killer(http), *(client(http, k) for k in range(clients)))
+    return records, killed
+
+
+def run_kill(model_dir: Path, mode: str, args, sentences: list[str]) -> dict:
+    """p99 steady vs p99 in the ``args.window`` seconds after one worker is SIGKILLed."""
+    port = free_port()
+    proc = start_server(model_dir, port, mode, args.threads)
+    url = f"http://127.0.0.1:{port}"
+    options = {"beam": args.beam, "max_len_b": args.max_len_b}
+    try:
+        asyncio.run(load(url, sentences[:64], min(8, args.clients), options))  # warm-up
+        records, killed = asyncio.run(timed_load(url, sentences, args.clients, options, args.seconds, args.kill_at))
+        workers = httpx.get(url + "/health").json()["workers"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    at = killed["at_s"]
+    steady = [lat for sent, lat, _ in records if sent + lat < at]
+    after = [lat for sent, lat, _ in records if at <= sent + lat < at + args.window or at - lat <= sent < at]
+    p99_steady, p99_after = percentile(steady, 99), percentile(after, 99)
+    return {"requests": len(records), "failed": sum(status != 200 for _, _, status in records),
+            "p99_steady_ms": p99_steady, "p99_after_kill_ms": p99_after, "ratio": round(p99_after / p99_steady, 2),
+            "requests_steady": len(steady), "requests_after_kill": len(after), "max_after_kill_ms":
+            round(1000 * max(after), 1), "killed": killed, "window_s": args.window, "seconds": args.seconds,
+            "restarts": workers["restarts"], "pids_after": workers["pids"]}
+
+
 def percentile(values: list[float], q: float) -> float:
     return round(1000 * statistics.quantiles(values, n=100, method="inclusive")[q - 1], 1)
 
@@ -139,6 +201,10 @@ def main() -> int:
                     help="torch threads of the server process (with workersN: shared among the workers)")
     ap.add_argument("--modes", default="batching,no-batching",
                     help="comma-separated: batching, no-batching, workersN (batching on N worker processes)")
+    ap.add_argument("--seconds", type=float, default=40.0, help="with --kill-at: how long the load runs")
+    ap.add_argument("--kill-at", type=float, default=None,
+                    help="SIGKILL one worker this many seconds into a --seconds load (workersN modes)")
+    ap.add_argument("--window", type=float, default=5.0, help="with --kill-at: the seconds after the kill")
     args = ap.parse_args()
     sentences = [s for s, _ in generate_pairs(args.requests, SEED)]
     model = args.model or ("runs/demo/model" if Path("runs/demo/model/config.yaml").is_file() else None)
@@ -151,7 +217,8 @@ def main() -> int:
             from export_speed import random_model_dir
             model_dir = random_model_dir(Path(tmp) / "random", sentences)
         for mode in args.modes.split(","):
-            results[mode] = run_one(model_dir, mode, args, sentences)
+            run = run_kill if args.kill_at is not None and mode.startswith("workers") else run_one
+            results[mode] = run(model_dir, mode, args, sentences)
             print(f"{mode}: {results[mode]}", file=sys.stderr)
     print(json.dumps({
         "benchmark": "serve_load", "date": datetime.date.today().isoformat(),

@@ -254,3 +254,44 @@ def test_the_toy_corpus_goes_the_same_way(tmp_path, monkeypatch):
     assert len(train) == 400
     for i in (0, 399):
         assert train.pair(i)[1].tolist() == one.tokenizer.encode(texts[i][1], "tgt")
+
+
+def test_a_moved_read_only_prepared_dir_without_its_text_trains_and_resumes(tmp_path, corpus):
+    """Prepare once, move the directory, make it read-only, delete the raw text: a run trains on
+    it and resumes, and nothing in it is written (digests and mtimes unchanged: root ignores
+    the read-only bits, so that is the check that holds for every user)."""
+    import shutil
+    import stat
+
+    import yaml
+
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "raw", pairs[:400])
+    made = tmp_path / "made"
+    prepare_dataset(replace(cfg, train_src=str(src), train_tgt=str(tgt)), made)
+    moved = tmp_path / "elsewhere" / "prepared"
+    moved.parent.mkdir()
+    shutil.move(str(made), str(moved))
+    shutil.rmtree(tmp_path / "raw")
+    files = [p for p in sorted(moved.rglob("*")) if p.is_file()]
+    before = {p: (sha256_file(p), p.stat().st_mtime_ns) for p in files}
+    for p in [*files, *(d for d in moved.rglob("*") if d.is_dir()), moved]:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    run = {"model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+                     "max_positions": 128},
+           "data": {"prepared": str(moved), "max_tokens": 512},
+           "train": {"max_steps": 6, "save_every": 3, "eval_every": 1000, "log_every": 3, "eval_bleu": False,
+                     "warmup_steps": 2, "num_threads": 1}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run), encoding="utf-8")
+    try:
+        for extra in ([], ["--resume", "--set", "train.max_steps=9"]):
+            proc = subprocess.run([sys.executable, "-m", "transduce", "train", str(tmp_path / "run.yaml"),
+                                   "--out", str(tmp_path / "run"), *extra], capture_output=True, text=True,
+                                  timeout=300)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "resumed from" in proc.stdout + proc.stderr
+        assert {p: (sha256_file(p), p.stat().st_mtime_ns) for p in files} == before
+        assert sorted(p for p in moved.rglob("*") if p.is_file()) == files
+    finally:
+        for p in [moved, *moved.rglob("*")]:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)

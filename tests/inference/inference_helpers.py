@@ -164,3 +164,18 @@ class HangingSpec(SearchSpec):
     def run(self, model, src, prefix=None, speculation=None, constraints=None):
         while True:
             time.sleep(0.1)
+
+
+@dataclass(frozen=True)
+class StallingSpec(SearchSpec):
+    """The plain search, except in the worker whose pid is ``stall_pid``: there it never ends (a
+    worker stuck on its batch, to be killed by the test while it holds it)."""
+
+    stall_pid: int = 0
+
+    def run(self, model, src, prefix=None, speculation=None, constraints=None):
+        import os
+
+        while os.getpid() == self.stall_pid:
+            time.sleep(0.1)
+        return super().run(model, src, prefix, speculation, constraints)

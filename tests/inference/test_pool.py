@@ -214,28 +214,111 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("t", [torch.empty(0, 3), torch.randn(4, 5).t(), torch.tensor([[True, False]]),
                                torch.arange(10)[2:7], torch.randn(2, 3).to(torch.bfloat16)])
 def test_tensors_cross_processes_as_bytes_and_back(t):
-    from transduce.inference.pool import _Packed
+    from transduce.inference.workers import _Packed
 
     back = _Packed.of(t).tensor()
     assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
 
 
-def test_a_killed_worker_is_replaced_and_its_batches_answered(model_dir, translator):
-    """SIGKILL one worker: the next call starts a new pool, resubmits what was not answered, and
-    gives the Translator's results; nothing is lost and nothing hangs."""
-    import os
-    import signal
+def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    """Poll ``condition`` until it holds (the timeout only ends a test that would hang)."""
     import time
 
-    want = translator.translate(TEXTS, beam=2, max_len_b=6)
-    with TranslatorPool.load(model_dir, Runtime(workers=2)) as p:
-        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
-        before = list(p.pool.pids)
-        os.kill(before[0], signal.SIGKILL)
-        time.sleep(0.5)  # let the executor notice
-        assert p.translate(TEXTS, beam=2, max_len_b=6) == want
-        assert p.pool.restarts == 1 and set(p.pool.pids).isdisjoint(before)
-        assert p.translate(TEXTS, beam=2, max_len_b=6) == want  # and keeps working
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"never happened: {what}"
+        time.sleep(0.02)
+
+
+def test_a_killed_worker_is_replaced_alone_while_the_other_keeps_answering(model_dir):
+    """Two workers; one holds a batch (it stalls on it) and is SIGKILLed: its batch is searched
+    by a live worker, only it is replaced, and the other answered throughout, before and after
+    the kill, without waiting for the replacement. Asserted on the pool's events, not on time."""
+    import os
+    import signal
+    import threading
+
+    from inference_helpers import StallingSpec
+    from transduce.model import load_model
+
+    decode = DecodeConfig(beam=2, max_len_b=5)
+    batches = [torch.tensor([[5 + i % 7, 6, 7, 2], [8, 9 + i % 3, 2, 0]]) for i in range(12)]
+    model = load_model(model_dir)
+    with torch.inference_mode():
+        want = [SearchSpec(decode).run(model, src).tokens for src in batches]
+    with SearchPool(model_dir, Runtime(workers=2, worker_timeout_s=600.0)) as pool:
+        victim, survivor = pool.pids
+        got: list = []
+        mapper = threading.Thread(target=lambda: got.extend(pool.map(batches, StallingSpec(decode, stall_pid=victim))))
+        mapper.start()
+        # The survivor keeps answering while the victim holds its batch.
+        _wait_for(lambda: sum(e[1:] == ("answered", survivor) for e in list(pool.events)) >= 3, "3 answers")
+        os.kill(victim, signal.SIGKILL)
+        mapper.join(120)
+        assert not mapper.is_alive()
+        events = [e[1:] for e in pool.events]
+        assert [torch.equal(g.tokens, w) for g, w in zip(got, want)] == [True] * 12
+        died = events.index(("died", victim))
+        assert ("answered", victim) not in events  # it held one batch till the end: the retry answered it
+        after = [pid for what, pid in events[died:] if what == "answered"]
+        assert after and set(after) <= set(pool.pids) | {survivor}
+        assert pool.restarts == 1 and pool.hangs == 0 and survivor in pool.pids and victim not in pool.pids
+        started = [pid for what, pid in events if what == "started"]
+        assert len(started) == 3  # two at the start, one replacement: the survivor was never restarted
+
+
+def test_a_model_that_fails_to_load_on_restart_is_given_up_with_its_error(model_dir, tmp_path):
+    """The only worker dies and its replacement cannot load the model (the file is gone): one
+    line naming the file, no restart loop."""
+    import os
+    import shutil
+    import signal
+
+    from transduce.inference.pool import WorkerLost
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    src = torch.tensor([[5, 6, 7, 2]])
+    with SearchPool(copy, Runtime(workers=1)) as pool:
+        (copy / "model.safetensors").unlink()
+        os.kill(pool.pids[0], signal.SIGKILL)
+        with pytest.raises(WorkerLost, match="no decoding worker is left: .*model.safetensors") as err:
+            list(pool.map([src], SearchSpec(DecodeConfig(max_len_b=3))))
+        assert "\n" not in str(err.value)
+        assert [e[1] for e in pool.events].count("started") == 2 and pool.restarts == 1
+
+
+def test_a_worker_that_keeps_crashing_while_loading_is_given_up(model_dir, tmp_path, monkeypatch):
+    """Every replacement dies as its interpreter starts (a sitecustomize that exits once the flag
+    file exists): restarted after a growing pause, given up after MAX_FAILED_STARTS deaths in a
+    row, while the other worker answers every batch."""
+    import os
+    import signal
+
+    from transduce.inference.pool import MAX_FAILED_STARTS
+
+    flag = tmp_path / "crash"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"import os\nif os.path.exists({str(flag)!r}):\n    os._exit(3)\n",
+                                           encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    spec = SearchSpec(DecodeConfig(max_len_b=3))
+    batches = [torch.tensor([[5, 6, 7, 2]])] * 4
+    with SearchPool(model_dir, Runtime(workers=2)) as pool:
+        victim, survivor = pool.pids
+        flag.write_text("", encoding="utf-8")
+        os.kill(victim, signal.SIGKILL)
+        def given_up() -> bool:  # each call's batches are answered (by the survivor) meanwhile
+            assert len(list(pool.map(batches, spec))) == 4
+            return any(s.given_up for s in pool._slots)
+
+        _wait_for(given_up, "the crashing slot given up")
+        given_up = next(str(s.given_up) for s in pool._slots if s.given_up)
+        assert given_up.startswith("a decoding worker died (exit code 3) while loading")
+        assert f"{MAX_FAILED_STARTS} times in a row; not restarted" in given_up
+        assert len(list(pool.map(batches, spec))) == 4 and pool.pids == [survivor]
+        assert pool.restarts == 1 + MAX_FAILED_STARTS
 
 
 def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translator):

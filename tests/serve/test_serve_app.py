@@ -148,7 +148,8 @@ def test_timeouts_and_failures_are_answered(trained_dir):
 @pytest.mark.slow
 def test_worker_processes_serve_the_same_answers(trained_dir):
     """``serve --workers 2``: each batch spread over two processes; answers as one process gives,
-    also after a worker is killed (SIGKILL) and after the workers hang (SIGSTOP)."""
+    also after a worker is killed (SIGKILL: it alone is replaced) and after the workers hang
+    (SIGSTOP: each is replaced once its batch's deadline passes)."""
     from server_helpers import BackgroundServer
     from transduce.config import ServeConfig
     from transduce.serve import create_app, load_service
@@ -170,6 +171,9 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
         with ThreadPoolExecutor(4) as pool:
             after = list(pool.map(ask, [sentences[i: i + 4] for i in range(0, 24, 4)]))
         healed = httpx.get(server.url + "/health").json()["workers"]
+        while len(healed["pids"]) < 2:  # the replacement loads the model while the survivor answers
+            time.sleep(0.1)
+            healed = httpx.get(server.url + "/health").json()["workers"]
         for pid in healed["pids"]:  # hung workers (SIGSTOP): replaced once their batch's deadline passes
             os.kill(pid, signal.SIGSTOP)
         stopped = ask(sentences[:4])
@@ -182,11 +186,74 @@ def test_worker_processes_serve_the_same_answers(trained_dir):
     assert health["count"] == 2 and health["restarts"] == 0
     assert [status for status, _ in after] == [200] * 6
     assert [t for _, body in after for t in body["translations"]] == [want[s] for s in sentences]
-    assert healed["restarts"] == 1 and set(healed["pids"]).isdisjoint(health["pids"])
+    # only the killed worker was replaced; the other one kept serving
+    assert healed["restarts"] == 1 and set(healed["pids"]) & set(health["pids"]) == {health["pids"][1]}
     assert healed["hangs"] == 0 and healed["timeout_s"] == 2.0
     assert stopped == (200, {"translations": [want[s] for s in sentences[:4]]})
-    assert (unstuck["restarts"], unstuck["hangs"]) == (2, 1) and set(unstuck["pids"]).isdisjoint(healed["pids"])
+    assert (unstuck["restarts"], unstuck["hangs"]) == (3, 2) and set(unstuck["pids"]).isdisjoint(healed["pids"])
     assert following == (200, {"translations": [want[s] for s in sentences[4:8]]})
+
+
+@pytest.mark.slow
+def test_a_worker_killed_under_load_fails_no_request(trained_dir):
+    """16 clients keep asking while one of two workers is SIGKILLed: every request is answered
+    (200, the right translation), only the killed worker is replaced, and the server answered
+    batches between the kill and the replacement's start (asserted on counters, not on time)."""
+    import threading
+
+    from server_helpers import BackgroundServer
+    from transduce.config import ServeConfig
+    from transduce.serve import create_app, load_service
+
+    sentences = [s for s, _ in toy_pairs(32, seed=7)]
+    want = dict(zip(sentences, Translator.load(trained_dir).translate(sentences, beam=2)))
+    service = load_service(trained_dir, ServeConfig(batch_wait_ms=5.0), Runtime(workers=2))
+    stop, failures, answered = threading.Event(), [], []
+
+    def client(k: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=120) as http:
+            i = k
+            while not stop.is_set():
+                s = sentences[i % len(sentences)]
+                r = http.post("/translate", json={"sentences": [s], "beam": 2})
+                ok = r.status_code == 200 and r.json()["translations"] == [want[s]]
+                (answered if ok else failures).append((s, r.status_code))
+                i += 1
+
+    def health() -> dict:
+        return httpx.get(server.url + "/health").json()
+
+    def wait_until(condition) -> None:
+        end = time.monotonic() + 300  # only ends a hang
+        while not condition():
+            assert time.monotonic() < end
+            time.sleep(0.05)
+
+    with BackgroundServer(create_app(service)) as server:
+        clients = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+        for t in clients:
+            t.start()
+        try:
+            wait_until(lambda: len(answered) >= 32)
+            victim, survivor = health()["workers"]["pids"]
+            os.kill(victim, signal.SIGKILL)
+            wait_until(lambda: health()["workers"]["restarts"] == 1)
+            at_restart = len(answered)
+            wait_until(lambda: len(health()["workers"]["pids"]) == 2)  # the replacement has loaded
+            wait_until(lambda: len(answered) >= at_restart + 32)
+        finally:
+            stop.set()
+            for t in clients:
+                t.join(120)
+        workers = health()["workers"]
+    service.close()
+    assert failures == []
+    assert workers["restarts"] == 1 and survivor in workers["pids"] and victim not in workers["pids"]
+    pool = service.translator.pool
+    events = [e[1:] for e in pool.events]
+    died = events.index(("died", victim))
+    ready = next(i for i, (what, pid) in enumerate(events) if what == "ready" and i > died)
+    assert ("answered", survivor) in events[died:ready]  # it kept answering while the new one loaded
 
 
 def test_defaults_and_missing_extra():

@@ -171,3 +171,41 @@ def test_a_full_disk_during_a_save_leaves_the_previous_checkpoint_latest(tmp_pat
     assert [p.name for p in list_checkpoints(ckpts)] == ["step_00000005"]
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000005"]  # no half-written directory
     load_checkpoint(latest_checkpoint(ckpts))  # intact
+
+
+@pytest.mark.parametrize("moment", [1, 12, 27])
+def test_sigterm_saves_a_checkpoint_exits_0_and_resume_is_bitwise_identical(tmp_path, moment, uninterrupted):
+    """A SIGTERM (preemption) once step ``moment``'s log line is out: the run
+    ends at the next step boundary with a checkpoint of that step and exit code 0, writes no
+    final model, and --resume ends with the uninterrupted run's weights, bit for bit."""
+    cfg_path, reference = uninterrupted
+    out = tmp_path / "b"
+    proc = _train(cfg_path, out, "--set", "train.log_every=1")
+    lines = []
+    for line in proc.stdout:  # the step lines are logged once a step is done
+        lines.append(line)
+        if line.startswith(f"step {moment}/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)  # a step and a checkpoint: bounded, never a hang
+    text = "".join(lines) + rest
+    assert proc.returncode == 0, text
+    assert "preempted (SIGTERM)" in text and not (out / "model").exists()
+    stopped = latest_checkpoint(out / "checkpoints")
+    assert stopped is not None and moment <= int(stopped.name.split("_")[1]) < 40
+    resumed = _finish(_train(cfg_path, out, "--resume", "--set", "train.log_every=1"))
+    assert "resumed from" in resumed
+    b = load_file(str(out / "model" / "model.safetensors"))
+    assert reference.keys() == b.keys()
+    for k in reference:
+        assert (reference[k] == b[k]).all(), f"{k} differs after a SIGTERM at step {moment} and a resume"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The tiny run trained without a stop: (its config file, its final weights)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    cfg_path = tmp / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(CONFIG))
+    _finish(_train(cfg_path, tmp / "a", "--set", "train.log_every=1"))
+    return cfg_path, load_file(str(tmp / "a" / "model" / "model.safetensors"))

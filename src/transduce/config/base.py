@@ -79,7 +79,9 @@ def from_dict(klass: type, values: Any, section: str) -> Any:
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(values).__name__}")
     unknown = set(values) - {f.name for f in fields(klass)}
-    check(not unknown, section, f"unknown key(s) {', '.join(sorted(map(str, unknown)))}")
+    # A key that is not a plain word (spaces, a newline, not a string) is shown quoted: one line.
+    names = sorted(k if isinstance(k, str) and k.isidentifier() else repr(k) for k in unknown)
+    check(not unknown, section, f"unknown key(s) {', '.join(names)}")
     return klass(**values)
 
 
@@ -109,6 +111,9 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"{p}: not valid YAML ({one_line(e)})") from None
+    if data is not None and not isinstance(data, dict):  # found by a property test: "1" was an AttributeError
+        raise ConfigError(f"{p}: expected a mapping of sections (model, data, train, decode), "
+                          f"got {type(data).__name__}")
     return data or {}
 
 

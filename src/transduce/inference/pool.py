@@ -21,27 +21,25 @@ Examples:
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import multiprocessing
-import os
-import signal
+import collections
+import itertools
 import threading
+import logging
+import os
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
 from typing import Iterator, Sequence
 
-import torch
 from torch import Tensor
 
-from ..errors import CheckpointError, ConfigError, TransduceError
+from ..errors import ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
 from ..config import Runtime
 from .placement import ModelDirs, model_dirs
 from .search import SearchOutput, SearchSpec
-from .translator import BaseTranslator, Translator, load_search_model, shared_tokenizer
+from .translator import BaseTranslator, shared_tokenizer
+from .workers import Task, Worker, _Packed, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +48,8 @@ logger = logging.getLogger(__name__)
 BATCHES_PER_WORKER = 4
 MIN_BATCH_TOKENS = 2048
 
-# How long a worker waits for the others to have loaded the model (SearchPool's start), and
-# how often it checks that its parent is still alive.
+# How long a worker may take to load the model before it counts as failed.
 START_TIMEOUT_S = 300.0
-PARENT_POLL_S = 0.5
 
 # A batch not answered within its deadline means a hung worker (SIGSTOP, an endless loop, a
 # deadlock): the deadline is the larger of runtime.worker_timeout_s and SLOW_FACTOR times what the batch
@@ -62,100 +58,17 @@ PARENT_POLL_S = 0.5
 # has seen a batch of that model.
 SLOW_FACTOR = 10.0
 
-# This worker process's Translator, or the error that loading it raised (set once by
-# _init_worker, in the worker; the parent's copy stays empty).
-_WORKER: dict = {}
+# A worker that keeps dying is restarted after a growing pause (as gunicorn's arbiter and
+# systemd's restart limits do): none after its first death, then BACKOFF_S doubled at each death
+# in a row (no batch answered in between), at most BACKOFF_MAX_S; a slot whose worker dies
+# MAX_FAILED_STARTS times in a row before it has loaded the model is given up (a model that
+# crashes on load is an error to report, not a reason to spin).
+BACKOFF_S = 0.5
+BACKOFF_MAX_S = 30.0
+MAX_FAILED_STARTS = 3
 
-
-@dataclass(frozen=True)
-class _Packed:
-    """A tensor as plain bytes. Pickled by value: torch's own reductions would share it through
-    file descriptors that the sender must still serve when the receiver unpickles, which fails
-    (with a traceback in every worker) once a stopping parent has gone."""
-
-    data: bytes
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @classmethod
-    def of(cls, t: Tensor) -> "_Packed":
-        t = t.detach().cpu().contiguous()
-        # One C copy of the memory (bytes() of a storage iterates it in Python, element by element).
-        return cls(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()), t.dtype, tuple(t.shape))
-
-    def tensor(self) -> Tensor:
-        if not self.data:
-            return torch.empty(self.shape, dtype=self.dtype)
-        return torch.frombuffer(bytearray(self.data), dtype=self.dtype).view(self.shape)
-
-
-def _pack(out: SearchOutput) -> tuple[_Packed | None, ...]:
-    return tuple(None if t is None else _Packed.of(t)
-                 for t in (out.tokens, out.lengths, out.scores, out.log_probs, out.attention))
-
-
-def _unpack(parts: tuple[_Packed | None, ...]) -> SearchOutput:
-    return SearchOutput(*(None if p is None else p.tensor() for p in parts))
-
-
-def _init_worker(dirs: list[str], draft: str | None, runtime: Runtime, barrier) -> None:
-    """Load the model (an ensemble of ``dirs``, a ``draft``) in a fresh worker, prepared as
-    ``transduce translate`` prepares it (a CPU :class:`~transduce.inference.Translator` on
-    ``runtime``). An error is kept, not raised:
-    raised here it would only break the pool ("a child process terminated abruptly"); raised by
-    the first task, the parent gets it with its message."""
-    # Ctrl-C is the parent's to handle (it stops the pool); a worker would print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _WORKER["barrier"] = barrier
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="transduce-parent-watch",
-                     daemon=True).start()
-    try:
-        torch.set_num_threads(runtime.worker_threads)
-        # No tokenizer: workers only search ids, and a SearchPool needs none in the directory.
-        model, speculation = load_search_model(dirs, draft, torch.device("cpu"))
-        _WORKER["translator"] = Translator(model, None, replace(runtime, device="cpu", workers=0),
-                                           speculation=speculation)
-    except TransduceError as err:
-        _WORKER["error"] = err
-    except Exception as err:  # noqa: BLE001 - any failure to load is reported as one line
-        _WORKER["error"] = CheckpointError(f"{dirs[0]}: a decoding worker could not load it: "
-                                           f"{type(err).__name__}: {err}")
-
-
-def _exit_with_parent(parent: int) -> None:
-    """End this worker once its parent is gone. A parent killed without closing the pool (kill
-    -9, or uvicorn re-raising SIGTERM after its shutdown) never tells its workers, and they would
-    wait on the task queue for ever: an orphan per worker, each with a copy of the model."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
-    os._exit(0)
-
-
-def _ready() -> int:
-    """SearchPool's start task, one per worker: each waits at the barrier until all have loaded
-    the model (so no worker takes two of them, and none loads later); an error is raised."""
-    barrier = _WORKER.pop("barrier", None)
-    if barrier is not None:
-        if "error" in _WORKER:
-            barrier.abort()
-        else:
-            barrier.wait(START_TIMEOUT_S)
-    if "error" in _WORKER:
-        raise _WORKER["error"]
-    return os.getpid()
-
-
-def _search(src: _Packed, spec: SearchSpec, prefix: _Packed | None = None, constraints: _Packed | None = None
-            ) -> tuple[float, tuple[_Packed | None, ...]]:
-    """Search one batch in a worker: (seconds it took, the packed SearchOutput)."""
-    if "error" in _WORKER:
-        raise _WORKER["error"]
-    translator = _WORKER["translator"]
-    start = time.perf_counter()
-    with torch.inference_mode(), translator.autocast():
-        out = _pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor(),
-                             translator.speculation, None if constraints is None else constraints.tensor()))
-    return time.perf_counter() - start, out
+# How many events (worker started, ready, answered, died, hung, ...) the pool keeps.
+EVENTS_KEPT = 1000
 
 
 def _positions(src: Tensor, spec: SearchSpec) -> float:
@@ -166,9 +79,34 @@ def _positions(src: Tensor, spec: SearchSpec) -> float:
 
 
 class WorkerLost(TransduceError):
-    """Decoding workers died or hung again after a restart: the batch is not answered (a server
-    says 503)."""
+    """A batch killed or hung two workers in turn, or no decoding worker is left: the batch is
+    not answered (a server says 503)."""
 
+
+@dataclass
+class _Slot:
+    """One of the pool's ``workers`` places: its worker (None while it waits out its backoff, or
+    for good once given up), deaths in a row, and when it may be restarted."""
+
+    worker: Worker | None
+    deaths: int = 0
+    failed_starts: int = 0
+    restart_at: float = 0.0
+    given_up: str | TransduceError = ""
+
+
+@dataclass
+class _Call:
+    """One :meth:`SearchPool.map` call: its jobs, their deadlines (seconds), the batches waiting
+    for a worker, how often each was lost with its worker, and the answers not yet yielded."""
+
+    jobs: list[tuple]
+    deadlines: list[float]
+    positions: list[float]
+    pending: collections.deque = field(default_factory=collections.deque)
+    losses: list[int] = field(default_factory=list)
+    answers: dict[int, tuple] = field(default_factory=dict)
+    error: BaseException | None = None  # a search's own error, or WorkerLost: raised by map
 
 class SearchPool:
     """Worker processes with a copy of a model each, searching batches of source ids.
@@ -183,13 +121,17 @@ class SearchPool:
 
     The workers are started and have loaded the model when the constructor returns (a model
     that cannot be loaded raises its one-line error here); ``pids`` are their process ids.
-    :meth:`close` stops them; a worker whose parent dies without closing ends by itself. A
-    worker that dies (SIGKILL, out of memory) takes the pool down with it (``concurrent.futures``
-    breaks the whole pool), and one that stops answering (SIGSTOP, an endless loop) holds its
-    batch for ever; either way :meth:`map` kills the old workers, starts a new pool
-    (``restarts`` counts them, ``hangs`` those for a hung worker) and resubmits the batches not
-    yet answered, once: a batch that breaks or hangs the new pool too raises
-    :class:`WorkerLost`. Nothing is lost silently and nothing hangs.
+    :meth:`close` stops them; a worker whose parent dies without closing ends by itself.
+
+    Each worker is supervised alone, as gunicorn's arbiter supervises its workers: one that dies
+    (SIGKILL, out of memory) or holds a batch past its deadline (SIGSTOP, an endless loop) is
+    killed and replaced by a new process, which loads the model while the others keep
+    answering; the batch it held goes to the next free worker. ``restarts`` counts replaced
+    workers, ``hangs`` those replaced for a hung one, ``events`` keeps the latest (time, what,
+    pid) for tests and monitoring. A batch that kills or hangs a second worker raises
+    :class:`WorkerLost` (a poison batch, not bad luck); a worker that dies again and again is
+    restarted after a growing pause, and one that cannot load the model is given up with its
+    error. Nothing is lost silently and nothing hangs.
     """
 
     def __init__(self, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),
@@ -198,52 +140,44 @@ class SearchPool:
             raise ConfigError(f"runtime.workers: a pool needs at least one worker; got {runtime.workers}")
         self.workers, self.timeout_s = runtime.workers, runtime.worker_timeout_s
         self.restarts = self.hangs = 0
-        self.pids: list[int] = []
+        self.events: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=EVENTS_KEPT)
         self._rate = 0.0  # the slowest seconds per searched position measured so far
+        self._tokens = itertools.count()
+        self._started = False  # every first worker has loaded the model
+        self._lock = threading.Lock()  # map's thread and refresh's
         dirs = [os.fspath(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
         self._init = (dirs, None if draft is None else os.fspath(draft), runtime)
-        self._open()
-        logger.info("%d decoding worker(s) ready, %d thread(s) each", self.workers, runtime.worker_threads)
-
-    def _open(self) -> None:
-        """Start the worker processes and wait until each has loaded the model."""
-        context = multiprocessing.get_context("spawn")
-        self._executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_init_worker,
-                                             initargs=(*self._init, context.Barrier(self.workers)))
+        self._slots = [_Slot(self._spawn()) for _ in range(self.workers)]
         try:
-            self._start(self.workers)
+            self._await_start()
         except BaseException:
             self.close()
             raise
+        logger.info("%d decoding worker(s) ready, %d thread(s) each", self.workers, runtime.worker_threads)
 
-    def _processes(self) -> list[multiprocessing.Process]:
-        """This pool's live worker processes."""
-        return [p for p in multiprocessing.active_children() if p.pid in self.pids]
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the workers that have loaded the model."""
+        return sorted(s.worker.pid for s in self._slots if s.worker is not None and s.worker.ready)
 
-    def _restart(self, hung: bool = False) -> None:
-        """A worker died (killed, out of memory) or hung: kill the old workers, without waiting
-        on them, and replace the whole pool with a new one."""
-        self.restarts += 1
-        self.hangs += hung
-        logger.warning("a decoding worker process %s; starting %d new one(s) (restart %d)",
-                       f"did not answer within {self.timeout_s:g} s" if hung else "died", self.workers, self.restarts)
-        for process in self._processes():
-            process.kill()
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._open()
+    def _spawn(self) -> Worker:
+        worker = Worker(self._init, START_TIMEOUT_S)
+        self._event("started", worker.pid)
+        return worker
 
-    def _start(self, workers: int) -> None:
-        """One start task per worker, submitted at once (each submit finds no idle worker, so
-        starts one); the first load error, preferring our own one-line errors, is raised."""
-        futures = [self._executor.submit(_ready) for _ in range(workers)]
-        errors = [e for e in (f.exception() for f in futures) if e is not None]
-        if any(isinstance(e, BrokenProcessPool) for e in errors):
-            raise TransduceError("the decoding worker processes did not start (see their errors above); a script "
-                                 "that starts them needs the 'if __name__ == \"__main__\":' guard, and cannot be "
-                                 "read from standard input")
-        if errors:
-            raise next((e for e in errors if isinstance(e, TransduceError)), errors[0])
-        self.pids = sorted(f.result() for f in futures)
+    def _event(self, what: str, pid: int) -> None:
+        self.events.append((time.monotonic(), what, pid))
+
+    def _await_start(self) -> None:
+        """Wait until every worker has loaded the model; the first failure is raised."""
+        while True:
+            failed = next((s.given_up for s in self._slots if s.given_up), "")
+            if failed:
+                raise failed if isinstance(failed, TransduceError) else TransduceError(failed)
+            if all(s.worker.ready for s in self._slots):
+                self._started = True
+                return
+            self._serve(None)
 
     def _deadline(self, positions: float) -> float:
         """Seconds a batch of ``positions`` may take (see ``SLOW_FACTOR``)."""
@@ -255,79 +189,165 @@ class SearchPool:
         (each with its forced-prefix ids and its constraint ids, if given)."""
         prefixes = prefixes or [None] * len(batches)
         constraints = constraints or [None] * len(batches)
+        positions = [_positions(src, spec) for src in batches]
         jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p), None if c is None else _Packed.of(c))
                 for src, p, c in zip(batches, prefixes, constraints)]
-        deadlines = [self._deadline(_positions(src, spec)) for src in batches]
+        call = _Call(jobs, [self._deadline(n) for n in positions], positions)
+        call.pending.extend(range(len(batches)))
+        call.losses = [0] * len(batches)
         try:
-            futures = [self._executor.submit(_search, *job) for job in jobs]
-        except BrokenProcessPool:  # a worker died between calls
-            self._restart()
-            futures = [self._executor.submit(_search, *job) for job in jobs]
-        retried = -1  # the batch whose search was resubmitted after a worker died or hung
-        i, answered = 0, time.monotonic()
-        try:
-            while i < len(jobs):
-                hang, answered = _await(futures[i:], deadlines[i:], answered)
-                if hang is None:
-                    try:
-                        seconds, result = futures[i].result()
-                    except BrokenProcessPool:
-                        pass
-                    else:
-                        self._rate = max(self._rate, seconds / _positions(batches[i], spec))
-                        yield _unpack(result)
-                        i += 1
-                        continue
-                if retried == i:  # it broke or hung the new workers too: a poison batch, not bad luck
-                    if hang is not None:  # the pool must not stay stuck for the next call
-                        self._restart(hung=True)
-                    raise WorkerLost(f"a decoding worker {hang or 'died'} twice on the same batch") from None
-                self._restart(hung=hang is not None)
-                retried = i
-                futures[i:] = [f if _answered(f) else self._executor.submit(_search, *job)
-                               for f, job in zip(futures[i:], jobs[i:])]
-                answered = time.monotonic()
-        finally:
-            for future in futures:
-                future.cancel()
+            for i in range(len(batches)):
+                while i not in call.answers:
+                    if call.error is not None:
+                        raise call.error
+                    self._serve(call)
+                yield unpack(call.answers.pop(i))
+        finally:  # answers still due to this call are dropped when they come
+            with self._lock:
+                for slot in self._slots:
+                    if slot.worker is not None and slot.worker.task is not None and slot.worker.task.call is call:
+                        slot.worker.task.call = None
+
+    def refresh(self) -> None:
+        """Take note of what the workers said or did since the last call (a replacement has
+        loaded the model, a worker died), without waiting: ``pids`` and the counters are
+        current after it (the server's /health calls it)."""
+        self._serve(None, block=False)
+
+    def _serve(self, call: _Call | None, block: bool = True) -> None:
+        """One round of supervision: restart slots whose pause is over, give free workers the
+        batches waiting, wait for a message, a death or a deadline, and act on what happened.
+        The lock is not held while waiting, so :meth:`refresh` can run meanwhile; an answer is
+        put in the call that sent its batch, whichever thread reads it."""
+        with self._lock:
+            now = time.monotonic()
+            for slot in self._slots:
+                if slot.worker is None and not slot.given_up and now >= slot.restart_at:
+                    slot.worker = self._spawn()
+            if all(s.given_up for s in self._slots):
+                if call is None:
+                    return
+                raise WorkerLost("no decoding worker is left: " + "; ".join(str(s.given_up) for s in self._slots))
+            live = [s.worker for s in self._slots if s.worker is not None]
+            if call is not None:
+                self._dispatch(call, live)
+            timeout = self._next_timeout(now)
+        waitables = [w for worker in live for w in worker.waitables()]
+        if block and waitables:
+            wait(waitables, timeout)
+        elif block:  # every worker waits out its pause before a restart
+            time.sleep(timeout)
+        with self._lock:
+            for slot in self._slots:
+                if slot.worker is not None and slot.worker in live:
+                    self._check(slot)
+
+    def _dispatch(self, call: _Call, live: list[Worker]) -> None:
+        for worker in live:
+            if call.pending and worker.ready and worker.task is None and not worker.dead():
+                index = call.pending.popleft()
+                seconds = call.deadlines[index]
+                task = Task(next(self._tokens), call, index, time.monotonic() + seconds, seconds)
+                if not worker.send(task, call.jobs[index]):
+                    call.pending.appendleft(index)
+
+    def _next_timeout(self, now: float) -> float:
+        """Seconds until the nearest deadline (a batch's, a start's, a restart's)."""
+        times = [s.restart_at for s in self._slots if s.worker is None and not s.given_up]
+        for s in self._slots:
+            if s.worker is not None:
+                times.append(s.worker.task.deadline if s.worker.task else
+                             s.worker.start_deadline if not s.worker.ready else now + 60.0)
+        return max(0.0, min(times, default=now + 60.0) - now)
+
+    def _check(self, slot: _Slot) -> None:
+        """Read what ``slot``'s worker said; replace it if it died or is past a deadline."""
+        worker = slot.worker
+        while slot.worker is worker:
+            message = worker.receive()
+            if message == ():
+                break
+            if message is None:  # its pipe is closed: it died
+                return self._lose(slot, f"died (exit code {worker.process.exitcode})", hung=False)
+            self._handle(slot, message)
+        now = time.monotonic()
+        if slot.worker is not worker:
+            return None
+        if worker.dead():
+            return self._lose(slot, f"died (exit code {worker.process.exitcode})", hung=False)
+        if worker.task is not None and now > worker.task.deadline:
+            return self._lose(slot, f"did not answer within {worker.task.seconds:.3g} s", hung=True)
+        if not worker.ready and now > worker.start_deadline:
+            return self._lose(slot, f"did not load the model within {START_TIMEOUT_S:g} s", hung=True)
+        return None
+
+    def _handle(self, slot: _Slot, message: tuple) -> None:
+        worker, kind = slot.worker, message[0]
+        if kind == "ready":
+            worker.ready, slot.failed_starts = True, 0
+            self._event("ready", worker.pid)
+        elif kind == "error":  # the model cannot be loaded: no restart would help
+            slot.given_up = message[1]
+            logger.error("a decoding worker could not load the model: %s", message[1])
+            worker.kill()
+            slot.worker = None
+        elif worker.task is not None and message[1] == worker.task.token:
+            call, index, worker.task = worker.task.call, worker.task.index, None
+            if kind == "failed":
+                if call is not None:
+                    call.error = message[2]
+                return
+            slot.deaths = 0
+            self._event("answered", worker.pid)
+            if call is not None:
+                seconds, result = message[2]
+                self._rate = max(self._rate, seconds / call.positions[index])
+                call.answers[index] = result
+
+    def _lose(self, slot: _Slot, why: str, hung: bool) -> None:
+        """Kill ``slot``'s worker, give its batch to another, and restart it (after a pause if it
+        keeps dying); a batch lost with a second worker raises WorkerLost."""
+        worker, self.restarts, self.hangs = slot.worker, self.restarts + 1, self.hangs + hung
+        worker.kill()
+        slot.worker = None
+        self._event("hung" if hung else "died", worker.pid)
+        slot.deaths += 1
+        slot.failed_starts += not worker.ready
+        if not worker.ready and (not self._started or slot.failed_starts >= MAX_FAILED_STARTS):
+            slot.given_up = (f"a decoding worker {why} while loading {self._init[0][0]}"
+                             + (f", {slot.failed_starts} times in a row; not restarted" if self._started else
+                                " (a script that starts workers needs the 'if __name__ == \"__main__\":' guard, "
+                                "and cannot be read from standard input)"))
+            logger.error("%s", slot.given_up)
+            return
+        pause = 0.0 if slot.deaths < 2 else min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (slot.deaths - 2))
+        slot.restart_at = time.monotonic() + pause
+        logger.warning("decoding worker %d %s; starting a new one in %g s (restart %d)", worker.pid, why, pause,
+                       self.restarts)
+        call = None if worker.task is None else worker.task.call
+        if call is not None:
+            index = worker.task.index
+            call.losses[index] += 1
+            if call.losses[index] >= 2:  # it broke or hung a second worker: a poison batch, not bad luck
+                call.error = WorkerLost(f"a decoding worker {why} twice on the same batch")
+            else:
+                call.pending.appendleft(index)
 
     def close(self) -> None:
         """Stop the workers: running searches are given their deadline, then killed."""
-        processes = self._processes()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        workers = [s.worker for s in self._slots if s.worker is not None]
+        for worker in workers:
+            worker.stop()
         end = time.monotonic() + self.timeout_s
-        for process in processes:
-            process.join(max(0.0, end - time.monotonic()))
-            if process.is_alive():  # hung: it would keep its parent waiting for ever
-                process.kill()
-                process.join(5.0)
+        for worker in workers:
+            worker.process.join(max(0.0, end - time.monotonic()))
+            worker.kill()  # hung: it would keep its parent waiting for ever
 
     def __enter__(self) -> "SearchPool":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _await(futures: list[Future], deadlines: list[float], answered: float) -> tuple[str | None, float]:
-    """Wait until ``futures[0]`` is done: (None, when a batch was last answered); or, if none of
-    those outstanding is answered within the longest of their deadlines since ``answered``, a
-    worker is hung: (why, ``answered``). A busy worker answers within its batch's deadline, so
-    the time between two answers never exceeds the longest deadline of the batches outstanding."""
-    while not futures[0].done():
-        pending = [(f, d) for f, d in zip(futures, deadlines) if not f.done()]
-        limit = max(d for _, d in pending)
-        done, _ = wait([f for f, _ in pending], timeout=max(0.0, answered + limit - time.monotonic()),
-                       return_when=FIRST_COMPLETED)
-        if not done:
-            return f"did not answer within {limit:g} s", answered
-        answered = time.monotonic()
-    return None, answered
-
-
-def _answered(future: Future) -> bool:
-    """Whether ``future`` holds a worker's answer (not an error from a broken pool)."""
-    return future.done() and not future.cancelled() and future.exception() is None
 
 
 class TranslatorPool(BaseTranslator):

@@ -327,6 +327,8 @@ def _add_decode_routes(app, service: TranslationService) -> None:
 def _health_report(service: TranslationService) -> dict[str, Any]:
     """GET /health: the queue, the batcher's counters, the workers and the limits."""
     cfg, pool = service.cfg, getattr(service.translator, "pool", None)
+    if pool is not None:
+        pool.refresh()  # a replacement that has loaded since the last batch is counted
     workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts,
                                          "hangs": pool.hangs, "timeout_s": pool.timeout_s}
     return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),

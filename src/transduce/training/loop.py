@@ -32,6 +32,7 @@ from ..device import resolve_device
 from ..errors import ConfigError
 from ..model.io import build_model
 from ..progress import progress_bar
+from .preemption import PREEMPTED, sigterm_flag
 from .checkpoint import average_checkpoints, latest_checkpoint, list_checkpoints, save_model_dir
 from .distributed import DistInfo, barrier, collective_failure, init_distributed, is_collective_error, \
     shutdown_distributed
@@ -232,10 +233,13 @@ class Trainer(Checkpointing):
     def train(self) -> str:
         """Train until a stop condition; returns which one."""
         cfg = self.cfg.train
-        with progress_bar(cfg.max_steps, unit="steps", desc="training", initial=self.state.step,
-                          enabled=self.dist.is_main) as bar:
+        # Ranks would see a SIGTERM at different steps, and a checkpoint is a collective: distributed
+        # runs keep the default (the process ends; resume from the last periodic checkpoint).
+        with sigterm_flag(enabled=not self.dist.enabled) as preempted, \
+                progress_bar(cfg.max_steps, unit="steps", desc="training", initial=self.state.step,
+                             enabled=self.dist.is_main) as bar:
             window_tokens, window_t0 = 0, time.monotonic()
-            while (reason := self._should_stop()) is None:
+            while (reason := PREEMPTED if preempted.is_set() else self._should_stop()) is None:
                 tokens_before = self.state.tokens
                 metrics = self._guarded_step()
                 window_tokens += self.state.tokens - tokens_before
@@ -274,6 +278,15 @@ class Trainer(Checkpointing):
         if self._improved(metrics) and self.dist.is_main:
             save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
         return metrics
+
+    def preempted(self) -> dict[str, float]:
+        """After a SIGTERM: a checkpoint of this step (no final validation, no ``model/``: the run
+        is not over), so that ``--resume`` continues exactly."""
+        if self.state.step and self.state.step % self.cfg.train.save_every:
+            self.save()
+        logger.warning("%s at step %d: checkpoint saved; continue with --resume", PREEMPTED, self.state.step)
+        self.metrics.close()
+        return {}
 
     def finish(self, reason: str) -> dict[str, float]:
         """Final validation, checkpoint, and the ``model/`` directory (averaged if configured)."""
@@ -336,6 +349,8 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         elif cfg.train.init_from is not None:
             trainer.init_from(Path(cfg.train.init_from))
         reason = trainer.train()
+        if reason == PREEMPTED:
+            return trainer, trainer.preempted()
         metrics = trainer.finish(reason)
         return trainer, metrics
     finally:
