@@ -45,7 +45,6 @@ from .toy_tables import (DEF, MAIN_FRAMES, PL_DETS, PRONOUNS, RELATIVE_FRAMES, S
 logger = logging.getLogger(__name__)
 
 MAX_TOKENS = 30  # per side; longer samples are redrawn
-SPLIT_NAMES = ("train", "valid", "test")
 
 
 def count_tokens(text: str) -> int:
