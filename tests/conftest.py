@@ -69,8 +69,8 @@ def one_thread():
 def multi30k_root() -> Path:
     """Multi30k's raw files: $TRANSDUCE_MULTI30K, else ../shared/data/multi30k beside the
     repository (never copied into it); the test is skipped where neither exists."""
-    env = os.environ.get("TRANSDUCE_MULTI30K", "").strip()
-    root = Path(env) if env else (Path(__file__).resolve().parents[1] / "../shared/data/multi30k").resolve()
+    from extra_helpers import multi30k_dir
+    root = multi30k_dir()
     if not (root / "train.en.gz").is_file():
         pytest.skip(f"Multi30k not found at {root} (set TRANSDUCE_MULTI30K to its directory)")
     return root

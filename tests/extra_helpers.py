@@ -10,6 +10,9 @@ second job installs every extra, so there nothing skips for want of a package.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 
@@ -25,3 +28,10 @@ def need_extra(extra: str, *modules: str):
     for m in modules:  # a loop, not a generator: its frame would be the reported location
         imported.append(pytest.importorskip(m, reason=f"{reason} ({m} is missing)"))
     return imported[0] if len(imported) == 1 else tuple(imported)
+
+
+def multi30k_dir() -> Path:
+    """Where Multi30k's raw files are: $TRANSDUCE_MULTI30K, else ../shared/data/multi30k beside
+    the repository (never copied into it). It may not exist: callers skip then."""
+    env = os.environ.get("TRANSDUCE_MULTI30K", "").strip()
+    return Path(env) if env else (Path(__file__).resolve().parents[1] / "../shared/data/multi30k").resolve()

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-MULTI30K = Path("/work/shared/data/multi30k")
+from extra_helpers import multi30k_dir
+
+MULTI30K = multi30k_dir()  # $TRANSDUCE_MULTI30K, else ../shared/data/multi30k beside the repository
 N_TRAIN_LINES = 3000
 
 

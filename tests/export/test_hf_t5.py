@@ -27,7 +27,8 @@ from t5_fixtures import MULTI30K, hf_t5_dir, multi30k_lines, train_spiece
 transformers = need_extra("export", "transformers")
 need_extra("export", "google.protobuf")  # rewriting the SentencePiece model's proto
 if not MULTI30K.is_dir():
-    pytest.skip(f"needs the Multi30k files in {MULTI30K}", allow_module_level=True)
+    pytest.skip(f"needs the Multi30k files in {MULTI30K} (set TRANSDUCE_MULTI30K to their directory)",
+                allow_module_level=True)
 
 KINDS = ["t5", "mt5"]
 N_SENTENCES = 100
