@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -129,19 +130,27 @@ async def timed_load(url: str, sentences: list[str], clients: int, options: dict
     return records, killed
 
 
-def run_kill(model_dir: Path, mode: str, args, sentences: list[str]) -> dict:
-    """p99 steady vs p99 in the ``args.window`` seconds after one worker is SIGKILLed."""
+@contextlib.contextmanager
+def warm_server(model_dir: Path, mode: str, args, sentences: list[str]):
+    """A server of ``mode`` on a free port, warmed up by 64 sentences: (its URL, the decode
+    options of every request); stopped after the block."""
     port = free_port()
     proc = start_server(model_dir, port, mode, args.threads)
     url = f"http://127.0.0.1:{port}"
     options = {"beam": args.beam, "max_len_b": args.max_len_b}
     try:
-        asyncio.run(load(url, sentences[:64], min(8, args.clients), options))  # warm-up
-        records, killed = asyncio.run(timed_load(url, sentences, args.clients, options, args.seconds, args.kill_at))
-        workers = httpx.get(url + "/health").json()["workers"]
+        asyncio.run(load(url, sentences[:64], min(8, args.clients), options))
+        yield url, options
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def run_kill(model_dir: Path, mode: str, args, sentences: list[str]) -> dict:
+    """p99 steady vs p99 in the ``args.window`` seconds after one worker is SIGKILLed."""
+    with warm_server(model_dir, mode, args, sentences) as (url, options):
+        records, killed = asyncio.run(timed_load(url, sentences, args.clients, options, args.seconds, args.kill_at))
+        workers = httpx.get(url + "/health").json()["workers"]
     at = killed["at_s"]
     steady = [lat for sent, lat, _ in records if sent + lat < at]
     after = [lat for sent, lat, _ in records if at <= sent + lat < at + args.window or at - lat <= sent < at]
@@ -158,20 +167,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_one(model_dir: Path, mode: str, args, sentences: list[str]) -> dict:
-    port = free_port()
-    proc = start_server(model_dir, port, mode, args.threads)
-    url = f"http://127.0.0.1:{port}"
-    options = {"beam": args.beam, "max_len_b": args.max_len_b}
-    try:
-        asyncio.run(load(url, sentences[:64], min(8, args.clients), options))  # warm-up
+    with warm_server(model_dir, mode, args, sentences) as (url, options):
         before = httpx.get(url + "/health").json()["batching"]
         latencies, errors, wall = asyncio.run(load(url, sentences, args.clients, options))
         after = httpx.get(url + "/health").json()["batching"]
         stats = {k: after[k] - before[k] for k in ("batches", "requests")}
         stats["max_requests_per_batch"] = after["max_requests_per_batch"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
     return {"requests_per_s": round(len(sentences) / wall, 1), "p50_ms": percentile(latencies, 50),
             "p90_ms": percentile(latencies, 90), "p99_ms": percentile(latencies, 99), "errors": errors,
             "seconds": round(wall, 1), "batches": stats["batches"],
