@@ -178,8 +178,10 @@ class Trainer(Checkpointing):
         self.state.bad_in_a_row += 1
         logger.warning("step %d skipped: non-finite loss %s or gradient norm %s", self.state.step, loss, grad_norm)
         if self.state.bad_in_a_row > self.cfg.train.max_bad_steps:
-            raise TrainingError(f"{self.state.bad_in_a_row} steps in a row had non-finite loss or gradients; "
-                                "stopping without saving (lower the learning rate or use fp32)")
+            first = self.state.step + 1 - self.state.bad_in_a_row
+            raise TrainingError(f"steps {first}-{self.state.step} ({self.state.bad_in_a_row} in a row) had non-finite "
+                                f"loss or gradients ({self.cfg.train.precision}); stopping without saving: the last "
+                                "checkpoint and best/ hold finite weights (lower the learning rate or use fp32)")
         return None
 
     def _total_steps(self) -> int:
@@ -210,6 +212,10 @@ class Trainer(Checkpointing):
 
     def _improved(self, metrics: dict[str, float]) -> bool:
         score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
+        if not math.isfinite(score):  # a diverged model is never kept as the best one
+            logger.warning("step %d: validation score %s is not finite; best/ is left as it was", self.state.step, score)
+            self.state.evals_since_best += 1
+            return False
         if self.state.best is None or score > self.state.best:
             self.state.best, self.state.evals_since_best = score, 0
             return True
