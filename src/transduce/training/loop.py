@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, save_yaml, with_vocab
-from ..data.prepare import prepared_for_run
+from ..data.prepare import input_path, prepared_for_run
 from ..data.prepared import PreparedData
 from ..device import resolve_device
 from ..errors import ConfigError
@@ -55,8 +55,9 @@ class Trainer(Checkpointing):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: PreparedData, dist: DistInfo, device: torch.device):
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
-        self.valid_pairs = data.split("valid")
-        self.valid_texts = data.texts("valid")
+        n_valid = cfg.data.valid_max_sentences  # taken now, from the prepared split: no new prepare
+        self.valid_pairs = data.split("valid").head(n_valid)
+        self.valid_texts = data.texts("valid")[:n_valid]
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
@@ -95,7 +96,8 @@ class Trainer(Checkpointing):
     def _labels(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         """The training data's classes, as many as ``model.n_classes`` says."""
         if len(labels) != self.cfg.model.n_classes:
-            train = next((i["path"] for i in self.data.manifest["inputs"] if i["split"] == "train"), self.data.root)
+            train = next((input_path(self.data.root, i) for i in self.data.manifest["inputs"] if i["split"] == "train"),
+                         self.data.root)
             raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {train} has {len(labels)} "
                               f"labels ({', '.join(labels[:10])})")
         return labels
