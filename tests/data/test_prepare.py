@@ -131,6 +131,77 @@ def test_damaged_files_are_one_line_errors(ready, damage):
     assert str(target) in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("damage", ["flip", "index"])
+def test_background_verification_opens_at_once_and_fails_before_anything_is_saved(ready, damage):
+    """``verify="background"`` (what training uses): sizes are checked at open, the sha256 in a
+    thread; a flipped byte is the same one-line error, from :meth:`PreparedData.verified`."""
+    _, root = ready
+    target = root / {"flip": "train.tgt.bin", "index": "train.offsets.npy"}[damage]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    opened = PreparedData.open(root, verify="background")  # no error yet: the contents are read meanwhile
+    with pytest.raises(DataError) as err:
+        opened.verified()
+    assert str(target) in str(err.value) and "sha256" in str(err.value) and "\n" not in str(err.value)
+    target.write_bytes(data[:-2])  # a truncation is still caught at open
+    with pytest.raises(DataError, match="bytes but the manifest says"):
+        PreparedData.open(root, verify="background")
+
+
+def test_an_intact_directory_verifies_in_the_background(ready):
+    _, root = ready
+    opened = PreparedData.open(root, verify="background")
+    opened.verified()
+    assert not opened._check.thread.is_alive() and opened._check.error is None
+
+
+def test_valid_max_sentences_is_taken_at_train_time_from_the_prepared_split(corpus, tmp_path):
+    """One prepared directory, any validation size: changing ``data.valid_max_sentences`` needs
+    no new prepare, and the run validates on the first N prepared pairs."""
+    import torch
+
+    from transduce.config import RunConfig
+    from transduce.training.distributed import DistInfo
+    from transduce.training.loop import Trainer
+
+    cfg, pairs = corpus
+    root = prepare_dataset(replace(cfg, valid_max_sentences=7), tmp_path / "d", workers=1).root
+    assert len(PreparedData.open(root).texts("valid")) == 100  # every validation pair read is kept
+    check_matches(root, replace(cfg, valid_max_sentences=3))  # not a content setting: no mismatch
+    run = RunConfig.from_dict({"model": {"d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1,
+                                         "d_ff": 32},
+                               "data": {"prepared": str(root), "valid_max_sentences": 3}})
+    trainer = Trainer(run, tmp_path / "run", PreparedData.open(root), DistInfo(), torch.device("cpu"))
+    assert len(trainer.valid_pairs) == 3 and trainer.valid_texts == pairs[1200:1203]
+    full = PreparedData.open(root).split("valid")
+    for i in range(3):
+        assert all((a == b).all() for a, b in zip(trainer.valid_pairs.pair(i), full.pair(i)))
+
+
+def test_manifest_input_paths_are_relative_beside_and_absolute_elsewhere(corpus, tmp_path):
+    """Inputs under the prepared directory's parent are recorded relative to it (a project moved
+    whole still matches); inputs elsewhere absolute."""
+    import shutil
+
+    cfg, pairs = corpus
+    src, tgt = _files(tmp_path / "project" / "raw", pairs[:300])
+    beside = prepare_dataset(replace(cfg, train_src=str(src), train_tgt=str(tgt)), tmp_path / "project" / "d",
+                             workers=1)
+    paths = {i["path"] for i in beside.manifest["inputs"]}
+    assert {"../raw/train.en", "../raw/train.de"} <= paths
+    assert str(Path(cfg.valid_src).resolve()) in paths  # the fixture's corpus lies elsewhere: absolute
+    shutil.move(tmp_path / "project", tmp_path / "moved")
+    moved = replace(cfg, train_src=str(tmp_path / "moved" / "raw" / "train.en"),
+                    train_tgt=str(tmp_path / "moved" / "raw" / "train.de"))
+    check_matches(tmp_path / "moved" / "d", moved)
+    with pytest.raises(DataError, match=r"data.train_src: .*train.en.gz is not a file .* was prepared from"):
+        check_matches(tmp_path / "moved" / "d", cfg)  # other files than those it was made from
+    (tmp_path / "moved" / "raw" / "train.de").unlink()
+    with pytest.raises(DataError, match=r"moved/d/\.\./raw/train.de: input of .* is gone"):
+        check_matches(tmp_path / "moved" / "d", moved)
+
+
 def test_a_foreign_tokenizer_is_refused(ready, tmp_path):
     _, root = ready
     other = Tokenizer.train(["a b c d e f"] * 20, ["g h i j k"] * 20, tmp_path / "other", vocab_size=20)

@@ -251,3 +251,28 @@ def test_long_attention_options_train_validate_save_and_translate(tmp_path, atte
     translator = Translator.load(tmp_path / "model")
     assert {k: getattr(translator.model.config, k) for k in attention} == attention
     assert len(translator.translate(["the dog sees the ball"])) == 1
+
+
+def test_repeated_non_finite_steps_name_the_steps(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path, max_bad_steps=1)
+    assert trainer.train_step() is not None  # step 1 fine
+    real = loop.forward_backward
+    monkeypatch.setattr(loop, "forward_backward", lambda *a, **k: real(*a, **k) * math.nan)
+    assert trainer.train_step() is None
+    with pytest.raises(loop.TrainingError, match=r"steps 2-3 \(2 in a row\) had non-finite loss"):
+        trainer.train_step()
+
+
+def test_a_non_finite_validation_is_never_kept_as_best(tmp_path, monkeypatch):
+    """bf16 gone wrong: a NaN validation loss must not be saved as best/, neither as the first
+    evaluation nor after a finite one."""
+    trainer = _trainer(tmp_path, precision="bf16", max_steps=3, eval_every=1)
+    monkeypatch.setattr(trainer, "validate", lambda: {"val_loss": math.nan, "val_ppl": math.nan})
+    trainer._evaluate_and_keep_best()
+    assert not (tmp_path / "best").exists() and trainer.state.best is None
+    monkeypatch.setattr(trainer, "validate", lambda: {"val_loss": 3.0, "val_ppl": 20.0})
+    trainer._evaluate_and_keep_best()
+    saved = (tmp_path / "best" / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(trainer, "validate", lambda: {"val_loss": math.nan, "val_ppl": math.nan})
+    trainer._evaluate_and_keep_best()
+    assert trainer.state.best == -3.0 and (tmp_path / "best" / "model.safetensors").stat().st_mtime_ns == saved

@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Storage faults a user fixes outside transduce, and what to do: one line each, no traceback.
+_STORAGE_ERRORS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space",
+                   errno.EROFS: "write somewhere writable", errno.EACCES: "fix the permissions"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
@@ -44,10 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transduce {args.command}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno not in _STORAGE_ERRORS:
             raise
         print(f"transduce {args.command}: error: {e.strerror}{f': {e.filename}' if e.filename else ''} "
-              "(nothing half-written was kept; free space and rerun, with --resume for training)", file=sys.stderr)
+              f"(nothing half-written was kept; {_STORAGE_ERRORS[e.errno]} and rerun, with --resume for training)",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"transduce {args.command}: interrupted", file=sys.stderr)

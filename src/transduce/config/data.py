@@ -65,7 +65,8 @@ class DataConfig:
     max_tokens: int = 4096
     """A training batch's token budget: sentences x the longest padded side (data/batching.py)."""
     valid_max_sentences: int | None = None
-    """Validation pairs used at most; None: all."""
+    """Validation pairs used at most (the first ones); None: all. Applied when training starts, not
+    when preparing: one prepared directory serves any value, and changing it needs no new prepare."""
     reverse: bool = False
     """Train the other direction: every split's pairs are swapped after reading, so ``src_lang``,
     ``train_src``... keep naming the corpus as written."""

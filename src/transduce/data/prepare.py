@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 CHUNK = 20_000  # pairs a worker encodes at a time: a few MB each way, many per corpus
 RUN_SUBDIR = "prepared"
 # DataConfig fields that do not change the prepared ids (batching and training-time options).
-_NOT_CONTENT = ("max_tokens", "bpe_dropout_sides", "prepared", "tokenizer")
+_NOT_CONTENT = ("max_tokens", "bpe_dropout_sides", "prepared", "tokenizer", "valid_max_sentences")
 
 TextPair = tuple[str, str]
 
@@ -59,15 +59,13 @@ TextPair = tuple[str, str]
 class SplitSource:
     """One split's aligned lines: a pair of files, or generated text (the toy corpus).
 
-    ``expect``: the official line count, checked once the files end (Multi30k); ``limit``: read
-    at most this many pairs (``data.valid_max_sentences``).
+    ``expect``: the official line count, checked once the files end (Multi30k).
     """
 
     names: tuple[str, str]
     files: tuple[Path, Path] | None = None
     generated: list[TextPair] | None = None
     expect: int | None = None
-    limit: int | None = None
 
     def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
@@ -77,7 +75,7 @@ class SplitSource:
             chunks = ((lines[0][i:i + CHUNK], lines[1][i:i + CHUNK]) for i in range(0, len(lines[0]), CHUNK))
         else:
             chunks = self._counted(read_parallel_chunks(*self.files, CHUNK))
-        return _limited(chunks, self.limit) if self.limit is not None else chunks
+        return chunks
 
     def text_pairs(self) -> Iterator[TextPair]:
         """Decoded line pairs, read in this process."""
@@ -94,24 +92,12 @@ class SplitSource:
     def swapped(self) -> "SplitSource":
         files = None if self.files is None else (self.files[1], self.files[0])
         generated = None if self.generated is None else [(t, s) for s, t in self.generated]
-        return SplitSource(self.names[::-1], files, generated, self.expect, self.limit)
-
-
-def _limited(chunks: Iterator[tuple[list[bytes], list[bytes]]], limit: int
-             ) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    """The first ``limit`` pairs of ``chunks``."""
-    for src, tgt in chunks:
-        if limit <= 0:
-            return
-        yield src[:limit], tgt[:limit]
-        limit -= len(src)
+        return SplitSource(self.names[::-1], files, generated, self.expect)
 
 
 def split_sources(cfg: DataConfig) -> dict[str, SplitSource]:
     """The train/valid/test sources a config names; swapped when ``data.reverse``."""
     sources = _sources(cfg)
-    if cfg.valid_max_sentences is not None:
-        sources["valid"].limit = cfg.valid_max_sentences
     return {k: v.swapped() for k, v in sources.items()} if cfg.reverse else sources
 
 
@@ -324,12 +310,24 @@ def prepare_dataset(cfg: DataConfig, out: str | os.PathLike, workers: int | None
     return PreparedData.open(out)
 
 
-def _inputs(files: list[tuple[str, Path]]) -> list[dict[str, Any]]:
-    """Each input file's manifest entry (split, path, size, sha256)."""
+def _inputs(files: list[tuple[str, Path]], stage: Path) -> list[dict[str, Any]]:
+    """Each input file's manifest entry (split, path, size, sha256). The path is relative to the
+    prepared directory when the input lies beside it (under its parent: a project moved or copied
+    whole keeps its inputs), absolute only when it lies elsewhere. Read back with :func:`input_path`."""
     for _, path in files:
         is_gzip(path)  # a missing or unreadable input: its own one-line error, before any work
-    return [{"split": name, "path": str(path.resolve()), "size": path.stat().st_size, "sha256": sha256_file(path)}
-            for name, path in files]
+    return [{"split": name, "path": _manifest_path(path.resolve(), stage.resolve()), "size": path.stat().st_size,
+             "sha256": sha256_file(path)} for name, path in files]
+
+
+def _manifest_path(path: Path, stage: Path) -> str:
+    # ``stage`` is a sibling of the final directory: a path relative to one is relative to the other
+    return os.path.relpath(path, stage) if path.is_relative_to(stage.parent) else str(path)
+
+
+def input_path(root: Path, item: dict[str, Any]) -> Path:
+    """A manifest input's path (relative ones are relative to the prepared directory ``root``)."""
+    return Path(root) / item["path"]
 
 
 def _manifest(cfg: DataConfig, inputs: list, tokenizer: Tokenizer, dtype, t0: float, splits: dict,
@@ -346,7 +344,7 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         return _fill_labelled(cfg, stage)
     t0 = time.monotonic()
     sources = split_sources(cfg)
-    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())])
+    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())], stage)
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}
@@ -373,7 +371,7 @@ def _fill_labelled(cfg: DataConfig, stage: Path) -> None:
     are small: encoded here, without worker processes or filtering (texts are cut to max_len)."""
     t0 = time.monotonic()
     paths = {name: Path(p) for name in SPLITS if (p := getattr(cfg, f"{name}_src")) is not None}
-    inputs = _inputs(list(paths.items()))
+    inputs = _inputs(list(paths.items()), stage)
     if cfg.tokenizer is None:
         raise DataError("data.tokenizer: labelled text is encoded with an existing tokenizer (a pre-trained "
                         "model's: data.tokenizer or train.init_from)")
@@ -413,11 +411,16 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
     manifest = read_manifest(root)
     have = manifest["data"]
     for key, value in data_settings(cfg).items():
-        if have.get(key) != value:
+        if key.endswith(("_src", "_tgt")):  # a file: the same file wherever the project now lies
+            recorded = {input_path(root, i).resolve() for i in manifest["inputs"]}
+            if value is not None and Path(value).resolve() not in recorded:
+                raise DataError(f"data.{key}: {value} is not a file {root} was prepared from (start a new run "
+                                "with --out, or prepare again)")
+        elif have.get(key) != value:
             raise DataError(f"data.{key} is {value!r} but {root} was prepared with {have.get(key)!r} "
                             "(start a new run with --out, or prepare again)")
     for item in manifest["inputs"]:
-        path = Path(item["path"])
+        path = input_path(root, item)
         if not path.is_file():
             raise DataError(f"{path}: input of {root} is gone")
         if path.stat().st_size != item["size"] or sha256_file(path) != item["sha256"]:
@@ -427,12 +430,12 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
 
 def prepared_for_run(cfg: DataConfig, run_dir: Path, seed: int = 0, workers: int | None = None) -> PreparedData:
     """What a training run trains on: ``data.prepared``, else ``RUN_DIR/prepared`` (made once, checked after)."""
-    if cfg.prepared is not None:
-        return _with_tokenizer_check(PreparedData.open(cfg.prepared), cfg)
+    if cfg.prepared is not None:  # the sha256 of a WMT-size directory: read while training starts
+        return _with_tokenizer_check(PreparedData.open(cfg.prepared, verify="background"), cfg)
     root = run_dir / RUN_SUBDIR
     if root.exists():
         check_matches(root, cfg)
-        return _with_tokenizer_check(PreparedData.open(root), cfg)
+        return _with_tokenizer_check(PreparedData.open(root, verify="background"), cfg)
     legacy = run_dir / TOKENIZER_DIR  # a run started before prepared data: keep its tokenizer
     if cfg.tokenizer is None and Tokenizer.exists(legacy):
         cfg = replace(cfg, tokenizer=str(legacy))

@@ -16,8 +16,11 @@ and a restart does not redo the encoding. The layout of ``DATA_DIR``::
     {split}.text.npy         the kept pairs, only when prepared for BPE-dropout; (M + 1, 2) int64
                              byte offsets of each line
 
-Opening checks every file's size and sha256 against the manifest, and the tokenizer against
-its recorded digest: a truncated, tampered or foreign file is a one-line :class:`DataError`.
+Opening checks every file's size against the manifest, and the tokenizer against its recorded
+digest; the files' sha256 are checked at once (``verify="now"``) or in a background thread
+(``"background"``: training starts without reading a WMT-size directory through first, and
+:meth:`PreparedData.verified` waits for the result before anything is saved). A truncated,
+tampered or foreign file is a one-line :class:`DataError`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import json
 import logging
 import mmap
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -220,6 +224,12 @@ class TokenPairs:
     def __len__(self) -> int:
         return self.lengths.shape[0]
 
+    def head(self, n: int | None) -> "TokenPairs":
+        """The first ``n`` pairs (all when ``n`` is None), sharing this one's files."""
+        if n is None or n >= len(self):
+            return self
+        return TokenPairs(self.tokens, self.offsets[:n + 1], self.lengths[:n], self._maps)
+
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Pair ``i``'s source and target ids."""
         lo, hi = self.offsets[i], self.offsets[i + 1]
@@ -279,20 +289,36 @@ class PreparedData:
     root: Path
     manifest: dict[str, Any]
     tokenizer: Tokenizer
+    _check: "_Verifier | None" = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, root: str | os.PathLike) -> "PreparedData":
-        """Open ``root``, checking the manifest, every file's size and sha256, and the tokenizer."""
+    def open(cls, root: str | os.PathLike, verify: str = "now") -> "PreparedData":
+        """Open ``root``, checking the manifest, every file's size, and the tokenizer; the files'
+        sha256 now (``verify="now"``) or in a background thread (``"background"``, see :meth:`verified`)."""
+        if verify not in ("now", "background"):
+            raise ValueError(f"verify: 'now' or 'background', not {verify!r}")
         root = Path(root)
         manifest = read_manifest(root)
-        for split, entry in manifest["splits"].items():
-            for name, want in entry["files"].items():
-                _check_file(root / name, want)
+        files = [(root / name, want) for entry in manifest["splits"].values() for name, want in entry["files"].items()]
+        for path, want in files:
+            _check_size(path, want)
         tokenizer = Tokenizer.load(root / TOKENIZER_DIR)
         if tokenizer.digest() != manifest["tokenizer"]["digest"]:
             raise DataError(f"{root / TOKENIZER_DIR}: this tokenizer is not the one the ids in {root} were "
                             "made with (its digest differs from the manifest's)")
-        return cls(root, manifest, tokenizer)
+        check = _Verifier(files)
+        if verify == "now":
+            check.run()
+            check.raise_if_bad()
+            return cls(root, manifest, tokenizer)
+        check.thread.start()
+        return cls(root, manifest, tokenizer, check)
+
+    def verified(self) -> None:
+        """Wait for the background sha256 check to end (at once if it has); DataError if a file failed."""
+        if self._check is not None:
+            self._check.thread.join()
+            self._check.raise_if_bad()
 
     @property
     def dtype(self) -> np.dtype:
@@ -347,13 +373,30 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _check_file(path: Path, want: dict[str, Any]) -> None:
+class _Verifier:
+    """The sha256 of a prepared directory's files against its manifest, in this or a daemon thread
+    (hashlib reads without holding the GIL: training goes on meanwhile)."""
+
+    def __init__(self, files: list[tuple[Path, dict[str, Any]]]):
+        self.files, self.error = files, None
+        self.thread = threading.Thread(target=self.run, name="prepared-sha256", daemon=True)
+
+    def run(self) -> None:
+        for path, want in self.files:
+            if sha256_file(path) != want["sha256"]:
+                self.error = DataError(f"{path}: contents differ from the manifest's sha256 (modified after "
+                                       "prepare; prepare the data again)")
+                return
+
+    def raise_if_bad(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _check_size(path: Path, want: dict[str, Any]) -> None:
     if not path.is_file():
         raise DataError(f"{path}: missing from the prepared data")
     size = path.stat().st_size
     if size != want["size"]:
         raise DataError(f"{path}: {size:,} bytes but the manifest says {want['size']:,} (truncated or replaced; "
-                        "prepare the data again)")
-    if sha256_file(path) != want["sha256"]:
-        raise DataError(f"{path}: contents differ from the manifest's sha256 (modified after prepare; "
                         "prepare the data again)")

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, save_yaml, with_vocab
-from ..data.prepare import prepared_for_run
+from ..data.prepare import input_path, prepared_for_run
 from ..data.prepared import PreparedData
 from ..device import resolve_device
 from ..errors import ConfigError
@@ -55,8 +55,9 @@ class Trainer(Checkpointing):
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: PreparedData, dist: DistInfo, device: torch.device):
         self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
-        self.valid_pairs = data.split("valid")
-        self.valid_texts = data.texts("valid")
+        n_valid = cfg.data.valid_max_sentences  # taken now, from the prepared split: no new prepare
+        self.valid_pairs = data.split("valid").head(n_valid)
+        self.valid_texts = data.texts("valid")[:n_valid]
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
@@ -95,7 +96,8 @@ class Trainer(Checkpointing):
     def _labels(self, labels: tuple[str, ...]) -> tuple[str, ...]:
         """The training data's classes, as many as ``model.n_classes`` says."""
         if len(labels) != self.cfg.model.n_classes:
-            train = next((i["path"] for i in self.data.manifest["inputs"] if i["split"] == "train"), self.data.root)
+            train = next((input_path(self.data.root, i) for i in self.data.manifest["inputs"] if i["split"] == "train"),
+                         self.data.root)
             raise ConfigError(f"model.n_classes: {self.cfg.model.n_classes}, but {train} has {len(labels)} "
                               f"labels ({', '.join(labels[:10])})")
         return labels
@@ -178,8 +180,10 @@ class Trainer(Checkpointing):
         self.state.bad_in_a_row += 1
         logger.warning("step %d skipped: non-finite loss %s or gradient norm %s", self.state.step, loss, grad_norm)
         if self.state.bad_in_a_row > self.cfg.train.max_bad_steps:
-            raise TrainingError(f"{self.state.bad_in_a_row} steps in a row had non-finite loss or gradients; "
-                                "stopping without saving (lower the learning rate or use fp32)")
+            first = self.state.step + 1 - self.state.bad_in_a_row
+            raise TrainingError(f"steps {first}-{self.state.step} ({self.state.bad_in_a_row} in a row) had non-finite "
+                                f"loss or gradients ({self.cfg.train.precision}); stopping without saving: the last "
+                                "checkpoint and best/ hold finite weights (lower the learning rate or use fp32)")
         return None
 
     def _total_steps(self) -> int:
@@ -210,6 +214,10 @@ class Trainer(Checkpointing):
 
     def _improved(self, metrics: dict[str, float]) -> bool:
         score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
+        if not math.isfinite(score):  # a diverged model is never kept as the best one
+            logger.warning("step %d: validation score %s is not finite; best/ is left as it was", self.state.step, score)
+            self.state.evals_since_best += 1
+            return False
         if self.state.best is None or score > self.state.best:
             self.state.best, self.state.evals_since_best = score, 0
             return True

@@ -113,6 +113,7 @@ class Checkpointing:
 
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0 writes it; every rank calls this, giving its RNG state)."""
+        self.data.verified()  # never a checkpoint of a run on damaged data (the check is long over by now)
         rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
