@@ -5,7 +5,8 @@ drives it for ``--minutes`` with ``--clients`` threads, each sending one request
 a mix of valid requests (1-4 sentences of varied length), oversized ones (a body, a sentence
 list or a sentence over the server's limits, read from /health) and malformed ones (bad JSON,
 wrong types, unknown fields, out-of-range settings), while a worker process (a pid from /health)
-is SIGKILLed every ``--kill-every`` seconds. Every request has a client-side timeout: one with
+is SIGKILLed every ``--kill-every`` seconds, and (``--hang-at S``) one is SIGSTOPped once: a hung
+worker, which the server must notice by its batch deadline (``--worker-timeout``) and replace. Every request has a client-side timeout: one with
 no answer by then is **hung**; one whose connection fails is **lost**.
 
 Prints one JSON object: per minute, the requests answered, answers by status code, p50/p99
@@ -18,6 +19,7 @@ error), with every process it started; the report says if any was left.
 
 Needs the ``serve`` extra and httpx. Usage:
     python bench/soak.py --model runs/demo/model [--minutes 10] [--clients 32] [--kill-every 60]
+                         [--hang-at 45 --worker-timeout 10]
 """
 
 from __future__ import annotations
@@ -133,9 +135,12 @@ class Server:
     """``transduce serve`` in its own process group, so that stopping it stops every process it
     started (its workers, multiprocessing's resource tracker)."""
 
-    def __init__(self, model: Path, port: int, workers: int, threads: int, log: Path):
+    def __init__(self, model: Path, port: int, workers: int, threads: int, log: Path,
+                 worker_timeout: float | None = None):
         cmd = [sys.executable, "-m", "transduce", "serve", str(model), "--port", str(port),
                "--workers", str(workers), "--threads", str(threads)]
+        if worker_timeout is not None:
+            cmd += ["--worker-timeout", str(worker_timeout)]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         self.log = log
         with open(log, "wb") as f:
@@ -240,7 +245,28 @@ def sample(server: Server, t0: float) -> dict:
     workers = (h or {}).get("workers") or {}
     rss = {pid: proc_status(pid).get("rss_kb") for pid in workers.get("pids", [])}
     return {"t": time.monotonic() - t0, "main": proc_status(server.proc.pid), "health_ok": h is not None,
-            "workers_rss_kb": {p: v for p, v in rss.items() if v is not None}, "restarts": workers.get("restarts")}
+            "workers_rss_kb": {p: v for p, v in rss.items() if v is not None}, "restarts": workers.get("restarts"),
+            "hangs": workers.get("hangs")}
+
+
+def our_worker(server: Server, n: int) -> int | None:
+    """The ``n``-th worker /health names (in turn), if it is a child of the server (never another process)."""
+    pids = ((health(server.url) or {}).get("workers") or {}).get("pids") or []
+    pid = pids[n % len(pids)] if pids else None
+    return pid if pid is not None and (proc_stat(pid) or [None] * 4)[3] == str(server.proc.pid) else None
+
+
+def hanger(server: Server, at: float, t0: float, stop: threading.Event, kills: list[dict]) -> None:
+    """SIGSTOP one worker once, ``at`` seconds in: a hung worker (the pool must notice it by the
+    batch deadline, replace it and retry its batch)."""
+    if stop.wait(max(0.0, t0 + at - time.monotonic())):
+        return
+    pid = our_worker(server, 0)
+    try:
+        os.kill(pid, signal.SIGSTOP) if pid is not None else None
+    except ProcessLookupError:
+        pid = None
+    kills.append({"t": round(time.monotonic() - t0, 1), "pid": pid, "killed": False, "stopped": pid is not None})
 
 
 def killer(server: Server, every: float, t0: float, end: float, stop: threading.Event, kills: list[dict]) -> None:
@@ -249,9 +275,8 @@ def killer(server: Server, every: float, t0: float, end: float, stop: threading.
     n = 0
     while t0 + every * (n + 1) < end and not stop.wait(max(0.0, t0 + every * (n + 1) - time.monotonic())):
         n += 1
-        pids = ((health(server.url) or {}).get("workers") or {}).get("pids") or []
-        pid = pids[n % len(pids)] if pids else None
-        ours = pid is not None and (proc_stat(pid) or [None] * 4)[3] == str(server.proc.pid)
+        pid = our_worker(server, n)
+        ours = pid is not None
         if ours:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -316,14 +341,17 @@ def report(outcomes: list[Outcome], samples: list[dict], kills: list[dict], minu
               "unexpected": sum(r["unexpected"] for r in rows),
               "failures": dict(Counter(o.failure for o in outcomes if o.failure)),
               "valid_p50_ms": percentile_ms(valid_ok, 50), "valid_p99_ms": percentile_ms(valid_ok, 99),
-              "kills": sum(k["killed"] for k in kills), "restarts": restarts,
+              "kills": sum(k["killed"] for k in kills), "stops": sum(k.get("stopped", False) for k in kills),
+              "restarts": restarts, "hangs_replaced": max((s.get("hangs") or 0 for s in samples), default=0),
               "health_failures": sum(not s["health_ok"] for s in samples), "processes_left": left,
               "monitor_errors": list(monitor_errors)}
     goal = {"no_lost_or_hung": {"pass": lost == 0 and hung == 0, "lost": lost, "hung": hung},
             "no_5xx_but_503": {"pass": not bad_5xx, "other_5xx": bad_5xx, "503": codes.get(503, 0)},
             "rss_flat": rss_check(rows),
             "workers_restarted": {"pass": restarts >= 1 or not totals["kills"], "kills": totals["kills"],
-                                  "restarts": restarts}}
+                                  "restarts": restarts},
+            "hung_worker_replaced": {"pass": totals["hangs_replaced"] >= totals["stops"], "stopped": totals["stops"],
+                                     "replaced": totals["hangs_replaced"]}}
     return {"minutes": rows, "totals": totals, "kills": kills, "goal": goal,
             "pass": all(g["pass"] is not False for g in goal.values())}
 
@@ -334,7 +362,8 @@ def soak(args: argparse.Namespace) -> dict:
     port = args.port or free_port()
     sentences = [en for en, _ in generate_pairs(500, SEED)]
     with tempfile.TemporaryDirectory(prefix="transduce-soak-") as tmp:
-        server = Server(Path(args.model), port, args.workers, args.threads, Path(tmp) / "server.log")
+        server = Server(Path(args.model), port, args.workers, args.threads, Path(tmp) / "server.log",
+                        args.worker_timeout)
         outcomes: list[Outcome] = []
         samples: list[dict] = []
         kills: list[dict] = []
@@ -354,6 +383,8 @@ def soak(args: argparse.Namespace) -> dict:
                 end = t0 + 60 * args.minutes
                 threads.append(threading.Thread(target=killer, args=(server, args.kill_every, t0, end, stop, kills),
                                                 daemon=True))
+            if args.hang_at is not None:
+                threads.append(threading.Thread(target=hanger, args=(server, args.hang_at, t0, stop, kills), daemon=True))
             for t in threads:
                 t.start()
             stop.wait(max(0.0, t0 + 60 * args.minutes - time.monotonic()))
@@ -370,6 +401,7 @@ def soak(args: argparse.Namespace) -> dict:
         result = report(outcomes, samples, kills, args.minutes, left, tuple(errors))
         result["server_log"] = log_summary(log)
     result["settings"] = {"minutes": args.minutes, "clients": args.clients, "kill_every_s": args.kill_every,
+                          "hang_at_s": args.hang_at, "worker_timeout_s": args.worker_timeout,
                           "workers": args.workers, "threads_per_worker": args.threads,
                           "client_timeout_s": args.timeout, "mix": KINDS,
                           "date": datetime.date.today().isoformat(), "cpus": os.cpu_count()}
@@ -396,6 +428,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--clients", type=int, default=32, help="client threads, each one request at a time (default: 32)")
     ap.add_argument("--kill-every", type=float, default=60.0,
                     help="SIGKILL a worker every this many seconds; 0: never (default: 60)")
+    ap.add_argument("--hang-at", type=float, default=None, metavar="S",
+                    help="SIGSTOP one worker once, S seconds in (a hung worker; default: none)")
+    ap.add_argument("--worker-timeout", type=float, default=None, metavar="S",
+                    help="the server's --worker-timeout: how soon a hung worker is replaced (default: its own)")
     ap.add_argument("--port", type=int, default=0, help="server port on 127.0.0.1 (default: a free one)")
     ap.add_argument("--workers", type=int, default=2, help="the server's worker processes (default: 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: 1)")

@@ -18,14 +18,15 @@ sys.modules[_spec.name] = soak  # its dataclass looks its module up there
 _spec.loader.exec_module(soak)
 
 
-def test_a_short_soak_with_a_killed_worker_loses_nothing(trained_dir, tmp_path, capsys):
+def test_a_short_soak_with_a_killed_and_a_hung_worker_loses_nothing(trained_dir, tmp_path, capsys):
     out = tmp_path / "soak.json"
-    code = soak.main(["--model", str(trained_dir), "--minutes", "0.25", "--clients", "4", "--kill-every", "7",
-                      "--timeout", "45", "--out", str(out)])
+    code = soak.main(["--model", str(trained_dir), "--minutes", "0.4", "--clients", "4", "--kill-every", "20",
+                      "--hang-at", "2", "--worker-timeout", "3", "--timeout", "45", "--out", str(out)])
     result = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == result
     totals, goal = result["totals"], result["goal"]
     assert totals["kills"] >= 1 and totals["restarts"] >= 1, result["kills"]
+    assert totals["stops"] == 1 and totals["hangs_replaced"] >= 1 and goal["hung_worker_replaced"]["pass"], result
     assert totals["lost"] == 0 and totals["hung"] == 0, totals["failures"]
     assert goal["no_5xx_but_503"]["pass"], goal
     assert totals["by_kind"]["valid"].get("200", 0) > 0
