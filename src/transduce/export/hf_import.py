@@ -22,8 +22,11 @@ The tokenizer is each side's SentencePiece model rewritten so that its piece ids
 ids: the pieces of ``vocab.json`` in our order, with the scores and types of ``source.spm``
 (``target.spm`` for the target side); pieces the side's model does not have (the other side's,
 in a shared vocabulary) become UNUSED, which segmentation never produces but decoding writes.
-Segmenting with the rewritten model equals MarianTokenizer's segmentation followed by its
-``vocab.json`` lookup. Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
+MarianTokenizer looks each piece *string* up in ``vocab.json``, so a span of characters the side's
+model does not know (``<unk>`` to SentencePiece) that the vocabulary has, because the other side
+knows it, gets that entry's id: :meth:`~transduce.data.tokenizer.Tokenizer.encode` gives an unknown
+span spelled as an UNUSED piece that piece's id, the same lookup. Segmenting with the rewritten
+model therefore equals MarianTokenizer's segmentation followed by its ``vocab.json`` lookup. Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
 to ``<unk>``) are dropped, with a warning: text that would use them is segmented into smaller
 known pieces instead.
 
