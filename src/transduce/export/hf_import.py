@@ -26,7 +26,8 @@ MarianTokenizer looks each piece *string* up in ``vocab.json``, so a span of cha
 model does not know (``<unk>`` to SentencePiece) that the vocabulary has, because the other side
 knows it, gets that entry's id: :meth:`~transduce.data.tokenizer.Tokenizer.encode` gives an unknown
 span spelled as an UNUSED piece that piece's id, the same lookup. Segmenting with the rewritten
-model therefore equals MarianTokenizer's segmentation followed by its ``vocab.json`` lookup. Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
+model therefore equals MarianTokenizer's segmentation followed by its ``vocab.json`` lookup.
+Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
 to ``<unk>``) are dropped, with a warning: text that would use them is segmented into smaller
 known pieces instead.
 
