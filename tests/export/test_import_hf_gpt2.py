@@ -144,3 +144,9 @@ def test_bad_input_is_one_line_and_writes_nothing(hf_dir, tmp_path, capsys, how,
     assert named in err and "\n" not in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["bad"]  # no staging directory left either
+
+
+def test_info_names_the_tokenizer(imported, capsys):
+    assert main(["info", str(imported), "--json"]) == 0
+    tokenizer = json.loads(capsys.readouterr().out)["tokenizer"]
+    assert tokenizer["type"] == "byte_level_bpe" and tokenizer["specials"]["eos"] == load_tokenizer(imported).eos_id
