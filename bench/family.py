@@ -1,6 +1,6 @@
 """The Transformer family: transduce's GPT, BERT and T5 vs Hugging Face GPT-2, BERT and T5, side by side.
 
-Five sections (``--sections lm,mlm,sample,t5,t5-decode``), each racing our model against its
+Six sections (``--sections lm,mlm,sample,greedy,t5,t5-decode``), each racing our model against its
 Hugging Face twin in this one process, interleaved in rounds, medians reported as JSON:
 
 - ``lm``: training tokens/s of a decoder-only LM (``model.arch: decoder_only`` with GPT-2's
@@ -9,6 +9,7 @@ Hugging Face twin in this one process, interleaved in rounds, medians reported a
   vs ``BertForMaskedLM``;
 - ``sample``: top-k sampling tokens/s with a KV cache, ``--sample-batch`` prompts at once, vs
   HF ``generate``;
+- ``greedy``: the same with greedy search (temperature 0), vs HF ``generate(do_sample=False)``;
 - ``t5``: training tokens/s (source + target) of a T5 (``model.positions: relative`` with
   T5 1.0's options, ``export/hf_t5.py``) vs ``T5ForConditionalGeneration``;
 - ``t5-decode``: greedy and beam-4 sentences/s of that T5, ``--sample-batch`` sources at once,
@@ -34,7 +35,9 @@ Shape (``--shape``): ``small`` is GPT-2 small's options at a size that trains on
 a few seconds a step: 4 layers, d_model 256, 4 heads, FFN 1024, 8k vocabulary (our translation
 benchmarks' vocabulary), 16 x 128 tokens a step. ``tiny`` is for the smoke test. The T5 sections
 use t5-small's shape (6 + 6 layers, d_model 512, 8 heads, FFN 2048) with the shape's vocabulary,
-rows and sequence length (``--shape tiny``: the tiny shape).
+rows and sequence length (``--shape tiny``: the tiny shape). ``gpt2-small`` is GPT-2 small's own
+shape (12 layers, d_model 768, 12 heads, FFN 3072, 50,257 tokens, 1,024 positions; random weights),
+4 x 128 tokens a training step: fine-tuning and generation speed at the size people start from.
 
 Usage:
     python bench/family.py [--sections lm,mlm,sample] [--runs 5] [--steps 2] [--threads 2]
@@ -76,6 +79,8 @@ SHAPES = {
     # layers, d_model, heads, d_ff, vocab, batch rows, sequence length
     "small": dict(layers=4, d_model=256, heads=4, d_ff=1024, vocab=8000, rows=16, seq=128),
     "tiny": dict(layers=2, d_model=32, heads=4, d_ff=64, vocab=200, rows=4, seq=16),
+    # GPT-2 small's own shape (124M parameters, 1,024 positions), random weights; 4 x 128 tokens a step
+    "gpt2-small": dict(layers=12, d_model=768, heads=12, d_ff=3072, vocab=50257, rows=4, seq=128, positions=1024),
 }
 GPT2_OPTIONS = dict(arch="decoder_only", norm="pre", positions="learned", activation="gelu_tanh",
                     scale_embeddings=False, n_encoder_layers=0)
@@ -87,7 +92,8 @@ def model_config(shape: dict, options: dict) -> ModelConfig:
     """Our model of ``shape`` with GPT-2's or BERT's ``options`` (dropout 0.1 as both)."""
     layers = {"n_decoder_layers" if options["arch"] == "decoder_only" else "n_encoder_layers": shape["layers"]}
     return ModelConfig(src_vocab_size=shape["vocab"], tgt_vocab_size=shape["vocab"], d_model=shape["d_model"],
-                       n_heads=shape["heads"], d_ff=shape["d_ff"], dropout=0.1, max_positions=512,
+                       n_heads=shape["heads"], d_ff=shape["d_ff"], dropout=0.1,
+                       max_positions=shape.get("positions", 512),
                        **options, **layers)
 
 
@@ -260,7 +266,8 @@ def hf_sampler(model, ids: torch.Tensor, new: int, temperature: float) -> Callab
 
 
 @torch.inference_mode()
-def bench_sample(shape: dict, runs: int, rows: int, prompt_len: int, new: int) -> dict:
+def bench_sample(shape: dict, runs: int, rows: int, prompt_len: int, new: int, temperature: float = 1.0) -> dict:
+    """``sample`` (top-k, ``temperature`` 1) or ``greedy`` (``temperature`` 0) generation tokens/s."""
     ours, hf = lm_pair(shape)
     ours.eval(), hf.eval()
     ids = prompts(shape, rows, prompt_len)
@@ -271,7 +278,7 @@ def bench_sample(shape: dict, runs: int, rows: int, prompt_len: int, new: int) -
     out_hf = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=greedy_new,
                          min_new_tokens=greedy_new, do_sample=False, suppress_tokens=[PAD, BOS], pad_token_id=PAD,
                          eos_token_id=EOS)[:, ids.shape[1]:]
-    systems = {"transduce": our_sampler(ours, ids, new, 1.0), "hf": hf_sampler(hf, ids, new, 1.0)}
+    systems = {"transduce": our_sampler(ours, ids, new, temperature), "hf": hf_sampler(hf, ids, new, temperature)}
     for name, run in systems.items():
         if run() != rows * new:
             raise RuntimeError(f"{name} did not make {rows} x {new} tokens")
@@ -354,8 +361,8 @@ def bench_t5_decode(shape: dict, runs: int, rows: int, new: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sections", default="lm,mlm,sample,t5,t5-decode",
-                   help="comma-separated subset of lm,mlm,sample,t5,t5-decode")
+    p.add_argument("--sections", default="lm,mlm,sample,greedy,t5,t5-decode",
+                   help="comma-separated subset of lm,mlm,sample,greedy,t5,t5-decode")
     p.add_argument("--shape", choices=list(SHAPES), default="small")
     p.add_argument("--runs", type=int, default=5, help="interleaved timed rounds")
     p.add_argument("--steps", type=int, default=2, help="training steps per timed round")
@@ -366,9 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     sections = args.sections.split(",")
-    unknown = set(sections) - {"lm", "mlm", "sample", "t5", "t5-decode"}
+    unknown = set(sections) - {"lm", "mlm", "sample", "greedy", "t5", "t5-decode"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from lm, mlm, sample, t5, t5-decode")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; choose from lm, mlm, sample, greedy, t5, "
+                "t5-decode")
     torch.set_num_threads(args.threads)
     import transformers
 
@@ -381,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         results["mlm"] = bench_mlm(shape, args.runs, args.steps)
     if "sample" in sections:
         results["sample"] = bench_sample(shape, args.runs, args.sample_batch, args.prompt_len, args.new_tokens)
+    if "greedy" in sections:
+        results["greedy"] = bench_sample(shape, args.runs, args.sample_batch, args.prompt_len, args.new_tokens, 0.0)
     if "t5" in sections:
         results["t5"] = bench_t5(shape, args.runs, args.steps)
     if "t5-decode" in sections:

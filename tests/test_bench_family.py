@@ -23,13 +23,13 @@ def test_the_benchmark_runs_and_its_twins_agree(capsys):
     family.main(["--shape", "tiny", "--runs", "1", "--steps", "1", "--sample-batch", "3", "--prompt-len", "4",
                  "--new-tokens", "5", "--threads", "1"])
     out = json.loads(capsys.readouterr().out)
-    assert set(out["results"]) == {"lm", "mlm", "sample", "t5", "t5-decode"}
+    assert set(out["results"]) == {"lm", "mlm", "sample", "greedy", "t5", "t5-decode"}
     decode = out["results"].pop("t5-decode")
     for section in out["results"].values():
         assert section["max_logit_diff"] < 1e-4
         assert section["transduce"]["tokens_per_s"] > 0 and section["hf"]["tokens_per_s"] > 0
         assert section["ratio_ours_vs_hf"] > 0
-    assert out["results"]["sample"]["greedy_rows_equal"] == 3
+    assert out["results"]["sample"]["greedy_rows_equal"] == out["results"]["greedy"]["greedy_rows_equal"] == 3
     assert decode["greedy_rows_equal"] == 3
     for search in ("greedy", "beam4"):
         assert decode[search]["transduce"]["sentences_per_s"] > 0 and decode[search]["hf"]["sentences_per_s"] > 0

@@ -158,6 +158,45 @@ def test_import_then_fine_tune_then_translate(imported, tmp_path):
     assert tuned.dropout == 0.2 and tuned.output_bias and tuned.d_model == load_model(imported).config.d_model
 
 
+def _forget(spm_path, char: str) -> None:
+    """Drop every piece holding ``char`` from the SentencePiece model at ``spm_path``."""
+    pb = need_extra("export", "sentencepiece.sentencepiece_model_pb2")
+    proto = pb.ModelProto()
+    proto.ParseFromString(spm_path.read_bytes())
+    kept = [p for p in proto.pieces if char not in p.piece]
+    del proto.pieces[:]
+    proto.pieces.extend(kept)
+    spm_path.write_bytes(proto.SerializeToString())
+
+
+@torch.no_grad()
+def test_a_character_only_the_target_side_knows(marian_dir, tmp_path):
+    """source.spm and target.spm differ: the source model lacks 'z', which the shared vocab.json
+    (and the target model) has. MarianTokenizer looks the unknown span 'z' up in vocab.json and
+    finds it; the import must too, not map it to <unk>. Likewise the translations."""
+    shutil.copytree(marian_dir, tmp_path / "m")
+    _forget(tmp_path / "m" / "source.spm", "z")
+    hf_tok = transformers.MarianTokenizer.from_pretrained(tmp_path / "m")
+    texts = ["the zebra", "the lazy zebra sees a dog", "z", "a zz dog", "the dog sees the zebra ."]
+    z = json.loads((tmp_path / "m" / "vocab.json").read_text(encoding="utf-8"))["z"]
+    assert all(z in hf_tok(t)["input_ids"] for t in texts if "zz" not in t)  # the case at hand: not <unk>
+    assert 1 in hf_tok("a zz dog")["input_ids"]  # a span 'zz' vocab.json lacks: <unk> (Marian id 1)
+    import_hf(tmp_path / "m", tmp_path / "imported")
+    tok = Tokenizer.load(tmp_path / "imported")
+    n = len(json.loads((marian_dir / "vocab.json").read_text(encoding="utf-8")))
+    marian_id = [n - 1, n - 1, 0, 1] + list(range(2, n - 1))             # of each of our ids
+    for text in texts:
+        assert [marian_id[i] for i in tok.encode(text, "src") + [2]] == hf_tok(text)["input_ids"]
+        assert tok.encode_batch([text], "src") == [tok.encode(text, "src")]
+        flat, _ = tok.encode_flat([text], "src")
+        assert flat.tolist() == tok.encode(text, "src")
+    hf = transformers.MarianMTModel.from_pretrained(tmp_path / "m").eval()
+    gen = hf.generate(**hf_tok(texts, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=30,
+                      do_sample=False)
+    want = hf_tok.batch_decode(gen, skip_special_tokens=True)
+    assert Translator.load(tmp_path / "imported").translate(texts, beam=1, max_len_a=0.0, max_len_b=30) == want
+
+
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d.update(normalize_before=True), "normalize_before=True"),
     (lambda d: d.update(activation_function="tanh"), "activation_function='tanh'"),

@@ -29,7 +29,7 @@ import os
 import random
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -41,6 +41,9 @@ from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION
                                       SPECIAL_PIECES, UNK_ID as UNK_ID, extend_proto, load_proto, train_proto)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
+
+if TYPE_CHECKING:
+    from transduce.data.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class Tokenizer:
         tgt_sp = src_sp if self._joint else load_proto(self._protos["tgt"], f"{name} (tgt)")
         self._sp = {"src": src_sp, "tgt": tgt_sp}
         self._word_caches: dict[int, WordCache | None] = {}  # per model (a joint one serves both sides)
+        self._unused_pieces: dict[int, dict[str, int]] = {}  # likewise
 
     # ---- training -------------------------------------------------------------------------
 
@@ -216,6 +220,9 @@ class Tokenizer:
         """True when source and target share one model (and one vocabulary)."""
         return self._joint
 
+    # the special ids, as :class:`~transduce.data.hf_tokenizer.HFTokenizer` names its own
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
     @property
     def src_vocab_size(self) -> int:
         return self._sp["src"].get_piece_size()
@@ -225,13 +232,35 @@ class Tokenizer:
         return self._sp["tgt"].get_piece_size()
 
     def encode(self, text: str, side: str = "src") -> list[int]:
-        """Token ids of ``text`` without BOS/EOS (those are added by ``corpus.collate``)."""
-        return self._side(side).encode(text, out_type=int)
+        """Token ids of ``text`` without BOS/EOS (those are added by ``corpus.collate``).
+
+        A span of characters the model does not know is ``<unk>``, unless the span is spelled as
+        one of the model's UNUSED pieces: then it gets that piece's id. An imported Marian model's
+        UNUSED pieces are the shared vocabulary's entries this side's model lacks, so this is
+        MarianTokenizer's lookup of each piece *string* in vocab.json (hf_import)."""
+        return self._respelled(self._side(side).encode(text, out_type=int), text, side)
 
     def encode_batch(self, texts: Sequence[str], side: str = "src", num_threads: int = NUM_THREADS
                      ) -> list[list[int]]:
         """:meth:`encode` for many texts at once (``num_threads`` inside SentencePiece)."""
-        return self._side(side).encode(list(texts), out_type=int, num_threads=num_threads)
+        texts = list(texts)
+        rows = self._side(side).encode(texts, out_type=int, num_threads=num_threads)
+        return [self._respelled(row, text, side) for row, text in zip(rows, texts)]
+
+    def _respelled(self, ids: list[int], text: str, side: str) -> list[int]:
+        """``ids`` with each unknown span spelled as an UNUSED piece given that piece's id."""
+        if UNK_ID not in ids or not self._unused(side):
+            return ids
+        spans = self._sp[side].encode(text, out_type=str)  # the same segmentation, as strings
+        return [self._unused(side).get(piece, UNK_ID) if i == UNK_ID else i for i, piece in zip(ids, spans)]
+
+    def _unused(self, side: str) -> dict[str, int]:
+        """UNUSED piece -> id for ``side``'s model (computed once)."""
+        sp = self._sp[side]
+        if id(sp) not in self._unused_pieces:
+            self._unused_pieces[id(sp)] = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())
+                                           if sp.is_unused(i)}
+        return self._unused_pieces[id(sp)]
 
     def encode_flat(self, texts: Sequence[str], side: str = "src", num_threads: int = 1
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -241,12 +270,12 @@ class Tokenizer:
         ids, a few times faster on a corpus. Returns (T,) int32 ids and (N,) int64 lengths.
         """
         sp = self._side(side)
-        if id(sp) not in self._word_caches:
-            self._word_caches[id(sp)] = WordCache(sp) if word_separable(sp) else None
+        if id(sp) not in self._word_caches:  # (the cache knows nothing of UNUSED pieces)
+            self._word_caches[id(sp)] = WordCache(sp) if word_separable(sp) and not self._unused(side) else None
         cache = self._word_caches[id(sp)]
         if cache is not None:
             return cache.encode(texts, num_threads)
-        rows = sp.encode(list(texts), out_type=int, num_threads=num_threads)
+        rows = self.encode_batch(texts, side, num_threads)
         lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         return np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum())), lengths
 
@@ -297,6 +326,25 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(joint={self._joint}, src_vocab_size={self.src_vocab_size}, "
                 f"tgt_vocab_size={self.tgt_vocab_size})")
+
+
+def load_tokenizer(directory: str | os.PathLike) -> "Tokenizer | HFTokenizer":
+    """The tokenizer a model directory holds, whichever kind: a Hugging Face ``tokenizer.json``
+    (byte-level BPE or WordPiece, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) or
+    SentencePiece model(s) (:class:`Tokenizer`). Every command opens tokenizers through here."""
+    from transduce.data.hf_tokenizer import HF_FILE, HFTokenizer
+
+    if (Path(directory) / HF_FILE).is_file():
+        return HFTokenizer.load(directory)
+    return Tokenizer.load(directory)
+
+
+def tokenizer_exists(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a saved tokenizer of either kind."""
+    from transduce.data.hf_tokenizer import HF_FILE
+
+    root = Path(directory)
+    return Tokenizer.exists(root) or ((root / HF_FILE).is_file() and (root / META_FILE).is_file())
 
 
 def _sample_lines(lines: Iterable[str], max_sentences: int | None, seed: int) -> list[str]:

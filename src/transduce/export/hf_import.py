@@ -1,6 +1,7 @@
 """Import a Hugging Face ``MarianMTModel`` directory (e.g. one of the OPUS-MT models) as a
 transduce model directory: the inverse of :mod:`transduce.export.hf`. A T5 or mT5 directory
-(``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`.
+(``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`, a GPT-2 one
+(``gpt2``) to :mod:`transduce.export.hf_gpt2_import`.
 
 Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
 permutation ``P`` of :func:`~transduce.export.hf.residual_permutation` (Marian's position table
@@ -21,8 +22,12 @@ The tokenizer is each side's SentencePiece model rewritten so that its piece ids
 ids: the pieces of ``vocab.json`` in our order, with the scores and types of ``source.spm``
 (``target.spm`` for the target side); pieces the side's model does not have (the other side's,
 in a shared vocabulary) become UNUSED, which segmentation never produces but decoding writes.
-Segmenting with the rewritten model equals MarianTokenizer's segmentation followed by its
-``vocab.json`` lookup. Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
+MarianTokenizer looks each piece *string* up in ``vocab.json``, so a span of characters the side's
+model does not know (``<unk>`` to SentencePiece) that the vocabulary has, because the other side
+knows it, gets that entry's id: :meth:`~transduce.data.tokenizer.Tokenizer.encode` gives an unknown
+span spelled as an UNUSED piece that piece's id, the same lookup. Segmenting with the rewritten
+model therefore equals MarianTokenizer's segmentation followed by its ``vocab.json`` lookup.
+Pieces of an ``.spm`` file that ``vocab.json`` lacks (Marian maps them
 to ``<unk>``) are dropped, with a warning: text that would use them is segmented into smaller
 known pieces instead.
 
@@ -75,6 +80,9 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
     if config.get("model_type") in ("t5", "mt5"):
         from .hf_t5_import import import_t5
         return import_t5(where, config, out, force)
+    if config.get("model_type") == "gpt2":
+        from .hf_gpt2_import import import_gpt2
+        return import_gpt2(where, config, out, force)
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
     load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
@@ -126,8 +134,8 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
     name = where / "config.json"
     if config.get("model_type") != "marian":
-        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5' or 'mt5' "
-                            "(the kinds transduce imports)")
+        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5', 'mt5' or "
+                            "'gpt2' (the kinds transduce imports)")
     for key, default in REFUSED.items():
         if config.get(key, default) != default:
             raise HFImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
