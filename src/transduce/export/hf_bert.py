@@ -1,4 +1,5 @@
-"""Export an encoder_only model to a Hugging Face ``BertForMaskedLM`` (masked-LM head) or
+"""Export an encoder_only model to a Hugging Face ``BertForMaskedLM`` (masked-LM head),
+``BertForPreTraining`` (masked-LM and next-sentence heads, ``nsp``) or
 ``BertForSequenceClassification`` (``n_classes`` > 0) directory: config and safetensors.
 
 BERT is our encoder_only model with these options: post-LN layers, learned positions, erf-GELU,
@@ -87,14 +88,17 @@ def _heads(model: EncoderOnly) -> dict[str, Tensor]:
         head = model.cls_head
         return {**_linear("bert.pooler.dense", head.pooler), **_linear("classifier", head.classifier)}
     head = model.mlm_head
+    nsp = model.nsp_head
     return {**_linear("cls.predictions.transform.dense", head.dense),
             **_norm("cls.predictions.transform.LayerNorm", head.norm),
             "cls.predictions.decoder.weight": head.decoder.weight.detach(),
-            "cls.predictions.bias": head.bias.detach(), "cls.predictions.decoder.bias": head.bias.detach()}
+            "cls.predictions.bias": head.bias.detach(), "cls.predictions.decoder.bias": head.bias.detach(),
+            **({} if nsp is None else {**_linear("bert.pooler.dense", nsp.pooler),
+                                       **_linear("cls.seq_relationship", nsp.classifier)})}
 
 
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
-    """Our weights under BertForMaskedLM's (or BertForSequenceClassification's) names."""
+    """Our weights under BertForMaskedLM's (BertForPreTraining's, BertForSequenceClassification's) names."""
     state = {**_embeddings(model), **_heads(model)}
     for i, layer in enumerate(model.layers):
         state.update(_layer(i, layer))
@@ -102,11 +106,13 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
 
 
 def bert_class(transformers, cfg: ModelConfig):
-    return transformers.BertForSequenceClassification if cfg.n_classes else transformers.BertForMaskedLM
+    if cfg.n_classes:
+        return transformers.BertForSequenceClassification
+    return transformers.BertForPreTraining if cfg.nsp else transformers.BertForMaskedLM
 
 
 def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a BertForMaskedLM / BertForSequenceClassification directory for ``model_dir``
+    """Write a BertForMaskedLM / BertForPreTraining / BertForSequenceClassification directory for ``model_dir``
     into ``out`` and verify it."""
     transformers = require("transformers", "export")
     model, _ = load_for_export(model_dir, need_tokenizer=False)
@@ -142,8 +148,13 @@ def verify_hf_bert(model: EncoderOnly, out: Path, atol: float = 1e-4) -> dict[st
     cfg = model.config
     hf = bert_class(transformers, cfg).from_pretrained(out).eval()
     ids, types = probe_inputs(cfg)
-    got = hf(input_ids=ids, attention_mask=(ids != cfg.pad_id).long(), token_type_ids=types).logits
+    out = hf(input_ids=ids, attention_mask=(ids != cfg.pad_id).long(), token_type_ids=types)
     states = model(ids, types)
     if cfg.n_classes:
-        return {"max_class_logit_diff": check_close("BERT class logits", got, model.classify(states), atol)}
-    return {"max_logit_diff": check_close("BERT masked-LM logits", got, model.mlm_logits(states), atol)}
+        return {"max_class_logit_diff": check_close("BERT class logits", out.logits, model.classify(states), atol)}
+    if not cfg.nsp:
+        return {"max_logit_diff": check_close("BERT masked-LM logits", out.logits, model.mlm_logits(states), atol)}
+    return {"max_logit_diff": check_close("BERT masked-LM logits", out.prediction_logits, model.mlm_logits(states),
+                                          atol),
+            "max_nsp_logit_diff": check_close("BERT next-sentence logits", out.seq_relationship_logits,
+                                              model.next_sentence_logits(states), atol)}

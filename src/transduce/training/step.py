@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..data.batch import Batch, token_types
 from ..device import autocast_context
-from .encoder_tasks import classification_loss, masked_lm_loss
+from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
 from .loss import LossOutput, projected_label_smoothed_loss
 
 
@@ -42,10 +42,13 @@ def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
 def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
     """The summed loss of ``batch``'s labels from the :func:`final_states` ``hidden``: the output
     projection fused with the loss; for a masked LM its head on the selected positions only; for a
-    classifier its pooled head against the (B, 1) labels of a classification batch."""
+    classifier its pooled head against the (B, 1) labels of a classification batch; with
+    next-sentence labels also the next-sentence head."""
     inner = unwrapped(model)
     if inner.config.arch == "encoder_only" and inner.config.n_classes:
         return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
+    if inner.config.arch == "encoder_only" and batch.next_labels is not None:
+        return pretraining_loss(inner, hidden, batch.tgt_out, batch.next_labels, smoothing)
     if inner.config.arch == "encoder_only":
         return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
     return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
