@@ -96,7 +96,7 @@ def _head_names(cfg: ModelConfig, family: str) -> dict[str, str]:
     head = "lm_head" if roberta else "cls.predictions"
     transform, norm = ("lm_head", "layer_norm") if roberta else ("cls.predictions.transform", "LayerNorm")
     names = {**_pair("mlm_head.dense", f"{transform}.dense"), **_pair("mlm_head.norm", f"{transform}.{norm}"),
-             "mlm_head.decoder.weight": f"{head}.decoder.weight", "mlm_head.bias": f"{head}.bias"}
+             "mlm_head.decoder.weight": f"{head}.decoder.weight", "mlm_head.bias": f"{head}.decoder.bias"}
     if cfg.nsp:
         names.update({**_pair("nsp_head.pooler", "bert.pooler.dense"),
                       **_pair("nsp_head.classifier", "cls.seq_relationship")})
@@ -111,7 +111,7 @@ def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
     if not cfg.type_vocab_size:
         state["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.d_model)
     if not cfg.n_classes:
-        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]  # what transformers ties it to
     return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
