@@ -199,7 +199,7 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
     validation perplexity and its guess for the middle token of a few test sentences."""
     from .atomic import atomic_write_text
     from .data.prepare import split_sources
-    from .data.tokenizer import Tokenizer
+    from .data.tokenizer import load_tokenizer
     from .model.io import load_model
     from .training.checkpoint import latest_checkpoint
     from .training.loop import run_training
@@ -211,7 +211,7 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
     cfg = demo_config(steps, task="mlm")
     resume = latest_checkpoint(run_dir / "checkpoints") is not None
     trainer, metrics = run_training(cfg, run_dir, resume=resume)
-    model, tok = load_model(run_dir / "model"), Tokenizer.load(run_dir / "model")
+    model, tok = load_model(run_dir / "model"), load_tokenizer(run_dir / "model")
     fills = []
     for text, _ in list(split_sources(cfg.data)["test"].text_pairs())[:4]:
         ids = [model.config.bos_id, *tok.encode(text, "src"), model.config.eos_id]

@@ -108,11 +108,14 @@ def _options(cfg: ModelConfig) -> dict:
 
 def _tokenizer(root: Path) -> dict:
     from .data.spm_model import model_type
-    from .data.tokenizer import Tokenizer
+    from .data.tokenizer import load_tokenizer, tokenizer_exists
 
-    if not Tokenizer.exists(root):
+    if not tokenizer_exists(root):
         return {"present": False}
-    tok = Tokenizer.load(root)
+    tok = load_tokenizer(root)
+    if not hasattr(tok, "protos"):  # a Hugging Face tokenizer (byte-level BPE, WordPiece)
+        return {"joint": True, "type": tok.kind, "src_vocab_size": tok.vocab_size,
+                "tgt_vocab_size": tok.vocab_size, "specials": tok.ids}
     kinds = {model_type(proto) for proto in tok.protos if proto is not None}
     return {"joint": tok.joint, "type": "/".join(sorted(kinds)), "src_vocab_size": tok.src_vocab_size,
             "tgt_vocab_size": tok.tgt_vocab_size}

@@ -250,6 +250,12 @@ class ModelConfig:
                   f"must be a valid token id; got {v}")
 
     @property
+    def never_generated(self) -> tuple[int, ...]:
+        """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
+        ``<|endoftext|>`` begins, ends and pads)."""
+        return tuple(sorted({self.pad_id, self.bos_id} - {self.eos_id}))
+
+    @property
     def head_dim(self) -> int:
         """Dh = d_model / n_heads."""
         return self.d_model // self.n_heads

@@ -29,7 +29,7 @@ import os
 import random
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -41,6 +41,9 @@ from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION
                                       SPECIAL_PIECES, UNK_ID as UNK_ID, extend_proto, load_proto, train_proto)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
+
+if TYPE_CHECKING:
+    from transduce.data.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +219,9 @@ class Tokenizer:
         """True when source and target share one model (and one vocabulary)."""
         return self._joint
 
+    # the special ids, as :class:`~transduce.data.hf_tokenizer.HFTokenizer` names its own
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
     @property
     def src_vocab_size(self) -> int:
         return self._sp["src"].get_piece_size()
@@ -297,6 +303,25 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(joint={self._joint}, src_vocab_size={self.src_vocab_size}, "
                 f"tgt_vocab_size={self.tgt_vocab_size})")
+
+
+def load_tokenizer(directory: str | os.PathLike) -> "Tokenizer | HFTokenizer":
+    """The tokenizer a model directory holds, whichever kind: a Hugging Face ``tokenizer.json``
+    (byte-level BPE or WordPiece, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) or
+    SentencePiece model(s) (:class:`Tokenizer`). Every command opens tokenizers through here."""
+    from transduce.data.hf_tokenizer import HF_FILE, HFTokenizer
+
+    if (Path(directory) / HF_FILE).is_file():
+        return HFTokenizer.load(directory)
+    return Tokenizer.load(directory)
+
+
+def tokenizer_exists(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` holds a saved tokenizer of either kind."""
+    from transduce.data.hf_tokenizer import HF_FILE
+
+    root = Path(directory)
+    return Tokenizer.exists(root) or ((root / HF_FILE).is_file() and (root / META_FILE).is_file())
 
 
 def _sample_lines(lines: Iterable[str], max_sentences: int | None, seed: int) -> list[str]:

@@ -80,7 +80,7 @@ def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
 
 def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     """The eager model (eval, CPU, float32) and its tokenizer (None if absent and not needed)."""
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import load_tokenizer, tokenizer_exists
     from ..model import full_attention_only, load_model
 
     model = load_model(model_dir).float().eval()
@@ -88,8 +88,8 @@ def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
         cfg = model.config
         raise ExportError(f"cannot export this model (model.attention={cfg.attention}, model.cross_attention="
                           f"{cfg.cross_attention}): the exported formats run full attention only")
-    if Tokenizer.exists(model_dir):
-        return model, Tokenizer.load(model_dir)
+    if tokenizer_exists(model_dir):
+        return model, load_tokenizer(model_dir)
     if need_tokenizer:
         raise ExportError(f"{model_dir}: no tokenizer here (tokenizer.yaml + spm model); "
                           "this format ships the tokenizer, so the model directory must hold one")

@@ -12,6 +12,7 @@ Legend: D d_model, V vocabulary, P max_positions.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -20,10 +21,17 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GenerationConfig, ModelConfig
+from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..inference.search.lm import generate_ids
 from .base import ExportError, load_for_export, no_progress_bars
 from .verify import N_SPECIAL, check_close
+
+
+# Texts a byte-level BPE tokenizer must split as transformers does: spaces, tabs, accents, CJK,
+# emoji, a control character, empty and blank lines.
+SAMPLE_TEXT = ["A dog runs across the grass.", "Zwei Männer  sitzen\tauf einer Bank.", "", "  ",
+               "Café naïve 東京 👍🏽 \x07", "line one\n\nline three"]
 
 
 def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
@@ -95,14 +103,38 @@ def export_hf_gpt2(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
     hf.tie_weights()
     hf.generation_config = transformers.GenerationConfig(
         bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
-        suppress_tokens=[cfg.pad_id, cfg.bos_id], do_sample=False)  # as our generate: never PAD or BOS
+        suppress_tokens=list(cfg.never_generated), do_sample=False)  # as our generate: never PAD or BOS
     with no_progress_bars(transformers):
         hf.save_pretrained(out)
         if tok is not None:
-            for f in Path(model_dir).iterdir():  # our tokenizer files (Tokenizer.load works on ``out``)
-                if f.is_file() and f.suffix in (".model", ".yaml") and f.name != "config.yaml":
-                    shutil.copy2(f, out / f.name)
-        return verify_hf_gpt2(model, out)
+            _copy_tokenizer(Path(model_dir), out, tok)
+        checks = verify_hf_gpt2(model, out)
+        if tok is not None and isinstance(tok, HFTokenizer):  # an imported tokenizer: transformers reads it too
+            checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
+        return checks
+
+
+def _copy_tokenizer(model_dir: Path, out: Path, tok) -> None:
+    """Our tokenizer files beside the export (``load_tokenizer`` works on ``out``); a Hugging Face
+    one (byte-level BPE) also with the files AutoTokenizer reads, naming its special tokens."""
+    for f in model_dir.iterdir():
+        if f.is_file() and (f.suffix in (".model", ".yaml") or f.name == "tokenizer.json") and f.name != "config.yaml":
+            shutil.copy2(f, out / f.name)
+    if isinstance(tok, HFTokenizer):
+        names = {f"{role}_token": token for role, token in tok.tokens.items()}
+        config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, **names}
+        (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+        (out / "special_tokens_map.json").write_text(json.dumps(names, ensure_ascii=False), encoding="utf-8")
+
+
+def hf_tokenizer_differences(tok: HFTokenizer, out: Path, error=ExportError) -> int:
+    """How many of a few hard texts AutoTokenizer on ``out`` splits differently from ``tok``
+    (a one-line ``error`` if any)."""
+    auto = require("transformers", "export").AutoTokenizer.from_pretrained(out)
+    bad = [t for t in SAMPLE_TEXT if auto(t, add_special_tokens=False)["input_ids"] != tok.encode(t)]
+    if bad:
+        raise error(f"verification failed: AutoTokenizer on {out} splits {bad[0]!r} differently from ours")
+    return 0
 
 
 def probe_prompts(cfg: ModelConfig, batch: int = 6, length: int = 7, seed: int = 0) -> Tensor:

@@ -379,7 +379,7 @@ def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, devi
 def shared_tokenizer(dirs: Sequence[str], draft: str | os.PathLike | None = None):
     """The tokenizer of ``dirs[0]``, after a one-line error unless the other directories (an
     ensemble) and the ``draft`` exist and have the same one."""
-    from ..data.tokenizer import Tokenizer
+    from ..data.tokenizer import load_tokenizer
 
     others = [(d, "model_dirs", "an ensemble needs one tokenizer") for d in dirs[1:]]
     if draft is not None:
@@ -388,9 +388,9 @@ def shared_tokenizer(dirs: Sequence[str], draft: str | os.PathLike | None = None
     for path, _, _ in others:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory not found")
-    tokenizer = Tokenizer.load(dirs[0])
+    tokenizer = load_tokenizer(dirs[0])
     for path, key, why in others:
-        if Tokenizer.load(path).digest() != tokenizer.digest():
+        if load_tokenizer(path).digest() != tokenizer.digest():
             raise ConfigError(f"{key}: {path} has another tokenizer than {dirs[0]}; {why}")
     return tokenizer
 

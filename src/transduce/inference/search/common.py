@@ -116,8 +116,8 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     logp = torch.log_softmax(logits, dim=-1)
     if repeat is not None:
         logp = repeat.block(logp)
-    logp[:, config.pad_id] = -math.inf
-    logp[:, config.bos_id] = -math.inf
+    for never in config.never_generated:  # PAD and BOS (not when one is EOS too, as GPT-2's)
+        logp[:, never] = -math.inf
     if isinstance(step, Tensor):
         logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
     elif step < min_len:

@@ -1,0 +1,146 @@
+"""Importing a Hugging Face GPT2LMHeadModel (a random tiny one, with a byte-level BPE tokenizer
+trained on Multi30k): same logits, greedy continuations and tokens as transformers, ``generate``
+on the import, the export round trip, and one-line errors with nothing written for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.config import GenerationConfig
+from transduce.data.tokenizer import load_tokenizer
+from transduce.export import export_model
+from transduce.export.hf_import import import_hf
+from transduce.inference import Generator
+from transduce.model import load_model
+from extra_helpers import need_extra
+from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, multi30k_lines
+
+transformers = need_extra("export", "transformers")
+need_extra("pretrained", "tokenizers")
+
+PROMPTS = ["A dog", "Zwei Männer", "The woman in a red", "Ein Kind spielt", "Café", "  two  spaces"]
+
+
+def random_gpt2(out, lines, seed: int = 0, **overrides):
+    """A random GPT2LMHeadModel over a byte-level BPE tokenizer trained on ``lines``, saved to
+    ``out`` as from the hub; every weight (LayerNorms included) drawn, not left at its init."""
+    byte_bpe_dir(out, lines, flavour="gpt2", vocab_size=400)
+    eot = json.loads((out / "tokenizer.json").read_text())["added_tokens"][0]["id"]
+    size = len(transformers.AutoTokenizer.from_pretrained(out))
+    options = dict(vocab_size=size, n_positions=48, n_embd=32, n_layer=2, n_head=4, bos_token_id=eot,
+                   eos_token_id=eot, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**options, **overrides}))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # logits far apart: no near-ties for greedy to split
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lines(multi30k_root):
+    return multi30k_lines(2000)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(lines, tmp_path_factory):
+    return random_gpt2(tmp_path_factory.mktemp("gpt2") / "hf", lines)
+
+
+@pytest.fixture(scope="module")
+def imported(hf_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("imported") / "model"
+    checks = import_hf(hf_dir, out)
+    assert checks["max_logit_diff"] < 1e-4
+    assert checks["greedy_differences"] == 0 and checks["greedy_prompts"] == 100
+    return out
+
+
+def _hf_ids(auto, texts):
+    return [auto(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@torch.no_grad()
+def test_logits_of_real_text_equal_transformers(hf_dir, imported, lines):
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    ours, tok = load_model(imported), load_tokenizer(imported)
+    assert ours.config.bos_id == ours.config.eos_id == ours.config.pad_id == tok.eos_id
+    for text in lines[-8:]:
+        ids = torch.tensor([[tok.bos_id, *tok.encode(text)]])[:, :48]                # (1, T)
+        torch.testing.assert_close(ours(ids), hf(input_ids=ids).logits, rtol=0, atol=1e-4)
+
+
+def test_tokenizer_equals_autotokenizer(hf_dir, imported, lines):
+    auto, tok = transformers.AutoTokenizer.from_pretrained(hf_dir), load_tokenizer(imported)
+    texts = lines[1000:2000] + HARD_CASES
+    assert [tok.encode(t) for t in texts] == _hf_ids(auto, texts)
+
+
+@torch.no_grad()
+def test_generate_equals_transformers_generate(hf_dir, imported, capsys):
+    hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    auto = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    want = []
+    for ids in _hf_ids(auto, PROMPTS):
+        row = torch.tensor([[auto.eos_token_id, *ids]])
+        new = hf.generate(input_ids=row, attention_mask=torch.ones_like(row), max_new_tokens=10, do_sample=False,
+                          pad_token_id=auto.eos_token_id)[0, row.shape[1]:].tolist()
+        new = new[:new.index(auto.eos_token_id)] if auto.eos_token_id in new else new
+        want.append(auto.decode(ids + new, clean_up_tokenization_spaces=False))
+    with Generator.load(imported) as gen:
+        assert gen.generate(PROMPTS, GenerationConfig(temperature=0, max_new_tokens=10)) == want
+    assert main(["generate", str(imported), "--prompt", PROMPTS[0], "--temperature", "0",
+                 "--max-new-tokens", "10"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == want[0]
+
+
+@torch.no_grad()
+def test_export_round_trip(hf_dir, imported, lines, tmp_path):
+    report = export_model(imported, "hf", tmp_path / "again")
+    assert report.checks["max_logit_diff"] < 1e-4 and report.checks["tokenizer_differences"] == 0
+    original = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+    again = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "again").eval()
+    ids = torch.randint(0, original.config.vocab_size, (4, 20), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(again(input_ids=ids).logits, original(input_ids=ids).logits, rtol=0, atol=1e-4)
+    texts = lines[:300] + HARD_CASES
+    want = _hf_ids(transformers.AutoTokenizer.from_pretrained(hf_dir), texts)
+    assert _hf_ids(transformers.AutoTokenizer.from_pretrained(tmp_path / "again"), texts) == want
+
+
+def _damage(hf_dir, where, how):
+    shutil.copytree(hf_dir, where)
+    config = json.loads((where / "config.json").read_text())
+    if how == "no_config":
+        (where / "config.json").unlink()
+    elif how == "no_weights":
+        (where / "model.safetensors").unlink()
+    elif how == "no_tokenizer":
+        (where / "tokenizer.json").unlink()
+    elif how == "corrupt_tokenizer":
+        (where / "tokenizer.json").write_text((where / "tokenizer.json").read_text()[:-100])
+    elif how in ("wrong_width", "wrong_layers", "unknown_type", "inverse_layer_scaling"):
+        key, value = {"wrong_width": ("n_embd", 48), "wrong_layers": ("n_layer", 3),
+                      "unknown_type": ("model_type", "gpt_neox"),
+                      "inverse_layer_scaling": ("scale_attn_by_inverse_layer_idx", True)}[how]
+        (where / "config.json").write_text(json.dumps({**config, key: value}))
+    return where
+
+
+@pytest.mark.parametrize("how, named", [
+    ("no_config", "config.json"), ("no_weights", "no model.safetensors or pytorch_model.bin"),
+    ("no_tokenizer", "tokenizer.json"), ("corrupt_tokenizer", "corrupt tokenizer file"),
+    ("wrong_width", "has shape"), ("wrong_layers", "lack"), ("unknown_type", "'gpt_neox'"),
+    ("inverse_layer_scaling", "scale_attn_by_inverse_layer_idx=True is not supported")])
+def test_bad_input_is_one_line_and_writes_nothing(hf_dir, tmp_path, capsys, how, named):
+    bad = _damage(hf_dir, tmp_path / "bad", how)
+    assert main(["import", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["bad"]  # no staging directory left either
