@@ -1,7 +1,8 @@
 """Import a Hugging Face BERT or RoBERTa directory (``BertForMaskedLM``, ``BertForPreTraining``,
 ``BertForSequenceClassification``, ``RobertaForMaskedLM``, ``RobertaForSequenceClassification``:
-config.json, model.safetensors or pytorch_model.bin, and a vocabulary) as a transduce
-encoder_only model, verified against transformers before anything is written.
+config.json, model.safetensors or pytorch_model.bin, tokenizer.json with tokenizer_config.json or
+special_tokens_map.json) as a transduce encoder_only model with its tokenizer, verified against
+transformers before anything is written.
 
 The architecture is config.json's ``architectures[0]``. BERT and RoBERTa are our encoder_only
 model with BERT's options (:mod:`~transduce.export.hf_bert`, whose name table :func:`bert_names`
@@ -21,12 +22,11 @@ model's [MASK] is its last id. Our ids are the original's reordered::
     ours 0 = pad   1 = [CLS] / <s>   2 = [SEP] / </s>   3 = [UNK] / <unk>
     ours 4.. = every other id in order   ours V-1 = [MASK] / <mask>
 
-(:attr:`BertVocab.order` holds the original id of each of ours). The special tokens' ids are read
-from the directory's tokenizer.json, vocab.txt (BERT) or vocab.json (RoBERTa).
-
-The tokenizer itself (WordPiece, byte-level BPE) is not carried yet: transduce's tokenizers are
-SentencePiece. The imported directory holds the weights and config; commands that tokenize text
-refuse it with a one-line error, ``export --format hf`` and training from ids work.
+(:func:`vocab_order` gives the original id of each of ours, from the tokenizer's special tokens).
+The tokenizer (WordPiece or byte-level BPE, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) is
+the original tokenizer.json with its ids renumbered the same way (:func:`renumbered_tokenizer`):
+it segments exactly as the original, and its ids are ours. ``transduce classify``, masked-LM
+evaluation and training then read text as transformers' tokenizer does.
 
 Not supported (one-line errors): another ``hidden_act`` than ``gelu``, relative position
 embeddings, a decoder (``is_decoder``), an attention width that does not divide into the heads.
@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from typing import TYPE_CHECKING
+
 from ..config import ModelConfig
 from ..errors import ConfigError, one_line, require
 from ..model import EncoderOnly, save_model
@@ -50,13 +52,15 @@ from .hf_bert import bert_names, probe_inputs
 from .hf_read import HFImportError, load_hf_model, read_weights
 from .verify import check_close
 
+if TYPE_CHECKING:
+    from ..data.hf_tokenizer import HFTokenizer
+
 logger = logging.getLogger(__name__)
 
 # architecture -> (family, head): what an importable config.json names
 ARCHITECTURES = {"BertForMaskedLM": ("bert", "mlm"), "BertForPreTraining": ("bert", "nsp"),
                  "BertForSequenceClassification": ("bert", "classify"),
                  "RobertaForMaskedLM": ("roberta", "mlm"), "RobertaForSequenceClassification": ("roberta", "classify")}
-SPECIALS = {"bert": ("[CLS]", "[SEP]", "[UNK]", "[MASK]"), "roberta": ("<s>", "</s>", "<unk>", "<mask>")}
 
 
 def bert_architecture(config: dict, where: Path) -> tuple[str, str, str]:
@@ -69,41 +73,49 @@ def bert_architecture(config: dict, where: Path) -> tuple[str, str, str]:
     return (arch, *ARCHITECTURES[arch])
 
 
-class BertVocab:
-    """The special ids of a BERT or RoBERTa vocabulary and ``order``: the original id of each of
-    our ids (see the module docstring)."""
-
-    def __init__(self, where: Path, family: str, n_rows: int, pad: int):
-        tokens = _token_ids(where)
-        cls, sep, unk, mask = SPECIALS[family]
-        missing = [t for t in (cls, sep, unk, mask) if t not in tokens]
-        if missing:
-            raise HFImportError(f"{where}: the vocabulary lacks {', '.join(missing)}")
-        ids = [tokens[t] for t in (cls, sep, unk, mask)]
-        if max(ids + [pad]) >= n_rows or len({pad, *ids}) < 5:
-            raise HFImportError(f"{where}: special ids pad={pad} {cls}={ids[0]} {sep}={ids[1]} {unk}={ids[2]} "
-                                f"{mask}={ids[3]} are not distinct ids below vocab_size={n_rows}")
-        first = [pad, *ids[:3]]
-        rest = [i for i in range(n_rows) if i not in first and i != ids[3]]
-        self.order = torch.tensor(first + rest + [ids[3]])
+def vocab_order(tokenizer: "HFTokenizer", n_rows: int, where: Path) -> Tensor:
+    """The original id of each of our ids (see the module docstring), from the tokenizer's special
+    tokens: pad, [CLS] / <s>, [SEP] / </s>, [UNK] / <unk> first, [MASK] / <mask> last."""
+    missing = [role for role in ("pad", "cls", "sep", "unk", "mask") if role not in tokenizer.tokens]
+    if missing:
+        raise HFImportError(f"{where}: the tokenizer names no {', '.join(missing)} token (tokenizer_config.json "
+                            "or special_tokens_map.json)")
+    first = [tokenizer.ids[role] for role in ("pad", "cls", "sep", "unk")]
+    mask = tokenizer.ids["mask"]
+    if len({*first, mask}) < 5 or tokenizer.vocab_size > n_rows:
+        raise HFImportError(f"{where}: the tokenizer's {tokenizer.vocab_size} tokens (specials "
+                            f"{ {r: tokenizer.ids[r] for r in ('pad', 'cls', 'sep', 'unk', 'mask')} }) do not fit "
+                            f"the model's vocab_size={n_rows} as distinct ids")
+    return torch.tensor(first + [i for i in range(n_rows) if i not in first and i != mask] + [mask])
 
 
-def _token_ids(where: Path) -> dict[str, int]:
-    """Token -> id from tokenizer.json (its vocabulary and added tokens), vocab.txt or vocab.json."""
-    try:
-        if (where / "tokenizer.json").is_file():
-            data = json.loads((where / "tokenizer.json").read_text(encoding="utf-8"))
-            vocab = dict(data.get("model", {}).get("vocab") or {})
-            return {**vocab, **{t["content"]: int(t["id"]) for t in data.get("added_tokens", [])}}
-        if (where / "vocab.txt").is_file():
-            lines = (where / "vocab.txt").read_text(encoding="utf-8").split("\n")
-            return {t: i for i, t in reversed(list(enumerate(lines))) if t}
-        if (where / "vocab.json").is_file():
-            return {t: int(i) for t, i in json.loads((where / "vocab.json").read_text(encoding="utf-8")).items()}
-    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError) as e:
-        raise HFImportError(f"{where}: unreadable vocabulary ({one_line(e)})") from None
-    raise HFImportError(f"{where}: no tokenizer.json, vocab.txt or vocab.json (the special tokens' ids come "
-                        "from the vocabulary)")
+def renumbered_tokenizer(data: bytes, order: Tensor) -> bytes:
+    """A tokenizer.json with every id replaced by ours (``order[ours]`` is the original id): the
+    model's vocabulary, the added tokens, the post-processor's and padding's special ids."""
+    new = torch.argsort(order).tolist()                                  # new[original id] = our id
+    raw = json.loads(data.decode("utf-8"))
+    model = raw.get("model") or {}
+    model["vocab"] = {token: new[int(i)] for token, i in (model.get("vocab") or {}).items()}
+    for added in raw.get("added_tokens") or []:
+        added["id"] = new[int(added["id"])]
+    _renumber_processor(raw.get("post_processor"), new)
+    if isinstance(raw.get("padding"), dict) and "pad_id" in raw["padding"]:
+        raw["padding"]["pad_id"] = new[int(raw["padding"]["pad_id"])]
+    return json.dumps(raw, ensure_ascii=False).encode("utf-8")
+
+
+def _renumber_processor(proc, new: list[int]) -> None:
+    """BertProcessing / RobertaProcessing (``cls``, ``sep``: [token, id]), TemplateProcessing
+    (``special_tokens``) and Sequence (``processors``) renumbered in place."""
+    if not isinstance(proc, dict):
+        return
+    for key in ("cls", "sep"):
+        if isinstance(proc.get(key), list):
+            proc[key][1] = new[int(proc[key][1])]
+    for spec in (proc.get("special_tokens") or {}).values():
+        spec["ids"] = [new[int(i)] for i in spec.get("ids", [])]
+    for inner in proc.get("processors") or []:
+        _renumber_processor(inner, new)
 
 
 def _check_supported(config: dict, name: Path) -> None:
@@ -175,20 +187,40 @@ def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, orde
 def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
     """:func:`~transduce.export.hf_import.import_hf` for a BERT or RoBERTa directory ``where``
     whose config.json holds ``config``."""
+    from ..data.hf_tokenizer import HFTokenizer
+
     arch, family, head = bert_architecture(config, where)
     state = read_weights(where)
     cfg, offset = _model_config(config, where, family, head, _is_tied(state, family, head))
-    vocab = BertVocab(where, family, cfg.src_vocab_size, int(config.get("pad_token_id", 0)))
+    original = HFTokenizer.from_hf_dir(where)
+    order = vocab_order(original, cfg.src_vocab_size, where)
+    tokenizer = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
+                            str(where / "tokenizer.json"))
     model = EncoderOnly(cfg)
-    load_state_checked(model, our_bert_state(state, cfg, family, vocab.order, offset), f"{where} (mapped to transduce)")
+    load_state_checked(model, our_bert_state(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
     model.eval()
     with staging_dir(out, force) as tmp, torch_threads(1):
         transformers = require("transformers", "export", "transduce import")
-        checks = verify_bert_import(model, load_hf_model(getattr(transformers, arch), where), vocab.order)
+        checks = verify_bert_import(model, load_hf_model(getattr(transformers, arch), where), order)
+        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
         save_model(model, tmp)
-    checks["tokenizer"] = "not carried (WordPiece / byte-level BPE not supported yet)"
+        tokenizer.save(tmp)
     logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
     return checks
+
+
+PROBE_TEXTS = ("A man in an orange hat starring at something.", "Zwei Männer stehen am Herd.", "",
+               "  runs   of spaces ", "Café 👍🏽 東京 \t\x07", "[CLS] <s> special-looking text </s> [SEP]")
+
+
+def check_same_ids(original: "HFTokenizer", ours: "HFTokenizer", order: Tensor) -> int:
+    """0, or an HFImportError: the renumbered tokenizer gives the original's ids (in our order) on
+    the probe texts."""
+    for text in PROBE_TEXTS:
+        want, got = original.encode(text), ours.encode(text)
+        if [int(order[i]) for i in got] != want:
+            raise HFImportError(f"verification failed: the renumbered tokenizer segments {text!r} differently")
+    return 0
 
 
 @torch.no_grad()
