@@ -14,6 +14,7 @@ from transduce.data.encoder_inputs import masking_generator, next_sentence_batch
 from transduce.data.prepared import TokenPairs
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transduce.errors import ConfigError
+from transduce.evaluation.heldout import next_sentence_accuracy
 from transduce.model import EncoderOnly, load_model
 from transduce.training.loop import run_training
 from transduce.training.step import forward_backward
@@ -91,13 +92,9 @@ def test_pretraining_loss_is_masked_lm_plus_mean_next_sentence_loss():
     torch.testing.assert_close(sums[0], (mlm + nsp * int(keep.sum())).detach())
 
 
-def _nsp_accuracy(model: EncoderOnly, tok: Tokenizer, lines: list[str]) -> float:
+def _nsp_accuracy(model: EncoderOnly, tok, lines: list[str]) -> float:
     rows = [tok.encode(line, "src") for line in lines]
-    batch = next_sentence_batch(_pairs(rows), list(range(len(rows))), 38, model.mask_id,
-                                masking_generator(9, 1, 0, 0))
-    with torch.no_grad():
-        logits = model.next_sentence_logits(model(batch.src, token_types(batch.src)))
-    return float((logits.argmax(-1) == batch.next_labels).float().mean())
+    return next_sentence_accuracy(model, _pairs(rows), seed=9, batch_size=50)
 
 
 def test_nsp_learns_whether_the_second_line_follows(tmp_path):
@@ -110,4 +107,5 @@ def test_nsp_learns_whether_the_second_line_follows(tmp_path):
     model = load_model(tmp_path / "run" / "model").eval()
     assert model.config.nsp
     accuracy = _nsp_accuracy(model, Tokenizer.load(tmp_path / "run" / "model"), _documents(100, 2))
+    assert accuracy == _nsp_accuracy(model, Tokenizer.load(tmp_path / "run" / "model"), _documents(100, 2))
     assert accuracy > 0.7  # chance is 0.5 (a topic-blind model's); the task's ceiling about 0.94
