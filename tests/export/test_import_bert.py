@@ -150,6 +150,12 @@ def test_imported_classifier_reads_text_as_transformers(tmp_path, tokenizer_dirs
         with torch.no_grad():
             got = model.classify(model(ids, torch.zeros_like(ids) if model.config.type_vocab_size else None))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")  # with the carried tokenizer
+    assert report.checks["tokenizer_differences"] == 0
+    back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():  # text -> AutoTokenizer -> model, on the export: the original's logits
+        enc = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(texts, padding=True, return_tensors="pt")
+        torch.testing.assert_close(back(**enc).logits, want, rtol=0, atol=1e-4)
 
 
 def test_roberta_positions_start_after_the_padding_row(tmp_path, tokenizer_dirs):

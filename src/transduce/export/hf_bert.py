@@ -7,8 +7,10 @@ an embedding LayerNorm, no embedding scaling, biases everywhere. The weights the
 one; a model without token types (``type_vocab_size`` 0) is written with one all-zero type row,
 which is what adding nothing is. Other options are refused with a one-line error naming them.
 
-No tokenizer is written: ours is SentencePiece and BERT's tokenizers are WordPiece, so the
-directory is loaded with ``AutoModel*`` and fed our token ids (the [MASK] id is the last one).
+A model with a Hugging Face tokenizer (an imported BERT's WordPiece or RoBERTa's byte-level BPE,
+its ids ours) is written with it, and AutoTokenizer on the export is checked to split as ours. A
+SentencePiece tokenizer is not written: the directory is then loaded with ``AutoModel*`` and fed
+our token ids (the [MASK] id is the last one).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..model.encoder_only import EncoderOnly
 from .base import ExportError, load_for_export, no_progress_bars
+from .hf_gpt2 import copy_tokenizer, hf_tokenizer_differences
 from .verify import check_close, probe_batch
 
 
@@ -125,7 +129,7 @@ def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
     """Write a BertForMaskedLM / BertForPreTraining / BertForSequenceClassification directory for ``model_dir``
     into ``out`` and verify it."""
     transformers = require("transformers", "export")
-    model, _ = load_for_export(model_dir, need_tokenizer=False)
+    model, tok = load_for_export(model_dir, need_tokenizer=False)
     check_bert_compatible(model.config)
     hf = bert_class(transformers, model.config)(bert_config(model.config))
     missing, unexpected = hf.load_state_dict(bert_state_dict(model), strict=False)
@@ -133,7 +137,12 @@ def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
         raise ExportError(f"BERT weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
     with no_progress_bars(transformers):
         hf.save_pretrained(out)
-        return verify_hf_bert(model, out)
+        checks = verify_hf_bert(model, out)
+        if isinstance(tok, HFTokenizer):  # an imported tokenizer: AutoTokenizer reads it beside the model
+            kind = "BertTokenizer" if tok.kind == "wordpiece" else "RobertaTokenizer"
+            copy_tokenizer(Path(model_dir), out, tok, kind)
+            checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
+        return checks
 
 
 def probe_inputs(cfg: ModelConfig, seed: int = 0) -> tuple[Tensor, Tensor | None]:
