@@ -109,3 +109,26 @@ def test_nsp_learns_whether_the_second_line_follows(tmp_path):
     accuracy = _nsp_accuracy(model, Tokenizer.load(tmp_path / "run" / "model"), _documents(100, 2))
     assert accuracy == _nsp_accuracy(model, Tokenizer.load(tmp_path / "run" / "model"), _documents(100, 2))
     assert accuracy > 0.7  # chance is 0.5 (a topic-blind model's); the task's ceiling about 0.94
+    _classifier_starts_from_the_nsp_model(tmp_path, model)
+
+
+def _classifier_starts_from_the_nsp_model(tmp_path, nsp_model: EncoderOnly) -> None:
+    """A classifier fine-tuned from the NSP model keeps its encoder and its next-sentence pooler
+    (BERT's fine-tuning reuses the pooler); a learning rate of ~0 leaves them as they were."""
+    rng = random.Random(4)
+    rows = [(" ".join(rng.choice(TOPICS[t]) for _ in range(4)), f"t{t}") for t in (0, 1) * 40]
+    for name in ("train", "valid"):
+        (tmp_path / f"{name}.tsv").write_text("".join(f"{text}\t{label}\n" for text, label in rows))
+    data = {"corpus": "files", "train_src": str(tmp_path / "train.tsv"), "valid_src": str(tmp_path / "valid.tsv"),
+            "max_tokens": 400, "max_len": 16}
+    model = {**MODEL, "nsp": False, "n_classes": 2}
+    train = {**TRAIN, "max_steps": 1, "save_every": 1, "eval_every": 1, "lr": 1e-12,
+             "init_from": str(tmp_path / "run" / "model")}
+    run_training(RunConfig.from_dict({"model": model, "data": data, "train": train}), tmp_path / "cls")
+    classifier = load_model(tmp_path / "cls" / "model")
+    start = dict(nsp_model.named_parameters())
+    for name, p in classifier.named_parameters():
+        want = start[name.replace("cls_head.pooler", "nsp_head.pooler")] if not name.startswith(
+            "cls_head.classifier") else None
+        if want is not None:
+            torch.testing.assert_close(p, want, rtol=0, atol=1e-6)
