@@ -5,6 +5,9 @@ import json
 import pytest
 
 from transduce.cli import main
+from transduce.data.toy import make_tense_splits
+from transduce.demo import nsp_documents
+from transduce.model import load_model
 
 
 @pytest.mark.slow
@@ -17,12 +20,26 @@ def test_lm_demo_runs_and_reports_perplexity_and_samples(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_mlm_demo_runs_and_reports_perplexity_and_guesses(tmp_path, capsys):
-    assert main(["demo", "--task", "mlm", "--steps", "3", "--out", str(tmp_path / "mlm")]) == 0
+def test_mlm_demo_with_nsp_runs_and_reports_perplexity_guesses_and_nsp_accuracy(tmp_path, capsys):
+    # the plain masked-LM demo runs inside the classify demo's test below
+    assert main(["demo", "--task", "mlm", "--nsp", "--steps", "3", "--out", str(tmp_path / "mlm")]) == 0
     out = capsys.readouterr().out
     assert "validation perplexity" in out and out.count("[MASK]") == 4 and "guessed" in out
+    assert "next-sentence prediction on the test documents" in out
     summary = json.loads((tmp_path / "mlm" / "demo.json").read_text())
-    assert summary["steps"] == 3 and summary["val_ppl"] > 1
+    assert summary["steps"] == 3 and summary["val_ppl"] > 1 and 0 <= summary["nsp_test_accuracy"] <= 1
+    assert load_model(tmp_path / "mlm" / "model").config.nsp
+
+
+def test_nsp_documents_group_the_toy_sentences_by_tense(tmp_path):
+    files = nsp_documents(tmp_path)
+    lines = (tmp_path / "data" / "valid.txt").read_text().splitlines()
+    splits = make_tense_splits(0, 20000, 500, 500)
+    assert sorted(lines) == sorted(text for text, _ in splits["valid"]) and files["valid_tgt"].endswith("valid.txt")
+    tense = dict(splits["valid"])
+    changes = sum(tense[a] != tense[b] for a, b in zip(lines, lines[1:]))
+    assert changes == len(set(tense.values())) - 1  # one document per tense
+    assert main(["demo", "--task", "lm", "--nsp"]) == 2  # an option of the masked-LM demo only
 
 
 @pytest.mark.slow

@@ -74,10 +74,14 @@ class MLMDemoResult:
     val_ppl: float
     seconds: float
     fills: list[tuple[str, str, str]] = field(default_factory=list)  # (masked sentence, masked piece, guess)
+    nsp_accuracy: float | None = None  # next-sentence accuracy on the test documents (demo --nsp)
 
     def report(self) -> str:
-        lines = [f"validation perplexity of the masked tokens {self.val_ppl:.2f}; {self.seconds:.0f} s in all", "",
-                 "one token masked, the model's guess:"]
+        lines = [f"validation perplexity of the masked tokens {self.val_ppl:.2f}; {self.seconds:.0f} s in all"]
+        if self.nsp_accuracy is not None:
+            lines.append(f"next-sentence prediction on the test documents: accuracy {self.nsp_accuracy:.3f} "
+                         "(chance 0.5)")
+        lines += ["", "one token masked, the model's guess:"]
         lines += [f"  {masked}\n    masked {truth!r}, guessed {guess!r}" for masked, truth, guess in self.fills]
         lines += ["", f"model: {self.run_dir / 'model'}  (try: transduce export {self.run_dir / 'model'} "
                   "--format hf --out bert)"]
@@ -116,14 +120,18 @@ def _shipped(name: str) -> dict:
 
 
 def demo_config(steps: int | None = None, task: str = "translation", data: dict | None = None,
-                init_from: str | None = None) -> RunConfig:
+                init_from: str | None = None, nsp: bool = False) -> RunConfig:
     """The demo's run config: ``demo.yaml`` (``demo_lm.yaml``... for the other tasks) shipped in
     the package, with the step count and this machine's thread count (at most 4).
 
     ``classify``: ``demo_mlm.yaml`` with ``demo_classify.yaml``'s changes, ``data`` keys added
-    (the labelled files, the tokenizer) and ``train.init_from``.
+    (the labelled files, the tokenizer) and ``train.init_from``. ``mlm`` with ``nsp``: BERT's
+    next-sentence head and two token types too, trained on the ``data`` files (:func:`nsp_documents`).
     """
     d = _shipped(DEMO_CONFIGS[task])
+    if nsp:
+        d["model"].update(nsp=True, type_vocab_size=2)
+        d["data"] = {**{k: v for k, v in d["data"].items() if k != "corpus"}, "corpus": "files", **(data or {})}
     if task == "classify":
         changes, d = d, _shipped(DEMO_CONFIGS["mlm"])
         d["model"].update(changes["model"])
@@ -194,9 +202,32 @@ def run_lm_demo(out: str | os.PathLike = "runs/demo_lm", steps: int | None = Non
     return result
 
 
-def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = None) -> MLMDemoResult:
+def nsp_documents(run_dir: Path) -> dict[str, str]:
+    """The toy English sentences as documents for next-sentence prediction, written into
+    ``run_dir/data``: each split's sentences grouped by the tense of their main clause (stable),
+    so that a line's successor shares its tense and a random line does so a quarter of the time;
+    the ``data.*_tgt`` keys of the files."""
+    from .atomic import atomic_write_text
+    from .data.toy import TENSE_LABELS, make_tense_splits
+
+    toy = demo_config(task="mlm").data
+    rank = {label: i for i, label in enumerate(dict.fromkeys(TENSE_LABELS.values()))}
+    files = {}
+    (run_dir / "data").mkdir(parents=True, exist_ok=True)
+    for name, rows in make_tense_splits(toy.toy_seed, toy.toy_train_size, toy.toy_valid_size,
+                                        toy.toy_test_size).items():
+        files[f"{name}_tgt"] = str(run_dir / "data" / f"{name}.txt")
+        ordered = sorted(rows, key=lambda row: rank[row[1]])
+        atomic_write_text(files[f"{name}_tgt"], "".join(f"{text}\n" for text, _ in ordered))
+    return files
+
+
+def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = None,
+                 nsp: bool = False) -> MLMDemoResult:
     """Train (or reuse a finished run in ``out``) a small BERT on the toy English sentences; report
-    validation perplexity and its guess for the middle token of a few test sentences."""
+    validation perplexity and its guess for the middle token of a few test sentences. With
+    ``nsp`` also BERT's next-sentence prediction, on the sentences as documents of one tense
+    (:func:`nsp_documents`), reporting its accuracy on the test split."""
     from .atomic import atomic_write_text
     from .data.prepare import split_sources
     from .data.tokenizer import load_tokenizer
@@ -208,10 +239,11 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
 
     t0 = time.monotonic()
     run_dir = Path(out)
-    cfg = demo_config(steps, task="mlm")
+    cfg = demo_config(steps, task="mlm", data=nsp_documents(run_dir) if nsp else None, nsp=nsp)
     resume = latest_checkpoint(run_dir / "checkpoints") is not None
     trainer, metrics = run_training(cfg, run_dir, resume=resume)
     model, tok = load_model(run_dir / "model"), load_tokenizer(run_dir / "model")
+    nsp_accuracy = _nsp_accuracy(model, tok, cfg) if nsp else None
     fills = []
     for text, _ in list(split_sources(cfg.data)["test"].text_pairs())[:4]:
         ids = [model.config.bos_id, *tok.encode(text, "src"), model.config.eos_id]
@@ -221,10 +253,22 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
             guess = int(model.mlm_logits(model(torch.tensor([masked])))[0, i, :model.mask_id].argmax())
         shown = tok.decode(ids[1:i], "src") + " [MASK] " + tok.decode(ids[i + 1:-1], "src")
         fills.append((shown, tok.pieces([ids[i]], "src")[0], tok.pieces([guess], "src")[0]))
-    result = MLMDemoResult(run_dir, metrics["val_ppl"], time.monotonic() - t0, fills)
-    summary = {"val_ppl": result.val_ppl, "seconds": result.seconds, "steps": trainer.state.step}
+    result = MLMDemoResult(run_dir, metrics["val_ppl"], time.monotonic() - t0, fills, nsp_accuracy)
+    summary = {"val_ppl": result.val_ppl, "seconds": result.seconds, "steps": trainer.state.step,
+               **({"nsp_test_accuracy": nsp_accuracy} if nsp else {})}
     atomic_write_text(run_dir / "demo.json", json.dumps(summary, indent=1) + "\n")
     return result
+
+
+def _nsp_accuracy(model, tok, cfg: RunConfig) -> float:
+    """Next-sentence accuracy on the test split's documents."""
+    from .data.corpus import read_lines
+    from .data.prepared import TokenPairs, length_dtype, token_dtype
+    from .evaluation.heldout import next_sentence_accuracy
+
+    rows = [tok.encode(line, "src")[:cfg.data.max_len] for line in read_lines(cfg.data.test_tgt)]
+    pairs = TokenPairs.from_rows(rows, rows, token_dtype(model.config.src_vocab_size), length_dtype(cfg.data.max_len))
+    return next_sentence_accuracy(model, pairs, cfg.train.seed)
 
 
 def run_classify_demo(out: str | os.PathLike = "runs/demo_classify", steps: int | None = None,

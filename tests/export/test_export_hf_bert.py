@@ -109,3 +109,17 @@ def test_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("transduce export: error: cannot export to Hugging Face BERT: model.norm=pre")
     assert len(err.splitlines()) == 1
+
+
+@torch.no_grad()
+def test_next_sentence_model_exports_as_bert_for_pretraining(tmp_path):
+    model_dir, model = _model_dir(tmp_path, nsp=True)
+    report = export_model(model_dir, "hf", tmp_path / "hf")
+    assert report.checks["max_logit_diff"] < 1e-4 and report.checks["max_nsp_logit_diff"] < 1e-4
+    hf = transformers.AutoModelForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "BertForPreTraining"
+    ids, types = _inputs(True)
+    out = hf(input_ids=ids, attention_mask=(ids != 0).long(), token_type_ids=types)
+    states = model(ids, types)
+    torch.testing.assert_close(out.prediction_logits, model.mlm_logits(states), rtol=0, atol=1e-4)
+    torch.testing.assert_close(out.seq_relationship_logits, model.next_sentence_logits(states), rtol=0, atol=1e-4)

@@ -101,6 +101,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
                    help="classify: fine-tune this masked LM (a finished `demo --task mlm` model) instead of "
                         "training one into OUT/mlm")
+    p.add_argument("--nsp", action="store_true",
+                   help="mlm: also BERT's next-sentence prediction, on the toy sentences as documents of one "
+                        "tense (the model exports as BertForPreTraining)")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -108,12 +111,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_classify_demo, run_demo, run_lm_demo, run_mlm_demo
     if args.init_from is not None and args.task != "classify":
         raise ConfigError("--init-from: only demo --task classify starts from a trained model")
+    if args.nsp and args.task != "mlm":
+        raise ConfigError("--nsp: next-sentence prediction is an option of demo --task mlm")
     if args.task == "classify":
         result = run_classify_demo(args.out or "runs/demo_classify", steps=args.steps, init_from=args.init_from)
     elif args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
     elif args.task == "mlm":
-        result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps)
+        result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps, nsp=args.nsp)
     else:
         result = run_demo(args.out or "runs/demo", steps=args.steps)
     print(result.report())

@@ -100,6 +100,10 @@ class ModelConfig:
     n_classes: int = 0
     """A pooled classification head over this many classes instead of the masked-LM head;
     0 = the masked-LM head (encoder_only)."""
+    nsp: bool = False
+    """BERT's next-sentence head beside the masked-LM head (encoder_only, ``n_classes`` 0, two
+    token types): masked-LM training then also predicts whether the second of two lines follows
+    the first (BertForPreTraining)."""
     output_bias: bool = False
     """A bias on the output projection (Marian's ``final_logits_bias``; encoder_decoder only)."""
     labels: tuple = ()
@@ -177,8 +181,11 @@ class ModelConfig:
             check(self.n_classes != 1, "model.n_classes", "must be 0 (masked-LM head) or at least 2 classes; got 1")
             check(not self.labels or len(self.labels) == self.n_classes, "model.labels",
                   f"names {len(self.labels)} classes; model.n_classes is {self.n_classes}")
+            check(not self.nsp or (self.n_classes == 0 and self.type_vocab_size >= 2), "model.nsp",
+                  f"needs the masked-LM head (model.n_classes=0; got {self.n_classes}) and two token types "
+                  f"(model.type_vocab_size>=2; got {self.type_vocab_size})")
             return
-        for k in ("embed_norm", "type_vocab_size", "n_classes", "labels"):
+        for k in ("embed_norm", "type_vocab_size", "n_classes", "labels", "nsp"):
             check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     def _check_attention(self) -> None:

@@ -86,17 +86,26 @@ class TrainConfig:
     """A trained model directory to start from: its weights and, unless ``data.tokenizer`` or
     ``data.prepared`` say otherwise, its tokenizer. The model section must describe the same model
     but for dropouts; the keys it does not give are that model's."""
+    freeze: tuple = ()
+    """Parameter name prefixes whose parameters are not trained (e.g. ``[embed., layers.0.]``: the
+    embeddings and the first layer), for fine-tuning; each must name some parameter."""
+    head_lr: float | None = None
+    """The peak learning rate of the output heads (``cls_head.``, ``mlm_head.``, ``nsp_head.``,
+    ``output_proj.``): a new head often wants more than the pre-trained body; None: ``lr``. The
+    schedule scales it as it scales ``lr``; needs a schedule with a peak ``lr`` (not noam)."""
     extend_vocab: int | None = None
     """With ``init_from``: append up to this many pieces of the new training text to the model's
     tokenizer, growing its embeddings (training/vocab.py)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.betas, list):
-            object.__setattr__(self, "betas", tuple(self.betas))
+        for key in ("betas", "freeze"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
         typecheck(self, "train")
         self._check_optimizer()
         self._check_loop()
         self._check_init()
+        self._check_fine_tuning()
         self._check_speed()
 
     def _check_optimizer(self) -> None:
@@ -125,6 +134,14 @@ class TrainConfig:
               f"must be between 1 and train.keep_last ({self.keep_last})")
         check(self.schedule == "noam" or self.lr is not None, "train.lr",
               f"is required by train.schedule={self.schedule}")
+
+    def _check_fine_tuning(self) -> None:
+        check(all(isinstance(p, str) and p for p in self.freeze), "train.freeze",
+              f"must be a list of parameter name prefixes; got {list(self.freeze)}")
+        check(self.head_lr is None or self.head_lr > 0, "train.head_lr", "must be positive")
+        check(self.head_lr is None or self.schedule != "noam", "train.head_lr",
+              "needs a schedule with a peak train.lr (not noam)")
+        check(self.head_lr is None or not self.cuda_graphs, "train.head_lr", "cannot be combined with train.cuda_graphs")
 
     def _check_init(self) -> None:
         check(self.extend_vocab is None or self.extend_vocab > 0, "train.extend_vocab",

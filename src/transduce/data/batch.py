@@ -25,6 +25,8 @@ class Batch:
         src: (B, S) source ids + EOS, PAD-padded.
         tgt_in: (B, T) BOS + target ids, PAD-padded.
         tgt_out: (B, T) target ids + EOS, PAD-padded; PAD positions are ignored by the loss.
+        next_labels: (B,) a masked-LM batch's next-sentence labels (0 IsNext, 1 NotNext, -1
+            ignored), or None (see :func:`transduce.data.encoder_inputs.next_sentence_batch`).
     """
 
     src: torch.Tensor
@@ -32,18 +34,21 @@ class Batch:
     tgt_out: torch.Tensor
     n_src_tokens: int  # non-pad source positions (EOS included)
     n_tgt_tokens: int  # non-pad labels (EOS included): the loss normaliser
+    next_labels: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
         """A copy with the tensors on ``device`` (non-blocking where possible)."""
+        nsp = None if self.next_labels is None else self.next_labels.to(device, non_blocking=True)
         return Batch(self.src.to(device, non_blocking=True),
                      self.tgt_in.to(device, non_blocking=True),
                      self.tgt_out.to(device, non_blocking=True),
-                     self.n_src_tokens, self.n_tgt_tokens)
+                     self.n_src_tokens, self.n_tgt_tokens, nsp)
 
     def pin_memory(self) -> "Batch":
         """A copy in page-locked host memory, so that ``to(cuda)`` copies asynchronously."""
+        nsp = None if self.next_labels is None else self.next_labels.pin_memory()
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
-                     self.n_src_tokens, self.n_tgt_tokens)
+                     self.n_src_tokens, self.n_tgt_tokens, nsp)
 
     def padded(self, rows: int, src_len: int, tgt_len: int) -> "Batch":
         """This batch grown to ``rows`` rows of (``src_len``, ``tgt_len``) positions.
@@ -65,7 +70,11 @@ class Batch:
         tgt_out = self.tgt_out.new_full((rows, tgt_len), PAD_ID)
         src[:b, :s], tgt_in[:b, :t], tgt_out[:b, :t] = self.src, self.tgt_in, self.tgt_out
         src[b:, 0], tgt_in[b:, 0] = EOS_ID, BOS_ID
-        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens)
+        nsp = None
+        if self.next_labels is not None:  # the dummy rows' next-sentence labels are ignored (-1)
+            nsp = self.next_labels.new_full((rows,), -1)
+            nsp[:b] = self.next_labels
+        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens, nsp)
 
     def __len__(self) -> int:
         return self.src.size(0)

@@ -6,6 +6,11 @@ they are; the loss (``training/encoder_tasks.py``) is over the selected position
 the model's last id (:attr:`~transduce.model.EncoderOnly.mask_id`). Training masks its batches
 here, and held-out perplexity (``evaluation/heldout.py``) masks its text the same way.
 
+Next-sentence prediction (Sec. 3.1, "Task #2"), for a model with ``model.nsp``: each line of the
+training split is paired with the line after it (IsNext, label 0) or, half of the time, with a
+random line (NotNext, 1); the pair ``BOS a EOS b EOS`` (segments 0 and 1) is then masked as above.
+The split's consecutive lines are its document: the line after the last is always random.
+
 Legend: B batch, S source length, T length.
 """
 
@@ -17,7 +22,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transduce.data.batch import Batch
+from transduce.data.batch import Batch, pad
+from transduce.data.labelled import sentence_pair
+from transduce.data.prepared import TokenPairs
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Never selected for masking: they mark the sequence, not its text ([CLS], [SEP], [PAD] in BERT).
@@ -88,6 +95,40 @@ def masked_batch(batch: Batch, mask_id: int, generator: torch.Generator | Sequen
             row_in, row_labels = mask_tokens(ids[i:i + 1, :n], mask_id, gen)   # (1, n)
             inputs[i, :n], labels[i, :n] = row_in[0], row_labels[0]
     return Batch(inputs, inputs, labels, batch.n_src_tokens + len(batch), int((labels != PAD_ID).sum()))
+
+
+def next_sentence_batch(pairs: TokenPairs, indices: Sequence[int], room: int, mask_id: int,
+                        generator: torch.Generator) -> Batch:
+    """A masked-LM batch of sentence pairs with their next-sentence labels.
+
+    Line ``i`` of ``indices`` is paired with line ``i + 1`` of ``pairs`` or (half of the time, and
+    always for the last line) with a random other line; the pair is cut to ``room`` ids
+    (:func:`~transduce.data.labelled.sentence_pair`) and masked by :func:`masked_batch`, all from
+    ``generator``. ``next_labels`` holds 0 (IsNext) or 1 (NotNext).
+
+    Args:
+        pairs: the split's token pairs (their source side is read).
+        indices: the lines of the batch.
+        room: the most ids of ``a EOS b`` (the model's ``max_positions`` less BOS and EOS).
+    """
+    n, k = len(pairs), len(indices)
+    swap = torch.rand(k, generator=generator) < 0.5                      # (B,)
+    other = torch.randint(max(n - 1, 1), (k,), generator=generator)      # (B,)
+    seconds, labels = [], []
+    for i, s, j in zip(indices, swap.tolist(), other.tolist()):
+        nxt = int(i) + 1
+        if s or nxt >= n:  # a random line that is not the next one
+            nxt, label = (j if j < nxt else j + 1) % n, 1
+        else:
+            label = 0
+        seconds.append(nxt)
+        labels.append(label)
+    firsts, nexts = pairs.rows(0, indices), pairs.rows(0, seconds)
+    src = pad([sentence_pair(a, b, room) for a, b in zip(firsts, nexts)], eos=True)   # (B, S)
+    plain = Batch(src, src, src, int((src != PAD_ID).sum()), 0)
+    out = masked_batch(plain, mask_id, generator)
+    out.next_labels = torch.tensor(labels)
+    return out
 
 
 def classification_batch(batch: Batch) -> Batch:

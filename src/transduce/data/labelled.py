@@ -76,7 +76,13 @@ def encode_example(tokenizer: Tokenizer, texts: Sequence[str], room: int) -> lis
     rows = [tokenizer.encode(t, "src") for t in texts]
     if len(rows) == 1:
         return rows[0][:room]
-    a, b = rows
+    return sentence_pair(*rows, room)
+
+
+def sentence_pair(a: Sequence[int], b: Sequence[int], room: int) -> list[int]:
+    """BERT's ``a EOS b`` of two id rows, at most ``room`` ids: cut longest-first (a token at a
+    time from the end of the longer row, as BERT's tokenizers)."""
+    a, b = list(a), list(b)
     while a and b and len(a) + len(b) + 1 > room:
         (a if len(a) > len(b) else b).pop()
     return [*a, EOS_ID, *b]

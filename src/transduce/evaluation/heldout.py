@@ -155,3 +155,22 @@ def score_labelled(classifier: "Classifier", path: str | os.PathLike, batch_size
     check_labels(examples, classifier.config.labels, path)
     predicted = classifier.classify([text for text, _ in examples], batch_size)
     return classification_scores(predicted, [gold for _, gold in examples])
+
+
+@torch.no_grad()
+def next_sentence_accuracy(model: torch.nn.Module, pairs: "TokenPairs", seed: int = DEFAULT_SEED,
+                           batch_size: int = 64) -> float:
+    """The share of lines of ``pairs`` (a document's token rows, in order) whose next-sentence
+    label the model's head predicts: each line paired with the next or a random one, masked, as
+    in training (:func:`~transduce.data.encoder_inputs.next_sentence_batch`), from ``seed``."""
+    from ..data.batch import token_types
+    from ..data.encoder_inputs import VALID_STREAM, masking_generator, next_sentence_batch
+
+    device = next(model.parameters()).device
+    right = 0
+    for k, lo in enumerate(range(0, len(pairs), batch_size)):
+        batch = next_sentence_batch(pairs, range(lo, min(lo + batch_size, len(pairs))), model.config.max_positions - 2,
+                                    model.mask_id, masking_generator(seed, VALID_STREAM, 0, k)).to(device)
+        logits = model.next_sentence_logits(model(batch.src, token_types(batch.src)))  # (B, 2)
+        right += int((logits.argmax(-1) == batch.next_labels).sum())
+    return right / max(len(pairs), 1)

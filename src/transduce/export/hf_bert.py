@@ -1,4 +1,5 @@
-"""Export an encoder_only model to a Hugging Face ``BertForMaskedLM`` (masked-LM head) or
+"""Export an encoder_only model to a Hugging Face ``BertForMaskedLM`` (masked-LM head),
+``BertForPreTraining`` (masked-LM and next-sentence heads, ``nsp``) or
 ``BertForSequenceClassification`` (``n_classes`` > 0) directory: config and safetensors.
 
 BERT is our encoder_only model with these options: post-LN layers, learned positions, erf-GELU,
@@ -6,8 +7,10 @@ an embedding LayerNorm, no embedding scaling, biases everywhere. The weights the
 one; a model without token types (``type_vocab_size`` 0) is written with one all-zero type row,
 which is what adding nothing is. Other options are refused with a one-line error naming them.
 
-No tokenizer is written: ours is SentencePiece and BERT's tokenizers are WordPiece, so the
-directory is loaded with ``AutoModel*`` and fed our token ids (the [MASK] id is the last one).
+A model with a Hugging Face tokenizer (an imported BERT's WordPiece or RoBERTa's byte-level BPE,
+its ids ours) is written with it, and AutoTokenizer on the export is checked to split as ours. A
+SentencePiece tokenizer is not written: the directory is then loaded with ``AutoModel*`` and fed
+our token ids (the [MASK] id is the last one).
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import os
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import ModelConfig
+from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..model.encoder_only import EncoderOnly
 from .base import ExportError, load_for_export, no_progress_bars
+from .hf_gpt2 import copy_tokenizer, hf_tokenizer_differences
 from .verify import check_close, probe_batch
 
 
@@ -55,61 +60,76 @@ def bert_config(cfg: ModelConfig):
     )
 
 
-def _linear(name: str, layer: nn.Linear) -> dict[str, Tensor]:
-    return {f"{name}.weight": layer.weight.detach(), f"{name}.bias": layer.bias.detach()}
+# Our encoder layer's modules -> a BertLayer's (RobertaLayer's) under ``encoder.layer.{i}``.
+LAYER_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "attention.self.key",
+               "self_attn.v_proj": "attention.self.value", "self_attn.out_proj": "attention.output.dense",
+               "norm1": "attention.output.LayerNorm", "ffn.fc1": "intermediate.dense", "ffn.fc2": "output.dense",
+               "norm2": "output.LayerNorm"}
 
 
-_norm = _linear  # a LayerNorm's weight and bias, under the same two names
+def _pair(ours: str, theirs: str) -> dict[str, str]:
+    """A Linear's or LayerNorm's weight and bias."""
+    return {f"{ours}.{leaf}": f"{theirs}.{leaf}" for leaf in ("weight", "bias")}
 
 
-def _layer(i: int, layer: nn.Module) -> dict[str, Tensor]:
-    p = f"bert.encoder.layer.{i}"
-    attn = layer.self_attn
-    return {**_linear(f"{p}.attention.self.query", attn.q_proj), **_linear(f"{p}.attention.self.key", attn.k_proj),
-            **_linear(f"{p}.attention.self.value", attn.v_proj),
-            **_linear(f"{p}.attention.output.dense", attn.out_proj),
-            **_norm(f"{p}.attention.output.LayerNorm", layer.norm1),
-            **_linear(f"{p}.intermediate.dense", layer.ffn.fc1), **_linear(f"{p}.output.dense", layer.ffn.fc2),
-            **_norm(f"{p}.output.LayerNorm", layer.norm2)}
+def bert_names(cfg: ModelConfig, family: str = "bert") -> dict[str, str]:
+    """Our parameter names -> transformers' for an encoder_only model of ``cfg``: BertForMaskedLM,
+    BertForPreTraining (``nsp``), BertForSequenceClassification (``n_classes``), or with
+    ``family="roberta"`` RobertaForMaskedLM / RobertaForSequenceClassification. The export and
+    the import (:mod:`~transduce.export.hf_bert_import`) both read this one table."""
+    p = family
+    names = {"embed.tokens.weight": f"{p}.embeddings.word_embeddings.weight",
+             "embed.positions.weight": f"{p}.embeddings.position_embeddings.weight",
+             **_pair("embed.norm", f"{p}.embeddings.LayerNorm")}
+    if cfg.type_vocab_size:
+        names["embed.token_types.weight"] = f"{p}.embeddings.token_type_embeddings.weight"
+    for i in range(cfg.n_encoder_layers):
+        for ours, theirs in LAYER_NAMES.items():
+            names.update(_pair(f"layers.{i}.{ours}", f"{p}.encoder.layer.{i}.{theirs}"))
+    return {**names, **_head_names(cfg, family)}
 
 
-def _embeddings(model: EncoderOnly) -> dict[str, Tensor]:
-    embed, d = model.embed, model.config.d_model
-    types = embed.token_types.weight.detach() if embed.token_types is not None else torch.zeros(1, d)
-    return {"bert.embeddings.word_embeddings.weight": embed.tokens.weight.detach(),
-            "bert.embeddings.position_embeddings.weight": embed.positions.weight.detach(),
-            "bert.embeddings.token_type_embeddings.weight": types,
-            **_norm("bert.embeddings.LayerNorm", embed.norm)}
-
-
-def _heads(model: EncoderOnly) -> dict[str, Tensor]:
-    if model.cls_head is not None:
-        head = model.cls_head
-        return {**_linear("bert.pooler.dense", head.pooler), **_linear("classifier", head.classifier)}
-    head = model.mlm_head
-    return {**_linear("cls.predictions.transform.dense", head.dense),
-            **_norm("cls.predictions.transform.LayerNorm", head.norm),
-            "cls.predictions.decoder.weight": head.decoder.weight.detach(),
-            "cls.predictions.bias": head.bias.detach(), "cls.predictions.decoder.bias": head.bias.detach()}
+def _head_names(cfg: ModelConfig, family: str) -> dict[str, str]:
+    """The heads' names: BERT's pooler + classifier (RoBERTa's classifier.dense + out_proj: the
+    same arithmetic, dropout aside), the masked-LM head, the next-sentence head."""
+    roberta = family == "roberta"
+    if cfg.n_classes:
+        pooler, classifier = ("classifier.dense", "classifier.out_proj") if roberta else ("bert.pooler.dense",
+                                                                                          "classifier")
+        return {**_pair("cls_head.pooler", pooler), **_pair("cls_head.classifier", classifier)}
+    head = "lm_head" if roberta else "cls.predictions"
+    transform, norm = ("lm_head", "layer_norm") if roberta else ("cls.predictions.transform", "LayerNorm")
+    names = {**_pair("mlm_head.dense", f"{transform}.dense"), **_pair("mlm_head.norm", f"{transform}.{norm}"),
+             "mlm_head.decoder.weight": f"{head}.decoder.weight", "mlm_head.bias": f"{head}.decoder.bias"}
+    if cfg.nsp:
+        names.update({**_pair("nsp_head.pooler", "bert.pooler.dense"),
+                      **_pair("nsp_head.classifier", "cls.seq_relationship")})
+    return names
 
 
 def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
-    """Our weights under BertForMaskedLM's (or BertForSequenceClassification's) names."""
-    state = {**_embeddings(model), **_heads(model)}
-    for i, layer in enumerate(model.layers):
-        state.update(_layer(i, layer))
-    return {k: v.float().contiguous() for k, v in state.items()}
+    """Our weights under BertForMaskedLM's (BertForPreTraining's, BertForSequenceClassification's)
+    names; a model without token types gets one all-zero type row."""
+    cfg, ours = model.config, model.state_dict()
+    state = {theirs: ours[name] for name, theirs in bert_names(cfg).items()}
+    if not cfg.type_vocab_size:
+        state["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.d_model)
+    if not cfg.n_classes:
+        state["cls.predictions.bias"] = state["cls.predictions.decoder.bias"]  # what transformers ties it to
+    return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
 def bert_class(transformers, cfg: ModelConfig):
-    return transformers.BertForSequenceClassification if cfg.n_classes else transformers.BertForMaskedLM
+    if cfg.n_classes:
+        return transformers.BertForSequenceClassification
+    return transformers.BertForPreTraining if cfg.nsp else transformers.BertForMaskedLM
 
 
 def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a BertForMaskedLM / BertForSequenceClassification directory for ``model_dir``
+    """Write a BertForMaskedLM / BertForPreTraining / BertForSequenceClassification directory for ``model_dir``
     into ``out`` and verify it."""
     transformers = require("transformers", "export")
-    model, _ = load_for_export(model_dir, need_tokenizer=False)
+    model, tok = load_for_export(model_dir, need_tokenizer=False)
     check_bert_compatible(model.config)
     hf = bert_class(transformers, model.config)(bert_config(model.config))
     missing, unexpected = hf.load_state_dict(bert_state_dict(model), strict=False)
@@ -117,7 +137,12 @@ def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
         raise ExportError(f"BERT weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
     with no_progress_bars(transformers):
         hf.save_pretrained(out)
-        return verify_hf_bert(model, out)
+        checks = verify_hf_bert(model, out)
+        if isinstance(tok, HFTokenizer):  # an imported tokenizer: AutoTokenizer reads it beside the model
+            kind = "BertTokenizer" if tok.kind == "wordpiece" else "RobertaTokenizer"
+            copy_tokenizer(Path(model_dir), out, tok, kind)
+            checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
+        return checks
 
 
 def probe_inputs(cfg: ModelConfig, seed: int = 0) -> tuple[Tensor, Tensor | None]:
@@ -142,8 +167,13 @@ def verify_hf_bert(model: EncoderOnly, out: Path, atol: float = 1e-4) -> dict[st
     cfg = model.config
     hf = bert_class(transformers, cfg).from_pretrained(out).eval()
     ids, types = probe_inputs(cfg)
-    got = hf(input_ids=ids, attention_mask=(ids != cfg.pad_id).long(), token_type_ids=types).logits
+    out = hf(input_ids=ids, attention_mask=(ids != cfg.pad_id).long(), token_type_ids=types)
     states = model(ids, types)
     if cfg.n_classes:
-        return {"max_class_logit_diff": check_close("BERT class logits", got, model.classify(states), atol)}
-    return {"max_logit_diff": check_close("BERT masked-LM logits", got, model.mlm_logits(states), atol)}
+        return {"max_class_logit_diff": check_close("BERT class logits", out.logits, model.classify(states), atol)}
+    if not cfg.nsp:
+        return {"max_logit_diff": check_close("BERT masked-LM logits", out.logits, model.mlm_logits(states), atol)}
+    return {"max_logit_diff": check_close("BERT masked-LM logits", out.prediction_logits, model.mlm_logits(states),
+                                          atol),
+            "max_nsp_logit_diff": check_close("BERT next-sentence logits", out.seq_relationship_logits,
+                                              model.next_sentence_logits(states), atol)}

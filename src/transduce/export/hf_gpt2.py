@@ -107,22 +107,24 @@ def export_hf_gpt2(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
     with no_progress_bars(transformers):
         hf.save_pretrained(out)
         if tok is not None:
-            _copy_tokenizer(Path(model_dir), out, tok)
+            copy_tokenizer(Path(model_dir), out, tok)
         checks = verify_hf_gpt2(model, out)
         if tok is not None and isinstance(tok, HFTokenizer):  # an imported tokenizer: transformers reads it too
             checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
         return checks
 
 
-def _copy_tokenizer(model_dir: Path, out: Path, tok) -> None:
+def copy_tokenizer(model_dir: Path, out: Path, tok, tokenizer_class: str = "GPT2Tokenizer") -> None:
     """Our tokenizer files beside the export (``load_tokenizer`` works on ``out``); a Hugging Face
-    one (byte-level BPE) also with the files AutoTokenizer reads, naming its special tokens."""
+    one (byte-level BPE, WordPiece) also with the files AutoTokenizer reads, naming its special
+    tokens and ``tokenizer_class``."""
     for f in model_dir.iterdir():
         if f.is_file() and (f.suffix in (".model", ".yaml") or f.name == "tokenizer.json") and f.name != "config.yaml":
             shutil.copy2(f, out / f.name)
     if isinstance(tok, HFTokenizer):
         names = {f"{role}_token": token for role, token in tok.tokens.items()}
-        config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, **names}
+        prefix = {"add_prefix_space": False} if tok.kind == "byte_level_bpe" else {}
+        config = {"tokenizer_class": tokenizer_class, **prefix, **names}
         (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
         (out / "special_tokens_map.json").write_text(json.dumps(names, ensure_ascii=False), encoding="utf-8")
 

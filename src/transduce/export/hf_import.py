@@ -1,7 +1,8 @@
 """Import a Hugging Face ``MarianMTModel`` directory (e.g. one of the OPUS-MT models) as a
 transduce model directory: the inverse of :mod:`transduce.export.hf`. A T5 or mT5 directory
 (``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`, a GPT-2 one
-(``gpt2``) to :mod:`transduce.export.hf_gpt2_import`.
+(``gpt2``) to :mod:`transduce.export.hf_gpt2_import`, a BERT or RoBERTa one (``bert``,
+``roberta``) to :mod:`transduce.export.hf_bert_import`.
 
 Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
 permutation ``P`` of :func:`~transduce.export.hf.residual_permutation` (Marian's position table
@@ -83,6 +84,9 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
     if config.get("model_type") == "gpt2":
         from .hf_gpt2_import import import_gpt2
         return import_gpt2(where, config, out, force)
+    if config.get("model_type") in ("bert", "roberta"):
+        from .hf_bert_import import import_bert
+        return import_bert(where, config, out, force)
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
     load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
@@ -134,8 +138,8 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
     name = where / "config.json"
     if config.get("model_type") != "marian":
-        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5', 'mt5' or "
-                            "'gpt2' (the kinds transduce imports)")
+        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5', 'mt5', "
+                            "'gpt2', 'bert' or 'roberta' (the kinds transduce imports)")
     for key, default in REFUSED.items():
         if config.get(key, default) != default:
             raise HFImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "

@@ -9,6 +9,10 @@ sequence (only padding is masked), and one head:
 - ``n_classes > 0``: the classification head, BERT's pooler tanh(dense(h[CLS])) then a linear
   layer to the classes. The first position plays [CLS]: inputs start with BOS.
 
+With ``nsp`` a masked-LM model also has BERT's next-sentence head (Sec. 3.1, "Task #2: Next
+Sentence Prediction"): the same pooler then a linear layer to two classes, 0 IsNext and 1 NotNext
+(BertForPreTraining's).
+
 The [MASK] token is the model's last id, ``src_vocab_size - 1`` (:attr:`EncoderOnly.mask_id`):
 an encoder_only model is built with one row more than its tokenizer has pieces, so every
 tokenizer serves unchanged, its ids included, and no text can ever encode to [MASK].
@@ -56,13 +60,14 @@ class MaskedLMHead(nn.Module):
 
 
 class ClassificationHead(nn.Module):
-    """BERT's pooler tanh(dense(h[CLS])), dropout, then a linear layer to the classes."""
+    """BERT's pooler tanh(dense(h[CLS])), dropout, then a linear layer to ``n_classes`` classes
+    (the next-sentence head: 2, without dropout, as BertForPreTraining's)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, n_classes: int, dropout: float):
         super().__init__()
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.classifier = nn.Linear(cfg.d_model, cfg.n_classes, bias=cfg.bias)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(cfg.d_model, n_classes, bias=cfg.bias)
 
     def forward(self, states: Tensor) -> Tensor:
         """(B, T, D) -> (B, K), from the first position's state."""
@@ -96,7 +101,8 @@ class EncoderOnly(nn.Module):
         pre = cfg.norm == "pre"
         self.final_norm = norm_layer(cfg) if pre else None
         self.mlm_head = None if cfg.n_classes else MaskedLMHead(cfg, tokens if cfg.tie_output else None)
-        self.cls_head = ClassificationHead(cfg) if cfg.n_classes else None
+        self.cls_head = ClassificationHead(cfg, cfg.n_classes, cfg.dropout) if cfg.n_classes else None
+        self.nsp_head = ClassificationHead(cfg, 2, 0.0) if cfg.nsp else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -134,6 +140,12 @@ class EncoderOnly(nn.Module):
         if self.cls_head is None:
             raise ValueError("this model has a masked-LM head, not a classification head (model.n_classes=0)")
         return self.cls_head(states)
+
+    def next_sentence_logits(self, states: Tensor) -> Tensor:
+        """IsNext (0) / NotNext (1) logits from the first position of states (B, T, D) -> (B, 2)."""
+        if self.nsp_head is None:
+            raise ValueError("this model has no next-sentence head (model.nsp=false)")
+        return self.nsp_head(states)
 
     def num_parameters(self) -> int:
         """Number of distinct trainable parameters (tied matrices counted once)."""

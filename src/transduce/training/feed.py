@@ -13,7 +13,8 @@ from ..config import RunConfig
 from ..data.batch import Batch
 from ..data.batching import round_up, token_budget_batches
 from ..data.corpus import sample_tokens
-from ..data.encoder_inputs import TRAIN_STREAM, classification_batch, masked_batch, masking_generator
+from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
+                                   next_sentence_batch)
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..errors import ConfigError
 from .distributed import DistInfo
@@ -90,8 +91,8 @@ class StepFeed:
             tokens = sum(len(b) for b in group)  # the loss is per sentence
             batches = [self._device_batch(classification_batch(data.pairs.batch(b))) for b in group[mine]]
         elif self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
-            masked = [masked_batch(data.pairs.batch(b), self.mask_id,
-                                   masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
+            masked = [self._masked(data.pairs, b, masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch,
+                                                                    offset + j))
                       for j, b in enumerate(group)]
             tokens = sum(b.n_tgt_tokens for b in masked)
             batches = [self._device_batch(b) for b in masked[mine]]
@@ -100,6 +101,13 @@ class StepFeed:
             batches = [self._device_batch(data.pairs.batch(b)) for b in group[mine]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
+
+    def _masked(self, pairs: TokenPairs, indices, generator: torch.Generator) -> Batch:
+        """A masked-LM batch of lines ``indices``; for a model with ``model.nsp``, of each line
+        and the next (or a random) one, with next-sentence labels."""
+        if self.cfg.model.nsp:
+            return next_sentence_batch(pairs, indices, self.cfg.model.max_positions - 2, self.mask_id, generator)
+        return masked_batch(pairs.batch(indices), self.mask_id, generator)
 
     def _device_batch(self, batch: Batch) -> Batch:
         """``batch`` padded to its shape bucket, on the device (through pinned memory on CUDA: the

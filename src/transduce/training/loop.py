@@ -42,7 +42,7 @@ from .report import MetricsLog
 from .resume import Checkpointing
 from .schedule import learning_rate
 from .state import StepData, TrainingError, TrainState
-from .step import build_optimizer, clip_and_step, compile_model, forward_backward, is_fused
+from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
 
 __all__ = ["Trainer", "TrainingError", "run_training"]  # TrainingError lives in .state; importable from here too
@@ -70,6 +70,7 @@ class Trainer(Checkpointing):
                                   f"as BERT's (2); got {cfg.model.type_vocab_size}")
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
+        freeze_parameters(self.model, cfg.train.freeze)
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         # S and T padded up to a multiple: few distinct shapes for CUDA graphs (a compiled model
@@ -160,7 +161,7 @@ class Trainer(Checkpointing):
         """
         cfg = self.cfg.train
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_ratio", 1.0)  # train.head_lr's groups: their share of the schedule
         sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
                                 max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
         params = self._params

@@ -38,7 +38,8 @@ class Checkpointing:
         """Start from a trained model's weights (``train.init_from``): the same model (every
         ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer. A
         classifier may start from a masked LM: its encoder and embeddings carried over, the
-        masked-LM head dropped and the classification head as initialised here."""
+        masked-LM head dropped and the classification head as initialised here (but for the
+        pooler of a next-sentence head, carried over as BERT's fine-tuning does)."""
         saved = load_model_config(directory)
         new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
         extend = self.cfg.train.extend_vocab is not None
@@ -46,7 +47,7 @@ class Checkpointing:
             raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
                               f"this run trains model.arch={self.model_cfg.arch}")
         self._check_init_tokenizer(directory, extend)
-        free = DROPOUTS + (("n_classes", "labels") if new_head else ()) + (VOCAB_SIZES if extend else ())
+        free = DROPOUTS + (("n_classes", "labels", "nsp") if new_head else ()) + (VOCAB_SIZES if extend else ())
         for f in fields(saved):
             if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
@@ -55,8 +56,9 @@ class Checkpointing:
         if extend:  # new rows for the new pieces; [MASK] stays the last id
             state = grow_vocab_rows(state, self.model, 1 if saved.arch == "encoder_only" else 0)
         if new_head:
-            state = {k: v for k, v in state.items() if not k.startswith("mlm_head.")}
-            state.update({k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")})
+            state = {k: v for k, v in state.items() if not k.startswith(("mlm_head.", "nsp_head."))} | {
+                k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")} | {
+                k.replace("nsp_head.", "cls_head."): v for k, v in state.items() if k.startswith("nsp_head.pooler.")}
         load_state_checked(self.model, state, str(directory / WEIGHTS))
         logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
 

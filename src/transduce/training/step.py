@@ -15,7 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..data.batch import Batch, token_types
 from ..device import autocast_context
-from .encoder_tasks import classification_loss, masked_lm_loss
+from ..errors import ConfigError
+from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
 from .loss import LossOutput, projected_label_smoothed_loss
 
 
@@ -42,10 +43,13 @@ def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
 def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
     """The summed loss of ``batch``'s labels from the :func:`final_states` ``hidden``: the output
     projection fused with the loss; for a masked LM its head on the selected positions only; for a
-    classifier its pooled head against the (B, 1) labels of a classification batch."""
+    classifier its pooled head against the (B, 1) labels of a classification batch; with
+    next-sentence labels also the next-sentence head."""
     inner = unwrapped(model)
     if inner.config.arch == "encoder_only" and inner.config.n_classes:
         return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
+    if inner.config.arch == "encoder_only" and batch.next_labels is not None:
+        return pretraining_loss(inner, hidden, batch.tgt_out, batch.next_labels, smoothing)
     if inner.config.arch == "encoder_only":
         return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
     return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
@@ -81,6 +85,23 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
     return sums
 
 
+def freeze_parameters(model: torch.nn.Module, prefixes: tuple[str, ...]) -> None:
+    """Stop training the parameters whose names start with one of ``prefixes`` (``train.freeze``);
+    a prefix that names no parameter is a one-line error listing the top-level names."""
+    names = [n for n, _ in model.named_parameters()]
+    for prefix in prefixes:
+        if not any(n.startswith(prefix) for n in names):
+            tops = ", ".join(sorted({n.split(".")[0] + "." for n in names}))
+            raise ConfigError(f"train.freeze: {prefix!r} names no parameter of this model (its names start "
+                              f"with {tops})")
+    for name, p in model.named_parameters():
+        if name.startswith(tuple(prefixes)):
+            p.requires_grad_(False)
+
+
+HEAD_PREFIXES = ("cls_head.", "mlm_head.", "nsp_head.", "output_proj.")  # what train.head_lr trains
+
+
 def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> torch.optim.Optimizer:
     """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices.
 
@@ -88,18 +109,34 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     :func:`clip_and_step`) when every parameter is on CUDA or ``cfg.cuda_graphs`` asks for the
     graphed step (which runs eagerly on a CPU); ``foreach`` otherwise. ``lr`` may be a 0-dim
     device tensor (the graphed step changes it in place); ``capturable`` (which a CUDA graph
-    capture of ``step()`` requires) with ``cfg.cuda_graphs``.
+    capture of ``step()`` requires) with ``cfg.cuda_graphs``. Frozen parameters (``requires_grad``
+    off, ``train.freeze``) are left out. With ``cfg.head_lr`` the heads' parameters get groups of
+    their own whose ``lr_ratio`` (head_lr / lr) the loop multiplies the scheduled rate by.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
     fused = cfg.cuda_graphs or all(p.is_cuda for p in params)
     kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused,
                                   foreach=None if fused else True, capturable=cfg.cuda_graphs)
+    parts = [(params, 1.0)]
+    if cfg.head_lr is not None:
+        parts = [([p for n, p in named if n.startswith(HEAD_PREFIXES) == head], ratio)
+                 for head, ratio in ((False, 1.0), (True, cfg.head_lr / cfg.lr))]
     if cfg.optimizer == "adamw":
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, **kwargs)
-    return torch.optim.Adam(params, weight_decay=cfg.weight_decay, **kwargs)
+        groups = [{"params": [p for p in part if (p.dim() >= 2) == decay], "lr_ratio": ratio,
+                   "weight_decay": cfg.weight_decay if decay else 0.0}
+                  for part, ratio in parts for decay in (True, False)]
+        return torch.optim.AdamW(_ratioed(groups, cfg), **kwargs)
+    groups = [{"params": part, "lr_ratio": ratio} for part, ratio in parts]
+    return torch.optim.Adam(_ratioed(groups, cfg), weight_decay=cfg.weight_decay, **kwargs)
+
+
+def _ratioed(groups: list[dict], cfg) -> list[dict]:
+    """The groups as before ``train.head_lr`` (no ``lr_ratio`` key, so older optimizer states
+    load) unless it is set; then the non-empty ones."""
+    if cfg.head_lr is None:
+        return [{k: v for k, v in g.items() if k != "lr_ratio"} for g in groups]
+    return [g for g in groups if g["params"]]
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

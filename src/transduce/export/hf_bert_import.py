@@ -1,0 +1,245 @@
+"""Import a Hugging Face BERT or RoBERTa directory (``BertForMaskedLM``, ``BertForPreTraining``,
+``BertForSequenceClassification``, ``RobertaForMaskedLM``, ``RobertaForSequenceClassification``:
+config.json, model.safetensors or pytorch_model.bin, tokenizer.json with tokenizer_config.json or
+special_tokens_map.json) as a transduce encoder_only model with its tokenizer, verified against
+transformers before anything is written.
+
+The architecture is config.json's ``architectures[0]``. BERT and RoBERTa are our encoder_only
+model with BERT's options (:mod:`~transduce.export.hf_bert`, whose name table :func:`bert_names`
+this reads backwards); BertForPreTraining keeps its next-sentence head (``model.nsp``). RoBERTa
+differs in three places, each mapped exactly:
+
+- its position ids start at ``pad_token_id + 1`` (``create_position_ids_from_input_ids``): for
+  right-padded rows, position i reads row ``pad + 1 + i``, so our table is RoBERTa's from that row
+  (``max_positions`` that many fewer);
+- its classification head is dropout, dense, tanh, dropout, out_proj on ``<s>``: BERT's pooler
+  and classifier with the dropouts elsewhere (the same function when not training);
+- its special ids (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3): reordered, below.
+
+Vocabulary. transduce fixes its special ids (pad 0, bos 1, eos 2, unk 3) and an encoder_only
+model's [MASK] is its last id. Our ids are the original's reordered::
+
+    ours 0 = pad   1 = [CLS] / <s>   2 = [SEP] / </s>   3 = [UNK] / <unk>
+    ours 4.. = every other id in order   ours V-1 = [MASK] / <mask>
+
+(:func:`vocab_order` gives the original id of each of ours, from the tokenizer's special tokens).
+The tokenizer (WordPiece or byte-level BPE, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) is
+the original tokenizer.json with its ids renumbered the same way (:func:`renumbered_tokenizer`):
+it segments exactly as the original, and its ids are ours. ``transduce classify``, masked-LM
+evaluation and training then read text as transformers' tokenizer does.
+
+Not supported (one-line errors): another ``hidden_act`` than ``gelu``, relative position
+embeddings, a decoder (``is_decoder``), an attention width that does not divide into the heads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from typing import TYPE_CHECKING
+
+from ..config import ModelConfig
+from ..errors import ConfigError, one_line, require
+from ..model import EncoderOnly, save_model
+from ..model.io import load_state_checked
+from .base import staging_dir, torch_threads
+from .hf_bert import bert_names, probe_inputs
+from .hf_read import HFImportError, load_hf_model, read_weights
+from .verify import check_close
+
+if TYPE_CHECKING:
+    from ..data.hf_tokenizer import HFTokenizer
+
+logger = logging.getLogger(__name__)
+
+# architecture -> (family, head): what an importable config.json names
+ARCHITECTURES = {"BertForMaskedLM": ("bert", "mlm"), "BertForPreTraining": ("bert", "nsp"),
+                 "BertForSequenceClassification": ("bert", "classify"),
+                 "RobertaForMaskedLM": ("roberta", "mlm"), "RobertaForSequenceClassification": ("roberta", "classify")}
+
+
+def bert_architecture(config: dict, where: Path) -> tuple[str, str, str]:
+    """(architecture, family, head) of a BERT or RoBERTa config.json; a one-line error otherwise."""
+    names = config.get("architectures") or []
+    arch = names[0] if names else None
+    if arch not in ARCHITECTURES:
+        raise HFImportError(f"{where / 'config.json'}: architectures={names or None} is not importable for "
+                            f"model_type={config.get('model_type')} (supported: {', '.join(ARCHITECTURES)})")
+    return (arch, *ARCHITECTURES[arch])
+
+
+def vocab_order(tokenizer: "HFTokenizer", n_rows: int, where: Path) -> Tensor:
+    """The original id of each of our ids (see the module docstring), from the tokenizer's special
+    tokens: pad, [CLS] / <s>, [SEP] / </s>, [UNK] / <unk> first, [MASK] / <mask> last."""
+    missing = [role for role in ("pad", "cls", "sep", "unk", "mask") if role not in tokenizer.tokens]
+    if missing:
+        raise HFImportError(f"{where}: the tokenizer names no {', '.join(missing)} token (tokenizer_config.json "
+                            "or special_tokens_map.json)")
+    first = [tokenizer.ids[role] for role in ("pad", "cls", "sep", "unk")]
+    mask = tokenizer.ids["mask"]
+    if len({*first, mask}) < 5 or tokenizer.vocab_size > n_rows:
+        raise HFImportError(f"{where}: the tokenizer's {tokenizer.vocab_size} tokens (specials "
+                            f"{ {r: tokenizer.ids[r] for r in ('pad', 'cls', 'sep', 'unk', 'mask')} }) do not fit "
+                            f"the model's vocab_size={n_rows} as distinct ids")
+    return torch.tensor(first + [i for i in range(n_rows) if i not in first and i != mask] + [mask])
+
+
+def renumbered_tokenizer(data: bytes, order: Tensor) -> bytes:
+    """A tokenizer.json with every id replaced by ours (``order[ours]`` is the original id): the
+    model's vocabulary, the added tokens, the post-processor's and padding's special ids."""
+    new = torch.argsort(order).tolist()                                  # new[original id] = our id
+    raw = json.loads(data.decode("utf-8"))
+    model = raw.get("model") or {}
+    model["vocab"] = {token: new[int(i)] for token, i in (model.get("vocab") or {}).items()}
+    for added in raw.get("added_tokens") or []:
+        added["id"] = new[int(added["id"])]
+    _renumber_processor(raw.get("post_processor"), new)
+    if isinstance(raw.get("padding"), dict) and "pad_id" in raw["padding"]:
+        raw["padding"]["pad_id"] = new[int(raw["padding"]["pad_id"])]
+    return json.dumps(raw, ensure_ascii=False).encode("utf-8")
+
+
+def _renumber_processor(proc, new: list[int]) -> None:
+    """BertProcessing / RobertaProcessing (``cls``, ``sep``: [token, id]), TemplateProcessing
+    (``special_tokens``) and Sequence (``processors``) renumbered in place."""
+    if not isinstance(proc, dict):
+        return
+    for key in ("cls", "sep"):
+        if isinstance(proc.get(key), list):
+            proc[key][1] = new[int(proc[key][1])]
+    for spec in (proc.get("special_tokens") or {}).values():
+        spec["ids"] = [new[int(i)] for i in spec.get("ids", [])]
+    for inner in proc.get("processors") or []:
+        _renumber_processor(inner, new)
+
+
+def _check_supported(config: dict, name: Path) -> None:
+    for key, want in (("hidden_act", "gelu"), ("position_embedding_type", "absolute"), ("is_decoder", False)):
+        if config.get(key, want) != want:
+            raise HFImportError(f"{name}: {key}={config[key]!r} is not supported (transduce maps {key}={want!r})")
+
+
+def _model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
+    """Our ModelConfig for a BertConfig / RobertaConfig (as a dict), and the first position row."""
+    name = where / "config.json"
+    _check_supported(config, name)
+    try:
+        offset = int(config["pad_token_id"]) + 1 if family == "roberta" else 0
+        labels = ()
+        if head == "classify":
+            id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
+            labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+        return ModelConfig(
+            arch="encoder_only", src_vocab_size=int(config["vocab_size"]), tgt_vocab_size=int(config["vocab_size"]),
+            d_model=int(config["hidden_size"]), n_heads=int(config["num_attention_heads"]),
+            n_encoder_layers=int(config["num_hidden_layers"]), n_decoder_layers=0,
+            d_ff=int(config["intermediate_size"]), dropout=float(config.get("hidden_dropout_prob", 0.1)),
+            attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
+            max_positions=int(config["max_position_embeddings"]) - offset, norm="post", positions="learned",
+            activation="gelu", embed_norm=True, scale_embeddings=False,
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            type_vocab_size=int(config.get("type_vocab_size", 2)), n_classes=len(labels), labels=labels,
+            nsp=head == "nsp", tie_output=tied, share_embeddings=True), offset
+    except KeyError as e:
+        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
+    except (ConfigError, TypeError, ValueError) as e:
+        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
+
+
+def _is_tied(state: dict[str, Tensor], family: str, head: str) -> bool:
+    """Whether the masked-LM decoder is the token embedding: absent, or equal."""
+    if head == "classify":
+        return True
+    decoder = state.get("lm_head.decoder.weight" if family == "roberta" else "cls.predictions.decoder.weight")
+    embedding = state.get(f"{family}.embeddings.word_embeddings.weight")
+    return decoder is None or (embedding is not None and torch.equal(decoder, embedding))
+
+
+def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, order: Tensor,
+                   offset: int) -> dict[str, Tensor]:
+    """The original's tensors under our names: vocabulary rows in our order, positions from row
+    ``offset``; a tied decoder is the embedding (not loaded twice)."""
+    ours = {}
+    for name, theirs in bert_names(cfg, family).items():
+        if name == "mlm_head.decoder.weight" and cfg.tie_output:
+            continue
+        if theirs not in state and theirs.endswith(".decoder.bias"):  # saved once, as the tied-to bias
+            theirs = theirs.replace(".decoder.bias", ".bias")
+        if theirs not in state:
+            raise HFImportError(f"{family} weights lack tensor {theirs}")
+        t = state[theirs]
+        if name in ("embed.tokens.weight", "mlm_head.decoder.weight", "mlm_head.bias"):
+            if t.shape[0] != len(order):
+                raise HFImportError(f"{family} weights: {theirs} has {t.shape[0]} rows, but config.json's "
+                                    f"vocab_size is {len(order)}")
+            t = t[order]
+        elif name == "embed.positions.weight":
+            t = t[offset:]
+        ours[name] = t.contiguous()
+    return ours
+
+
+def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
+    """:func:`~transduce.export.hf_import.import_hf` for a BERT or RoBERTa directory ``where``
+    whose config.json holds ``config``."""
+    from ..data.hf_tokenizer import HFTokenizer
+
+    arch, family, head = bert_architecture(config, where)
+    state = read_weights(where)
+    cfg, offset = _model_config(config, where, family, head, _is_tied(state, family, head))
+    original = HFTokenizer.from_hf_dir(where)
+    order = vocab_order(original, cfg.src_vocab_size, where)
+    tokenizer = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
+                            str(where / "tokenizer.json"))
+    model = EncoderOnly(cfg)
+    load_state_checked(model, our_bert_state(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
+    model.eval()
+    with staging_dir(out, force) as tmp, torch_threads(1):
+        transformers = require("transformers", "export", "transduce import")
+        checks = verify_bert_import(model, load_hf_model(getattr(transformers, arch), where), order)
+        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+    logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
+    return checks
+
+
+PROBE_TEXTS = ("A man in an orange hat starring at something.", "Zwei Männer stehen am Herd.", "",
+               "  runs   of spaces ", "Café 👍🏽 東京 \t\x07", "[CLS] <s> special-looking text </s> [SEP]")
+
+
+def check_same_ids(original: "HFTokenizer", ours: "HFTokenizer", order: Tensor) -> int:
+    """0, or an HFImportError: the renumbered tokenizer gives the original's ids (in our order) on
+    the probe texts."""
+    for text in PROBE_TEXTS:
+        want, got = original.encode(text), ours.encode(text)
+        if [int(order[i]) for i in got] != want:
+            raise HFImportError(f"verification failed: the renumbered tokenizer segments {text!r} differently")
+    return 0
+
+
+@torch.no_grad()
+def verify_bert_import(model: EncoderOnly, hf, order: Tensor, atol: float = 1e-4) -> dict[str, object]:
+    """The imported model against the transformers model on padded probes with token types: the
+    heads' logits (masked-LM ones in our id order, at the non-pad positions) within ``atol``."""
+    cfg = model.config
+    ids, types = probe_inputs(cfg)                                       # (B, T) our ids
+    keep = ids != cfg.pad_id                                             # (B, T)
+    out = hf(input_ids=order[ids], attention_mask=keep.long(), token_type_ids=types)
+    states = model(ids, types)
+    if cfg.n_classes:
+        return {"max_class_logit_diff": check_close("imported class logits", model.classify(states), out.logits,
+                                                    atol)}
+    mlm = out.prediction_logits if cfg.nsp else out.logits
+    checks: dict[str, object] = {"max_logit_diff": check_close(
+        "imported masked-LM logits", model.mlm_logits(states)[keep], mlm[..., order][keep], atol)}
+    if cfg.nsp:
+        checks["max_nsp_logit_diff"] = check_close("imported next-sentence logits",
+                                                   model.next_sentence_logits(states), out.seq_relationship_logits,
+                                                   atol)
+    return checks

@@ -1,0 +1,219 @@
+"""`transduce import` of BERT and RoBERTa directories: locally built random tiny models of each
+importable architecture give the same logits as transformers (ids mapped to our order), keep
+their heads, survive an `export --format hf` round trip, and bad directories fail in one line
+with nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from transduce.cli import main
+from transduce.errors import TransduceError
+from transduce.export import export_model
+from transduce.export.hf_bert_import import vocab_order
+from transduce.export.hf_import import import_hf
+from transduce.model import EncoderOnly, load_model
+from extra_helpers import need_extra
+from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, wordpiece_dir
+from toy_model import toy_pairs
+
+need_extra("pretrained", "tokenizers")
+transformers = need_extra("export", "transformers")
+
+from transduce.data.hf_tokenizer import HFTokenizer  # noqa: E402
+from transduce.data.batch import pad  # noqa: E402
+from transduce.data.tokenizer import load_tokenizer  # noqa: E402
+from transduce.inference.classify import Classifier  # noqa: E402
+
+CASES = {
+    "BertForMaskedLM": dict(type_vocab_size=2),
+    "BertForMaskedLM-untied": dict(type_vocab_size=2, tie_word_embeddings=False),
+    "BertForPreTraining": dict(type_vocab_size=2),
+    "BertForSequenceClassification": dict(type_vocab_size=2, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"},
+                                          label2id={"neg": 0, "neu": 1, "pos": 2}),
+    "RobertaForMaskedLM": dict(type_vocab_size=1),
+    "RobertaForSequenceClassification": dict(type_vocab_size=1, num_labels=2),
+}
+SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dirs(tmp_path_factory) -> dict[str, Path]:
+    """BERT's WordPiece and RoBERTa's byte-level BPE trained on toy English (specials first:
+    [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4; <s> 0, <pad> 1, </s> 2, <unk> 3, <mask> 4)."""
+    lines = [en for en, _ in toy_pairs(600, 0)] + HARD_CASES
+    root = tmp_path_factory.mktemp("tokenizers")
+    return {"bert": wordpiece_dir(root / "bert", lines, vocab_size=300),
+            "roberta": byte_bpe_dir(root / "roberta", lines, flavour="roberta", vocab_size=320)}
+
+
+def build_hf(where: Path, case: str, tokenizer_dirs: dict[str, Path], seed: int = 0):
+    """A random tiny transformers model of ``case`` saved in ``where`` with its tokenizer files;
+    LayerNorms and biases perturbed so that none is the identity. Returns the model (eval)."""
+    arch = case.split("-")[0]
+    family = "roberta" if arch.startswith("Roberta") else "bert"
+    shutil.copytree(tokenizer_dirs[family], where)
+    tok = HFTokenizer.from_hf_dir(where)
+    options = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=42) \
+        if family == "roberta" else dict(pad_token_id=0, max_position_embeddings=40)
+    config = (transformers.RobertaConfig if family == "roberta" else transformers.BertConfig)(
+        vocab_size=tok.vocab_size, **SHAPE, **options, **CASES[case])
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(where)
+    return model
+
+
+def _ours_vs_theirs(model: EncoderOnly, hf, order, seed: int = 7):
+    """Our head's logits and transformers' (in our id order) on right-padded rows of our ids."""
+    cfg, v = model.config, model.config.src_vocab_size
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, v - 1, (3, 10), generator=g)
+    ids[:, 0], ids[0, 4] = 1, v - 1  # BOS first; one [MASK]
+    for row, n in enumerate((10, 6, 3)):
+        ids[row, n - 1], ids[row, n:] = 2, 0
+    types = torch.randint(cfg.type_vocab_size, ids.shape, generator=g)
+    keep = ids != 0
+    with torch.no_grad():
+        out = hf(input_ids=order[ids], attention_mask=keep.long(), token_type_ids=types)
+        states = model(ids, types)
+    if cfg.n_classes:
+        return [(model.classify(states), out.logits)]
+    mlm = out.prediction_logits if cfg.nsp else out.logits
+    pairs = [(model.mlm_logits(states)[keep], mlm[..., order][keep])]
+    if cfg.nsp:
+        pairs.append((model.next_sentence_logits(states), out.seq_relationship_logits))
+    return pairs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_equals_transformers_and_exports_back(tmp_path, case, tokenizer_dirs):
+    hf = build_hf(tmp_path / "hf", case, tokenizer_dirs)
+    checks = import_hf(tmp_path / "hf", tmp_path / "ours")
+    assert all(v < 1e-4 for k, v in checks.items() if k.startswith("max_")) and checks["tokenizer_differences"] == 0
+    model = load_model(tmp_path / "ours")
+    cfg = model.config
+    assert (cfg.nsp, cfg.n_classes, cfg.tie_output) == ("PreTraining" in case, hf.config.num_labels * (
+        "Classification" in case), "untied" not in case)
+    if "Bert" in case and "Classification" in case:
+        assert cfg.labels == ("neg", "neu", "pos")
+    order = vocab_order(HFTokenizer.from_hf_dir(tmp_path / "hf"), cfg.src_vocab_size, tmp_path)
+    assert order[:4].tolist() == ([0, 2, 3, 1] if "Bert" in case else [1, 0, 2, 3]) and order[-1] == 4  # [MASK] last
+    for ours, theirs in _ours_vs_theirs(model, hf, order):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
+    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")  # BERT with our ids
+    back = transformers.AutoConfig.from_pretrained(tmp_path / "back").architectures[0]
+    exported = getattr(transformers, back).from_pretrained(tmp_path / "back").eval()
+    identity = torch.arange(cfg.src_vocab_size)
+    for (_, theirs), (_, again) in zip(_ours_vs_theirs(model, hf, order), _ours_vs_theirs(model, exported, identity)):
+        torch.testing.assert_close(again, theirs, rtol=0, atol=1e-4)  # the original's logits, round trip
+    assert all(v < 1e-4 for k, v in report.checks.items() if k.startswith("max_"))
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_carried_tokenizer_gives_autotokenizers_ids(tmp_path, family, tokenizer_dirs):
+    case = "BertForMaskedLM" if family == "bert" else "RobertaForMaskedLM"
+    build_hf(tmp_path / "hf", case, tokenizer_dirs)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    ours, hf = load_tokenizer(tmp_path / "ours"), transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    order = vocab_order(HFTokenizer.from_hf_dir(tmp_path / "hf"), load_model(tmp_path / "ours").config.src_vocab_size,
+                        tmp_path)
+    assert (ours.pad_id, ours.bos_id, ours.eos_id, ours.unk_id) == (0, 1, 2, 3)
+    texts = [f"{en} {de}" for en, de in toy_pairs(300, 5)] + HARD_CASES
+    for text in texts:
+        want = hf(text, add_special_tokens=False)["input_ids"]
+        assert order[ours.encode(text)].tolist() == want, text
+
+
+@pytest.mark.parametrize("case", ["BertForSequenceClassification", "RobertaForSequenceClassification"])
+def test_imported_classifier_reads_text_as_transformers(tmp_path, tokenizer_dirs, case):
+    hf = build_hf(tmp_path / "hf", case, tokenizer_dirs, seed=3)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    texts = [en for en, _ in toy_pairs(40, 9)] + ["Café 👍🏽 東京", "  two  spaces "]
+    with torch.no_grad():
+        enc = auto(texts, padding=True, return_tensors="pt")  # [CLS] text [SEP] / <s> text </s>
+        want = hf(**enc).logits                                           # (B, K)
+    with Classifier.load(tmp_path / "ours") as classifier:
+        assert classifier.classify(texts) == [hf.config.id2label[int(k)] for k in want.argmax(-1)]
+        model, tok = classifier.model, classifier.tokenizer
+        ids = pad([tok.encode(t) for t in texts], 0, bos=True, eos=True)  # what classify feeds the model
+        with torch.no_grad():
+            got = model.classify(model(ids, torch.zeros_like(ids) if model.config.type_vocab_size else None))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")  # with the carried tokenizer
+    assert report.checks["tokenizer_differences"] == 0
+    back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():  # text -> AutoTokenizer -> model, on the export: the original's logits
+        enc = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(texts, padding=True, return_tensors="pt")
+        torch.testing.assert_close(back(**enc).logits, want, rtol=0, atol=1e-4)
+
+
+def test_roberta_positions_start_after_the_padding_row(tmp_path, tokenizer_dirs):
+    hf = build_hf(tmp_path / "hf", "RobertaForMaskedLM", tokenizer_dirs)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    model = load_model(tmp_path / "ours")
+    assert model.config.max_positions == 42 - 2
+    table = hf.roberta.embeddings.position_embeddings.weight
+    torch.testing.assert_close(model.embed.positions.weight, table[2:], rtol=0, atol=0)
+
+
+def _refused(where: Path, tokenizer_dirs, match: str, edit=None, case: str = "BertForMaskedLM") -> None:
+    build_hf(where / "hf", case, tokenizer_dirs)
+    if edit is not None:
+        edit(where / "hf")
+    with pytest.raises(TransduceError, match=match) as e:
+        import_hf(where / "hf", where / "ours")
+    assert "\n" not in str(e.value) and not (where / "ours").exists()
+
+
+def _config_edit(**changes):
+    def edit(where):
+        config = json.loads((where / "config.json").read_text())
+        (where / "config.json").write_text(json.dumps({**config, **changes}))
+    return edit
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(architectures=["BertModel"]), "BertModel.*not importable"),
+    (dict(hidden_act="gelu_new"), "hidden_act='gelu_new' is not supported"),
+    (dict(position_embedding_type="relative_key"), "position_embedding_type"),
+    (dict(vocab_size=500), "rows, but config.json.s vocab_size is 500"),
+    (dict(intermediate_size=48), "does not match the model config|shape"),
+    (dict(num_attention_heads=5), "valid transduce config.*model.d_model"),
+])
+def test_unsupported_or_mismatched_configs_fail_in_one_line(tmp_path, tokenizer_dirs, changes, match):
+    _refused(tmp_path, tokenizer_dirs, match, _config_edit(**changes))
+
+
+def _drop_mask(where: Path) -> None:
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        config = json.loads((where / name).read_text())
+        config.pop("mask_token")
+        (where / name).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda w: (w / "tokenizer.json").unlink(), "no tokenizer.json"),
+    (lambda w: (w / "tokenizer.json").write_text("{not json"), "corrupt tokenizer file"),
+    (_drop_mask, "names no mask token"),
+    (lambda w: (w / "model.safetensors").unlink(), "no model.safetensors"),
+])
+def test_missing_or_corrupt_files_fail_in_one_line(tmp_path, tokenizer_dirs, edit, match):
+    _refused(tmp_path, tokenizer_dirs, match, edit)
+
+
+def test_cli_imports_a_bert_pretraining_directory(tmp_path, capsys, tokenizer_dirs):
+    build_hf(tmp_path / "hf", "BertForPreTraining", tokenizer_dirs)
+    assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["max_nsp_logit_diff"] < 1e-4 and load_model(tmp_path / "ours").config.nsp
