@@ -23,6 +23,7 @@ from ..config import DecodeConfig, Runtime
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
+from ..tracing import DATA, scope
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.constraints import constraint_ids
@@ -217,13 +218,14 @@ class BaseTranslator:
         for name, given in (("prefix", prefix), ("constraints", constraints)):
             if given is not None and len(given) != len(texts):
                 raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
-        results = [self._source(text, spec.decode.max_input_len) for text in texts]
-        todo = [i for i, r in enumerate(results) if r.source_tokens]
-        eos = self.config.eos_id
-        lengths = [len(results[i].source_tokens) + 1 for i in todo]
-        batches = [[todo[j] for j in batch] for batch in self._batches(lengths, spec.decode.batch_tokens)]
-        sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
-                   for index in batches]
+        with scope(DATA):
+            results = [self._source(text, spec.decode.max_input_len) for text in texts]
+            todo = [i for i, r in enumerate(results) if r.source_tokens]
+            eos = self.config.eos_id
+            lengths = [len(results[i].source_tokens) + 1 for i in todo]
+            batches = [[todo[j] for j in batch] for batch in self._batches(lengths, spec.decode.batch_tokens)]
+            sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
+                       for index in batches]
         prefixes = None
         if prefix is not None:
             ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]

@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from ...tracing import SOFTMAX, scope
 from .repetition import Repetition
 
 
@@ -159,7 +160,8 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
         return topk_rows(logp, min(k, logp.shape[-1]))
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
-    parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
+    with scope(SOFTMAX):
+        parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
