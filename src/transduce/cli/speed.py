@@ -1,4 +1,4 @@
-"""Commands about speed: profile (where the time goes)."""
+"""Commands about speed: profile (where the time goes), shortlist (a smaller output layer)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..errors import ConfigError
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Adds this module's commands, in the order ``--help`` lists them."""
     _add_profile(sub)
+    _add_shortlist(sub)
 
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:
@@ -53,4 +54,26 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     else:
         raise ConfigError(f"MODEL_DIR_OR_CONFIG: {target} is neither a model directory nor a config file")
     print(profile.report())
+    return 0
+
+
+def _add_shortlist(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("shortlist", help="build a model directory's vocabulary shortlist from parallel text: for each "
+                       "source token the target tokens it co-occurs with most, and the most frequent target tokens "
+                       "(decode with --shortlist)")
+    p.add_argument("model_dir", help="model directory; shortlist.safetensors is written into it (atomically)")
+    p.add_argument("--src", required=True, help="source side of the training text, one sentence per line")
+    p.add_argument("--tgt", required=True, help="target side, aligned with --src")
+    p.add_argument("--k", type=int, default=20, help="target tokens kept per source token (default: 20)")
+    p.add_argument("--frequent", type=int, default=100,
+                   help="most frequent target tokens always kept (default: 100)")
+    p.set_defaults(func=_cmd_shortlist)
+
+
+def _cmd_shortlist(args: argparse.Namespace) -> int:
+    from ..inference.shortlist import FILE, shortlist_corpus
+    shortlist = shortlist_corpus(args.model_dir, args.src, args.tgt, args.k, args.frequent)
+    listed = int((shortlist.table >= 0).any(dim=1).sum())
+    print(f"wrote {Path(args.model_dir) / FILE}: up to {args.k} target tokens for each of {listed} source tokens, "
+          f"{len(shortlist.frequent)} frequent ones; decode with --shortlist")
     return 0

@@ -32,6 +32,7 @@ from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
 from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
 from .rerank import mbr_rerank, reverse_rerank
+from .shortlist import Shortlist
 from .search.speculative import Speculation, check_draft
 from .speed import restore
 
@@ -289,6 +290,8 @@ class Translator(BaseTranslator):
             greedy search and sampling then run as speculative decoding (same output,
             :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a
             beam search asked for is refused; its ``stats`` count the accepted proposals.
+        shortlist: the target vocabulary shortlist that ``decode.shortlist`` searches over
+            (:mod:`~transduce.inference.shortlist`; :meth:`load` reads the model directory's).
 
     The model is prepared for decoding in place (:func:`~transduce.inference.speed.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
@@ -298,7 +301,8 @@ class Translator(BaseTranslator):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime(),
-                 decode: DecodeConfig | None = None, speculation: Speculation | None = None):
+                 decode: DecodeConfig | None = None, speculation: Speculation | None = None,
+                 shortlist: Shortlist | None = None):
         if model.config.arch != "encoder_decoder":
             raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
                               + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
@@ -315,6 +319,7 @@ class Translator(BaseTranslator):
             speculation.draft = prepared_for(speculation.draft, self.device, runtime)
         self.tokenizer = tokenizer
         self.config = model.config
+        self.shortlist = shortlist
         self.decode = decode or DecodeConfig()
         if speculation is not None:  # speculative decoding is greedy search (or sampling)
             self.decode = replace(self.decode, beam=1, nbest=1)
@@ -342,7 +347,7 @@ class Translator(BaseTranslator):
         device = resolve_device(runtime.device, "runtime.device")
         apply_threads(runtime)
         model, speculation = load_search_model(dirs, draft, device)
-        return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation)
+        return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation, Shortlist.load(dirs[0]))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to bf16/fp16 when ``runtime.precision`` asks for it, else nothing."""
@@ -351,10 +356,14 @@ class Translator(BaseTranslator):
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
                 constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         none = [None] * len(batches)
+        if spec.decode.shortlist and self.shortlist is None:
+            raise ConfigError("decode.shortlist: this model directory has no vocabulary shortlist; build one with "
+                              "transduce shortlist MODEL_DIR --src S --tgt T")
         for src, prefix, phrases in zip(batches, prefixes or none, constraints or none):
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
-                               self.speculation, None if phrases is None else phrases.to(self.device)).cpu()
+                               self.speculation, None if phrases is None else phrases.to(self.device),
+                               shortlist=self.shortlist).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
