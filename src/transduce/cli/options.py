@@ -82,6 +82,9 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
                    help="with --rerank reverse:DIR: the reverse model score's weight (default: 1.0)")
     p.add_argument("--mbr-utility", default=None, choices=["chrf", "bleu"],
                    help="with --rerank mbr: the sentence-level utility (default: chrf)")
+    p.add_argument("--shortlist", action="store_const", const=True, default=None,
+                   help="greedy and beam search over the model directory's vocabulary shortlist only (built by "
+                        "transduce shortlist; a CPU speed-up; default: the model's decode.shortlist, off)")
 
 
 def add_constraint_options(p: argparse.ArgumentParser) -> None:
@@ -101,7 +104,7 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
                 "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
-                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples"}
+                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples", "shortlist": "shortlist"}
 
 
 def _rerank_choice(text: str) -> str:

@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, progress
 from ..errors import TransduceError
-from . import decoding, models, serving, training
+from . import decoding, models, serving, speed, training
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_commands(sub)
     models.add_commands(sub)
     serving.add_commands(sub)
+    speed.add_commands(sub)
     return parser
 
 

@@ -58,6 +58,10 @@ class DecodeConfig:
     seeds 0, 1, ...; each counted once, as Eikema & Aziz, 2020) instead of the n-best (0)."""
     reverse_weight: float = 1.0
     """With ``rerank: reverse``: the weight of the reverse model's score."""
+    shortlist: bool = False
+    """Greedy and beam search project onto, and take the softmax over, only the target tokens the
+    model directory's vocabulary shortlist lists for the batch's source tokens (``transduce
+    shortlist`` builds it; :mod:`transduce.inference.shortlist`); a CPU speed-up, off by default."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")

@@ -23,6 +23,7 @@ from ..config import DecodeConfig, Runtime
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
+from ..tracing import DATA, scope
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, prefix_ids
 from .search.constraints import constraint_ids
@@ -31,6 +32,7 @@ from .search.forced import ForcedOutput, force_decode
 from .search.sampling import check_sampling
 from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
 from .rerank import mbr_rerank, reverse_rerank
+from .shortlist import Shortlist
 from .search.speculative import Speculation, check_draft
 from .speed import restore
 
@@ -217,13 +219,14 @@ class BaseTranslator:
         for name, given in (("prefix", prefix), ("constraints", constraints)):
             if given is not None and len(given) != len(texts):
                 raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
-        results = [self._source(text, spec.decode.max_input_len) for text in texts]
-        todo = [i for i, r in enumerate(results) if r.source_tokens]
-        eos = self.config.eos_id
-        lengths = [len(results[i].source_tokens) + 1 for i in todo]
-        batches = [[todo[j] for j in batch] for batch in self._batches(lengths, spec.decode.batch_tokens)]
-        sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
-                   for index in batches]
+        with scope(DATA):
+            results = [self._source(text, spec.decode.max_input_len) for text in texts]
+            todo = [i for i, r in enumerate(results) if r.source_tokens]
+            eos = self.config.eos_id
+            lengths = [len(results[i].source_tokens) + 1 for i in todo]
+            batches = [[todo[j] for j in batch] for batch in self._batches(lengths, spec.decode.batch_tokens)]
+            sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
+                       for index in batches]
         prefixes = None
         if prefix is not None:
             ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]
@@ -287,6 +290,8 @@ class Translator(BaseTranslator):
             greedy search and sampling then run as speculative decoding (same output,
             :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a
             beam search asked for is refused; its ``stats`` count the accepted proposals.
+        shortlist: the target vocabulary shortlist that ``decode.shortlist`` searches over
+            (:mod:`~transduce.inference.shortlist`; :meth:`load` reads the model directory's).
 
     The model is prepared for decoding in place (:func:`~transduce.inference.speed.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and
@@ -296,7 +301,8 @@ class Translator(BaseTranslator):
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime(),
-                 decode: DecodeConfig | None = None, speculation: Speculation | None = None):
+                 decode: DecodeConfig | None = None, speculation: Speculation | None = None,
+                 shortlist: Shortlist | None = None):
         if model.config.arch != "encoder_decoder":
             raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
                               + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
@@ -313,6 +319,7 @@ class Translator(BaseTranslator):
             speculation.draft = prepared_for(speculation.draft, self.device, runtime)
         self.tokenizer = tokenizer
         self.config = model.config
+        self.shortlist = shortlist
         self.decode = decode or DecodeConfig()
         if speculation is not None:  # speculative decoding is greedy search (or sampling)
             self.decode = replace(self.decode, beam=1, nbest=1)
@@ -340,7 +347,7 @@ class Translator(BaseTranslator):
         device = resolve_device(runtime.device, "runtime.device")
         apply_threads(runtime)
         model, speculation = load_search_model(dirs, draft, device)
-        return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation)
+        return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation, Shortlist.load(dirs[0]))
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to bf16/fp16 when ``runtime.precision`` asks for it, else nothing."""
@@ -349,10 +356,14 @@ class Translator(BaseTranslator):
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
                 constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         none = [None] * len(batches)
+        if spec.decode.shortlist and self.shortlist is None:
+            raise ConfigError("decode.shortlist: this model directory has no vocabulary shortlist; build one with "
+                              "transduce shortlist MODEL_DIR --src S --tgt T")
         for src, prefix, phrases in zip(batches, prefixes or none, constraints or none):
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
-                               self.speculation, None if phrases is None else phrases.to(self.device)).cpu()
+                               self.speculation, None if phrases is None else phrases.to(self.device),
+                               shortlist=self.shortlist).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:

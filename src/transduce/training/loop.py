@@ -32,6 +32,7 @@ from ..device import resolve_device
 from ..errors import ConfigError
 from ..model.io import build_model
 from ..progress import progress_bar
+from ..tracing import DATA, scope
 from .preemption import PREEMPTED, sigterm_flag
 from .checkpoint import average_checkpoints, latest_checkpoint, list_checkpoints, save_model_dir
 from .distributed import DistInfo, barrier, collective_failure, init_distributed, is_collective_error, \
@@ -110,7 +111,11 @@ class Trainer(Checkpointing):
         """The next optimizer step's batches (prefetched by the previous step if it could), and
         the data position moved past them."""
         start = (self.state.epoch, self.state.offset)
-        data = self._ahead if self._ahead is not None and self._ahead.start == start else self.feed.step_data(*start)
+        if self._ahead is not None and self._ahead.start == start:
+            data = self._ahead
+        else:
+            with scope(DATA):
+                data = self.feed.step_data(*start)
         self._ahead = None
         self.state.epoch, self.state.offset = data.end
         return data
@@ -133,7 +138,8 @@ class Trainer(Checkpointing):
         else:
             metrics, pending = self._queue_step(data, lr)
         if self.state.step + 1 < cfg.max_steps:
-            self._ahead = self.feed.step_data(self.state.epoch, self.state.offset)
+            with scope(DATA):
+                self._ahead = self.feed.step_data(self.state.epoch, self.state.offset)
         loss, nll, grad_norm, applied = metrics.tolist()  # the step's one host synchronisation
         if pending and applied:
             if self.scaler is not None:
@@ -317,7 +323,7 @@ class Trainer(Checkpointing):
         return metrics
 
 
-def _run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
+def run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
     """The prepared data of ``cfg.data``: a classification set for train.task classify, else text pairs."""
     data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
     if bool(data.labels) != (cfg.task == "classify"):
@@ -348,10 +354,10 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
-            data = _run_data(cfg, run_dir)
+            data = run_data(cfg, run_dir)
         barrier(dist)
         if not dist.is_main:
-            data = _run_data(cfg, run_dir)
+            data = run_data(cfg, run_dir)
         trainer = Trainer(cfg, run_dir, data, dist, device)
         if resume and latest is not None:
             trainer.restore_intact(run_dir / "checkpoints")

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..data.batch import Batch, token_types
 from ..device import autocast_context
 from ..errors import ConfigError
+from ..tracing import LOSS, scope
 from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
 from .loss import LossOutput, projected_label_smoothed_loss
 
@@ -45,7 +46,11 @@ def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: 
     projection fused with the loss; for a masked LM its head on the selected positions only; for a
     classifier its pooled head against the (B, 1) labels of a classification batch; with
     next-sentence labels also the next-sentence head."""
-    inner = unwrapped(model)
+    with scope(LOSS):
+        return _batch_loss(unwrapped(model), hidden, batch, smoothing, pad_id)
+
+
+def _batch_loss(inner: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
     if inner.config.arch == "encoder_only" and inner.config.n_classes:
         return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
     if inner.config.arch == "encoder_only" and batch.next_labels is not None:

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
-from .common import (AttentionChoice, Seq2Seq, SearchOutput, best_tokens, cross_attention_row, forced_tokens,
-                     length_penalty, max_lengths, step_log_probs)
+from .common import (AttentionChoice, BatchVocab, Seq2Seq, SearchOutput, best_tokens, cross_attention_row,
+                     forced_tokens, length_penalty, max_lengths, step_log_probs)
 from .repetition import Repetition
 
 if TYPE_CHECKING:  # constraints.py builds on this module's Beams and Candidates
@@ -208,7 +208,7 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                 attention: AttentionChoice | None = None, prefix: Tensor | None = None,
-                constraints: ConstraintBeams | None = None) -> SearchOutput:
+                constraints: ConstraintBeams | None = None, vocab: BatchVocab | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -225,16 +225,17 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
         constraints: each sentence's target phrases that must appear, tracked per hypothesis
             (:meth:`~transduce.inference.search.constraints.ConstraintBeams.start`): dynamic beam
             allocation (:mod:`.constraints`).
+        vocab: the batch's target shortlist (unused with ``constraints``), or None for the full vocabulary.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
     with prepared(model):
-        return _beam_search(model, src, decode, attention, prefix, constraints)
+        return _beam_search(model, src, decode, attention, prefix, constraints, vocab)
 
 
 def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None,
-                 prefix: Tensor | None, cons: ConstraintBeams | None) -> SearchOutput:
+                 prefix: Tensor | None, cons: ConstraintBeams | None, vocab: BatchVocab | None) -> SearchOutput:
     cfg, beam, need_attention = model.config, decode.beam, attention is not None
     beams, fin = start(src, beam, cfg, decode.max_len_a, decode.max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
@@ -252,7 +253,8 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
             attn = cross_attention_row(out.cross_attentions, attention)
             attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
         if cons is None:
-            row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat)
+            row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat,
+                                             vocab)
             cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)  # from (N, w) each
         else:
             logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len, forced, repeat)  # (N, V)

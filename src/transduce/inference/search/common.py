@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from ...tracing import SOFTMAX, scope
 from .repetition import Repetition
 
 
@@ -143,14 +145,53 @@ def forced_tokens(prefix: Tensor | None, sentence: Tensor, step: int) -> Tensor 
 SCORE_ROWS = 128
 
 
+@dataclass(frozen=True)
+class _Specials:
+    """PAD, BOS and EOS as columns of a :class:`BatchVocab`'s logits (what :func:`step_log_probs` reads)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+
+@dataclass(frozen=True)
+class BatchVocab:
+    """A batch's target shortlist (:mod:`transduce.inference.shortlist`): the output projection's
+    rows of the sorted ids (U,) it may produce, which always hold PAD, BOS and EOS."""
+
+    ids: Tensor            # (U,) sorted target ids
+    weight: Tensor         # (U, D)
+    bias: Tensor | None    # (U,)
+    specials: _Specials
+
+    @classmethod
+    def restrict(cls, proj: object, ids: Tensor, config: object) -> "BatchVocab | None":
+        """``proj``'s rows of ``ids``; None unless ``proj`` holds a plain weight matrix."""
+        weight, bias = getattr(proj, "weight", None), getattr(proj, "bias", None)
+        if not isinstance(weight, Tensor) or (bias is not None and not isinstance(bias, Tensor)):
+            return None
+        ids = ids.to(weight.device)
+        col = {int(i): j for j, i in enumerate(ids.tolist())}
+        specials = _Specials(col[config.pad_id], col[config.bos_id], col[config.eos_id])
+        return cls(ids, weight.index_select(0, ids), None if bias is None else bias.index_select(0, ids), specials)
+
+
 def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
-                k: int, forced: Tensor | None = None, repeat: Repetition | None = None) -> tuple[Tensor, Tensor]:
+                k: int, forced: Tensor | None = None, repeat: Repetition | None = None,
+                vocab: BatchVocab | None = None) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
     projected ``states`` (``forced`` tokens and ``repeat`` as it says), then :func:`topk_rows`,
-    in blocks of ``SCORE_ROWS`` rows on CPU.
+    in blocks of ``SCORE_ROWS`` rows on CPU. With a ``vocab`` shortlist (and neither ``forced``
+    tokens nor ``repeat``, which read the whole vocabulary), only over its ids.
 
-    Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V).
+    Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V) (min(k, U) with ``vocab``).
     """
+    if vocab is not None and forced is None and repeat is None:
+        with scope(SOFTMAX):
+            logp = step_log_probs(F.linear(states, vocab.weight, vocab.bias), vocab.specials, step, min_len)  # (N, U)
+            values, cols = logp.topk(min(k, logp.shape[-1]), dim=1)
+        return values, vocab.ids[cols]
+
     def score(start: int, block: Tensor) -> tuple[Tensor, Tensor]:
         stop = start + block.shape[0]
         logp = step_log_probs(model.output_proj(block), config, step, min_len,
@@ -159,7 +200,8 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
         return topk_rows(logp, min(k, logp.shape[-1]))
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
-    parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
+    with scope(SOFTMAX):
+        parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])

@@ -10,6 +10,7 @@ search. The algorithms never choose among themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ from .greedy import greedy_search
 from .sampling import filter_logits, sample
 from .speculative import Speculation, speculative_search
 from .static import static_search, unsupported
+
+if TYPE_CHECKING:
+    from ..shortlist import Shortlist
 
 
 @dataclass(frozen=True)
@@ -44,12 +48,14 @@ class SearchSpec:
     static: bool | None = None
 
     def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
-            speculation: Speculation | None = None, constraints: Tensor | None = None) -> SearchOutput:
+            speculation: Speculation | None = None, constraints: Tensor | None = None,
+            shortlist: "Shortlist | None" = None) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
         beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
         greedy search or sampling with its draft model proposing tokens; with ``constraints``
         (B, C, L) phrase ids (-1-padded, :func:`~.constraints.constraint_ids`), constrained beam
-        search (any beam size, eager)."""
+        search (any beam size, eager); with a ``shortlist`` and ``decode.shortlist``, greedy and beam
+        search over the batch's target shortlist (:mod:`~transduce.inference.shortlist`)."""
         if constraints is not None:
             return self._constrained(model, src, prefix, speculation, constraints)
         if speculation is not None:
@@ -62,9 +68,10 @@ class SearchSpec:
             return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
         if prefix is None and self.uses_static(model, src):
             return static_search(model, src, self.decode, greedy=self.decode.beam == 1)
+        vocab = shortlist.vocab(model, src) if shortlist is not None and self.decode.shortlist else None
         if self.decode.beam == 1:
-            return greedy_search(model, src, self.decode, self.attention, prefix=prefix)
-        return beam_search(model, src, self.decode, self.attention, prefix=prefix)
+            return greedy_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab)
+        return beam_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab)
 
     def uses_static(self, model: torch.nn.Module, src: Tensor) -> bool:
         """Whether the static search runs: as ``static`` says (a ConfigError if it cannot), or by

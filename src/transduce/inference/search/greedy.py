@@ -13,7 +13,8 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
-from .common import AttentionChoice, SearchOutput, Seq2Seq, best_tokens, cross_attention_row, forced_tokens, max_lengths
+from .common import (AttentionChoice, BatchVocab, SearchOutput, Seq2Seq, best_tokens, cross_attention_row,
+                     forced_tokens, max_lengths)
 from .repetition import Repetition
 
 
@@ -95,7 +96,7 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
 
 def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                   attention: AttentionChoice | None = None, use_cache: bool = True,
-                  prefix: Tensor | None = None) -> SearchOutput:
+                  prefix: Tensor | None = None, vocab: BatchVocab | None = None) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
@@ -108,6 +109,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
         use_cache: decode incrementally with the KV cache (False re-runs the prefix).
         prefix: (B, L) target ids each output must begin with, -1-padded
             (:func:`~transduce.inference.search.common.prefix_ids`).
+        vocab: the batch's target shortlist, or None for the full vocabulary.
 
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
@@ -116,7 +118,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
 
     def most_probable(states: Tensor, step: int, forced: Tensor | None, repeat: Repetition | None
                       ) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat)  # (N, 1) each
+        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat, vocab)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
     return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix)
