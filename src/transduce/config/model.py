@@ -253,7 +253,7 @@ class ModelConfig:
     def never_generated(self) -> tuple[int, ...]:
         """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
         ``<|endoftext|>`` begins, ends and pads)."""
-        return tuple(sorted({self.pad_id, self.bos_id} - {self.eos_id}))
+        return never_generated(self.pad_id, self.bos_id, self.eos_id)
 
     @property
     def head_dim(self) -> int:
@@ -274,6 +274,12 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                      norm="pre", norm_kind="rms", positions="relative", bias=False, scale_embeddings=False,
                      scale_attention=False, scale_output=True, layer_norm_eps=1e-6, max_positions=512),
 }
+
+
+def never_generated(pad_id: int, bos_id: int, eos_id: int) -> tuple[int, ...]:
+    """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
+    ``<|endoftext|>`` begins, ends and pads)."""
+    return tuple(sorted({pad_id, bos_id} - {eos_id}))
 
 
 def model_preset(name: str, **overrides: Any) -> ModelConfig:

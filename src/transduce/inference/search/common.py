@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...config.model import never_generated
 from ...tracing import SOFTMAX, scope
 from .repetition import Repetition
 
@@ -118,7 +119,7 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     logp = torch.log_softmax(logits, dim=-1)
     if repeat is not None:
         logp = repeat.block(logp)
-    for never in config.never_generated:  # PAD and BOS (not when one is EOS too, as GPT-2's)
+    for never in never_generated(config.pad_id, config.bos_id, config.eos_id):  # not one that is EOS too (GPT-2)
         logp[:, never] = -math.inf
     if isinstance(step, Tensor):
         logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
