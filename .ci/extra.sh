@@ -10,6 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore DEBIAN_FRONTE
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver
-# tokenizers; transformers, ctranslate2, onnx, onnxruntime, onnxscript; fastapi, uvicorn; selenium, httpx; tensorboard.
-pip install -q -e '.[test,export,serve,web-test,tensorboard,pretrained]'
-python -c "import tokenizers, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, selenium, tensorboard; print('extras ok')"
+# tokenizers; transformers, ctranslate2, onnx, onnxruntime, onnxscript; fastapi, uvicorn, sse-starlette;
+# selenium, httpx; tensorboard; sentencex (documents).
+pip install -q -e '.[test,export,serve,web-test,tensorboard,pretrained,documents]'
+python -c "import tokenizers, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, sse_starlette, selenium, tensorboard, sentencex; print('extras ok')"

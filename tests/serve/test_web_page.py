@@ -63,3 +63,23 @@ def test_translate_and_show_attention(browser, live_server, trained_dir):
     assert all(0.0 <= w <= 1.0 for w in weights) and max(weights) > 0.3
     assert cells[0].value_of_css_property("background-color").startswith("rgb")
     assert "error" not in browser.find_element(By.ID, "status").get_attribute("class")
+
+
+def test_the_page_streams_translations(browser, live_server, trained_dir):
+    """With "stream" ticked, each translation arrives over /translate_stream (the sse-starlette
+    part of the serve extra) and ends as the plain translation."""
+    need_extra("serve", "sse_starlette")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from transduce.inference.translator import Translator
+
+    sentences = ["the red dog sleeps", "a small bird sings today"]
+    expected = Translator.load(trained_dir).translate(sentences, beam=4)
+    browser.get(live_server.url + "/")
+    browser.find_element(By.ID, "input").send_keys("\n".join(sentences))
+    browser.find_element(By.ID, "stream").click()
+    browser.find_element(By.ID, "translate").click()
+    WebDriverWait(browser, 20).until(lambda b: "attention" in b.find_element(By.ID, "status").text)
+    outputs = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#translations li.translation .output")]
+    assert outputs == expected

@@ -33,6 +33,11 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
+    p.add_argument("--documents", action="store_true",
+                   help="the input is a document: paragraphs separated by blank lines, split into sentences "
+                        "(the documents extra), translated in one batch and put back together; nothing is cut")
+    p.add_argument("--language", default="en", help="with --documents: the source language's ISO 639 code, for "
+                   "the sentence splitter (default: en)")
     add_decode_options(p)
     add_constraint_options(p)
     add_runtime_options(p)
@@ -41,6 +46,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_translate(args: argparse.Namespace) -> int:
     from ..inference import draft_summary, translate_file
+    if args.documents:
+        return _cmd_translate_documents(args)
     with load_translator(args) as translator:
         translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, terms=terms_of(args),
                        output_format=args.output_format, **decode_overrides(args))
@@ -48,6 +55,18 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "
               "tokens per step of the model", file=sys.stderr)
+    return 0
+
+
+def _cmd_translate_documents(args: argparse.Namespace) -> int:
+    from ..inference.documents import translate_document_file
+    given = [flag for flag, value in (("--nbest", (args.nbest or 1) > 1), ("--prefix-file", args.prefix_file),
+                                      ("--output-format jsonl", args.output_format != "text"),
+                                      ("--constraints", args.constraints), ("--glossary", args.glossary)) if value]
+    if given:
+        raise ConfigError(f"translate --documents: writes one translated document; drop {', '.join(given)}")
+    with load_translator(args) as translator:
+        translate_document_file(translator, args.input, args.output, args.language, **decode_overrides(args))
     return 0
 
 

@@ -25,7 +25,7 @@ from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..tracing import DATA, scope
 from .batching import length_sorted_batches
-from .search.common import AttentionChoice, SearchOutput, prefix_ids
+from .search.common import AttentionChoice, SearchOutput, StepHook, prefix_ids
 from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, force_decode
@@ -112,6 +112,7 @@ class BaseTranslator:
     decode: DecodeConfig
     progress: tqdm | None = None  # advanced by each batch's sentences (e.g. translate_file's bar)
     reverse: "BaseTranslator | None" = None  # a target->source model, for decode.rerank == "reverse"
+    on_step: StepHook | None = None  # told each search step's settled tokens (in-process searches; streaming)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
                 constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
@@ -363,7 +364,7 @@ class Translator(BaseTranslator):
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
                                self.speculation, None if phrases is None else phrases.to(self.device),
-                               shortlist=self.shortlist).cpu()
+                               shortlist=self.shortlist, on_step=self.on_step).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:

@@ -7,6 +7,12 @@ Routes:
                      -> {"translations": [...]} in input order (settings not given: the model's)
     POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
+    POST /translate_document  {"text": "paragraphs...", "language": "en", "beam": 4, "lenpen": 0.6}
+                     -> {"translation": "..."}: blank lines and paragraphs kept, nothing cut
+                     (:mod:`~transduce.inference.documents`; the ``documents`` extra)
+    POST /translate_stream  {"sentence": "...", "beam": 4, "lenpen": 0.6} -> Server-Sent Events:
+                     ``delta`` {"text"} as the search settles it, then ``done`` {"translation"} (or
+                     ``error`` {"error", "status"}); the deltas joined are the translation
     GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
     GET  /           -> the demo page (static/index.html)
 
@@ -17,7 +23,7 @@ Errors are JSON ``{"error": "..."}``: 413 for a body, a sentence list or a sente
 limits, 422 for malformed or invalid requests, 503 when the queue is full (or decoding workers
 died or hung twice on a batch), 504 when a request waits longer than ``request_timeout_s``, 500 if a
 batch fails; the server keeps serving.
-FastAPI and uvicorn are optional (``pip install 'transduce[serve]'``) and imported lazily.
+FastAPI, uvicorn and sse-starlette are optional (``pip install 'transduce[serve]'``) and imported lazily.
 """
 
 # No "from __future__ import annotations": FastAPI reads the route annotations at runtime, and
@@ -35,6 +41,8 @@ from ..errors import ConfigError, TransduceError, require
 from ..inference.pool import WorkerLost
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
 from ..inference.search import AttentionChoice
+from ..inference.documents import translate_document
+from ..inference.streaming import stream_translation
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
 
@@ -71,10 +79,15 @@ class TranslationService:
 
     def _run(self, key: Hashable, items: list[Any]) -> list[Any]:
         """One batch of jobs with the same key: (kind, DecodeConfig, AttentionChoice or None);
-        a ``constrained`` job's items are (text, its constraints)."""
+        a ``constrained`` job's items are (text, its constraints), a ``document``'s (text,
+        language), a ``stream``'s (text, the function its deltas go to), run one after another."""
         kind, decode, attention = key
         if kind == "translate":
             return self.translator.translate(items, decode)
+        if kind == "document":
+            return [translate_document(self.translator, text, decode, language) for text, language in items]
+        if kind == "stream":
+            return [stream_translation(self.translator, text, emit, decode) for text, emit in items]
         if kind == "constrained":
             return self.translator.translate([t for t, _ in items], decode, constraints=[list(c) for _, c in items])
         return [attention_payload(r) for r in self.translator.translate_detailed(items, decode, attention)]
@@ -176,7 +189,20 @@ def request_models():
         layer: int = -1
         head: int | None = None
 
-    return TranslateRequest, AttentionRequest
+    class DocumentRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        text: str
+        language: str = Field("en", pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]+)?$")
+        beam: int | None = Field(None, ge=1, le=16)
+        lenpen: float | None = Field(None, ge=0.0, le=5.0)
+
+    class StreamRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        sentence: str
+        beam: int | None = Field(None, ge=1, le=16)
+        lenpen: float | None = Field(None, ge=0.0, le=5.0)
+
+    return TranslateRequest, AttentionRequest, DocumentRequest, StreamRequest
 
 
 async def parse_body(request, model):
@@ -195,6 +221,14 @@ async def parse_body(request, model):
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "body"
         raise ApiError(422, f"{where}: {err['msg']}") from None
+
+
+def optional(module: str, extra: str, what: str):
+    """An optional package for one route, or ApiError(501) naming the extra that installs it."""
+    try:
+        return require(module, extra, what)
+    except TransduceError as e:
+        raise ApiError(501, str(e)) from None
 
 
 def check_sentences(sentences: list[str], cfg: ServeConfig) -> None:
@@ -300,7 +334,7 @@ def _add_decode_routes(app, service: TranslationService) -> None:
     """POST /translate and POST /attention."""
     from fastapi import Request
 
-    TranslateRequest, AttentionRequest = request_models()
+    TranslateRequest, AttentionRequest, DocumentRequest, StreamRequest = request_models()
     cfg, model_cfg = service.cfg, service.translator.config
 
     @app.post("/translate")
@@ -322,6 +356,47 @@ def _add_decode_routes(app, service: TranslationService) -> None:
         decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
         key = ("attention", decode, AttentionChoice(req.layer, req.head))
         return (await run_job(service, key, [req.sentence]))[0]
+
+    @app.post("/translate_document")
+    async def translate_document_route(request: Request):
+        optional("sentencex", "documents", "document translation")
+        req = await parse_body(request, DocumentRequest)
+        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        return {"translation": (await run_job(service, ("document", decode, None), [(req.text, req.language)]))[0]}
+
+    @app.post("/translate_stream")
+    async def translate_stream(request: Request):
+        sse = optional("sse_starlette", "serve", "streaming")
+        req = await parse_body(request, StreamRequest)
+        check_sentences([req.sentence], cfg)
+        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        loop, deltas = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(delta: str) -> None:  # called from the batcher's thread
+            loop.call_soon_threadsafe(deltas.put_nowait, delta)
+
+        job = asyncio.ensure_future(run_job(service, ("stream", decode, None), [(req.sentence, emit)]))
+        return sse.EventSourceResponse(stream_events(job, deltas))
+
+
+async def stream_events(job: asyncio.Future, deltas: asyncio.Queue):
+    """The Server-Sent Events of a streamed translation: each delta as it comes, then the whole
+    translation (``done``) or the job's error (``error``)."""
+    import json
+
+    while True:
+        getter = asyncio.ensure_future(deltas.get())
+        await asyncio.wait({getter, job}, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()
+            break
+        yield {"event": "delta", "data": json.dumps({"text": getter.result()})}
+    while not deltas.empty():  # what the search emitted before the job's result arrived
+        yield {"event": "delta", "data": json.dumps({"text": deltas.get_nowait()})}
+    try:
+        yield {"event": "done", "data": json.dumps({"translation": job.result()[0]})}
+    except ApiError as e:
+        yield {"event": "error", "data": json.dumps({"error": e.message, "status": e.status})}
 
 
 def _health_report(service: TranslationService) -> dict[str, Any]:

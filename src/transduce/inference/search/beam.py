@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
-from .common import (AttentionChoice, BatchVocab, Seq2Seq, SearchOutput, best_tokens, cross_attention_row,
+from .common import (AttentionChoice, BatchVocab, Seq2Seq, SearchOutput, StepHook, best_tokens, cross_attention_row,
                      forced_tokens, length_penalty, max_lengths, step_log_probs)
 from .repetition import Repetition
 
@@ -175,6 +175,22 @@ def advance(beams: Beams, cand: Candidates, beam: int, attn: Tensor | None) -> t
     return Beams(beams.ids, extend(beams.tokens, parent, token), scores, beams.limit, attention), rows
 
 
+def settled(beams: Beams, fin: Finished) -> tuple[Tensor, Tensor]:
+    """What no later step can change: each active sentence's tokens that every hypothesis that
+    may still be returned begins with, i.e. the prefix its live beams (score > -inf) and its
+    finished hypotheses share (any later finished one extends a live beam). -> tokens (B, t) of
+    the first beam, settled lengths (B,)."""
+    alive = beams.tokens[:, :, 1:]                                        # (B, k, t)
+    first = alive[:, 0]                                                   # (B, t)
+    t = first.shape[1]
+    agree = (alive == first[:, None]) | (beams.scores == -math.inf)[:, :, None]  # (B, k, t)
+    done = fin.tokens[beams.ids, :, :t]                                   # (B, K, t); PAD past the end
+    agree_done = (done == first[:, None]) | (fin.scores[beams.ids] == -math.inf)[:, :, None]
+    common = agree.all(dim=1) & agree_done.all(dim=1)                     # (B, t)
+    lengths = common.long().cumprod(dim=1).sum(dim=1)                     # (B,)
+    return first, torch.where(beams.scores[:, 0] > -math.inf, lengths, 0)
+
+
 def drop_done(beams: Beams, rows: Tensor, done: Tensor) -> tuple[Beams, Tensor, Tensor]:
     """Remove the sentences that are ``done`` (B,) bool and their rows of ``rows`` (B*K,).
     -> the kept beams, their rows (B'*K,), and which sentences were kept (B',)."""
@@ -208,7 +224,8 @@ def start(src: Tensor, beam: int, config: object, max_len_a: float, max_len_b: i
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                 attention: AttentionChoice | None = None, prefix: Tensor | None = None,
-                constraints: ConstraintBeams | None = None, vocab: BatchVocab | None = None) -> SearchOutput:
+                constraints: ConstraintBeams | None = None, vocab: BatchVocab | None = None,
+                on_step: StepHook | None = None) -> SearchOutput:
     """Beam search over a batch of sentences at once.
 
     Args:
@@ -226,16 +243,18 @@ def beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig
             (:meth:`~transduce.inference.search.constraints.ConstraintBeams.start`): dynamic beam
             allocation (:mod:`.constraints`).
         vocab: the batch's target shortlist (unused with ``constraints``), or None for the full vocabulary.
+        on_step: told each step's settled prefix (:func:`settled`), for streaming.
 
     Returns:
         :class:`SearchOutput` with ``nbest`` hypotheses per sentence, best first.
     """
     with prepared(model):
-        return _beam_search(model, src, decode, attention, prefix, constraints, vocab)
+        return _beam_search(model, src, decode, attention, prefix, constraints, vocab, on_step)
 
 
 def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: AttentionChoice | None,
-                 prefix: Tensor | None, cons: ConstraintBeams | None, vocab: BatchVocab | None) -> SearchOutput:
+                 prefix: Tensor | None, cons: ConstraintBeams | None, vocab: BatchVocab | None,
+                 on_step: StepHook | None) -> SearchOutput:
     cfg, beam, need_attention = model.config, decode.beam, attention is not None
     beams, fin = start(src, beam, cfg, decode.max_len_a, decode.max_len_b, need_attention)
     enc, cache = model.encode(src), new_cache(model)
@@ -262,6 +281,8 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)
+        if on_step is not None:
+            on_step(beams.ids, *settled(beams, fin))
         if decode.stop == "k_finished":
             done = fin.count[beams.ids] >= beam                           # (B,)
         else:

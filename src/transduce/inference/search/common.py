@@ -28,6 +28,13 @@ from ...tracing import SOFTMAX, scope
 from .repetition import Repetition
 
 
+# Told after each step of a search which tokens are decided (streaming): the batch rows (N,),
+# their tokens so far (N, t) and how many of those no later step can change (N,) (an EOS
+# among them ends the row). Greedy search and speculative decoding settle every token they
+# choose; beam search settles the prefix common to every hypothesis that can still win.
+StepHook = Callable[[Tensor, Tensor, Tensor], None]
+
+
 class Seq2Seq(Protocol):
     """What search needs from a model (:class:`~transduce.model.Transformer` fits)."""
 

@@ -18,7 +18,7 @@ from torch import Tensor
 from ...config import DecodeConfig
 from ...errors import ConfigError
 from .beam import beam_search
-from .common import AttentionChoice, SearchOutput, max_lengths
+from .common import AttentionChoice, SearchOutput, StepHook, max_lengths
 from .constraints import ConstraintBeams, check_fits
 from .greedy import greedy_search
 from .sampling import filter_logits, sample
@@ -49,29 +49,34 @@ class SearchSpec:
 
     def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
             speculation: Speculation | None = None, constraints: Tensor | None = None,
-            shortlist: "Shortlist | None" = None) -> SearchOutput:
+            shortlist: "Shortlist | None" = None, on_step: StepHook | None = None) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
         beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
         greedy search or sampling with its draft model proposing tokens; with ``constraints``
         (B, C, L) phrase ids (-1-padded, :func:`~.constraints.constraint_ids`), constrained beam
         search (any beam size, eager); with a ``shortlist`` and ``decode.shortlist``, greedy and beam
-        search over the batch's target shortlist (:mod:`~transduce.inference.shortlist`)."""
+        search over the batch's target shortlist (:mod:`~transduce.inference.shortlist`).
+        ``on_step`` is told each step's settled tokens (:data:`~.common.StepHook`; streaming: eager
+        greedy, beam or speculative search)."""
+        if on_step is not None and (self.static or (self.temperature and speculation is None)):
+            raise ConfigError("stream: streams greedy, beam and speculative search, eagerly; not sampling or "
+                              "static=True")
         if constraints is not None:
-            return self._constrained(model, src, prefix, speculation, constraints)
+            return self._constrained(model, src, prefix, speculation, constraints, on_step)
         if speculation is not None:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work without a draft model")
-            return self._speculative(model, src, speculation)
+            return self._speculative(model, src, speculation, on_step)
         if self.temperature:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
             return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
-        if prefix is None and self.uses_static(model, src):
+        if prefix is None and on_step is None and self.uses_static(model, src):
             return static_search(model, src, self.decode, greedy=self.decode.beam == 1)
         vocab = shortlist.vocab(model, src) if shortlist is not None and self.decode.shortlist else None
         if self.decode.beam == 1:
-            return greedy_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab)
-        return beam_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab)
+            return greedy_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab, on_step=on_step)
+        return beam_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab, on_step=on_step)
 
     def uses_static(self, model: torch.nn.Module, src: Tensor) -> bool:
         """Whether the static search runs: as ``static`` says (a ConfigError if it cannot), or by
@@ -86,24 +91,26 @@ class SearchSpec:
         return True
 
     def _constrained(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None,
-                     speculation: Speculation | None, constraints: Tensor) -> SearchOutput:
+                     speculation: Speculation | None, constraints: Tensor, on_step: StepHook | None) -> SearchOutput:
         if speculation is not None or self.temperature:
             raise ConfigError("constraints: constrained decoding is beam search; drop the draft model and sampling")
         if self.static:
             raise ConfigError("static: constrained decoding runs eagerly; use static=False")
         check_fits(constraints, max_lengths(src, model.config, self.decode.max_len_a, self.decode.max_len_b))
-        return beam_search(model, src, self.decode, self.attention, prefix, ConstraintBeams.start(constraints))
+        return beam_search(model, src, self.decode, self.attention, prefix, ConstraintBeams.start(constraints),
+                           on_step)
 
-    def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation) -> SearchOutput:
+    def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation,
+                     on_step: StepHook | None) -> SearchOutput:
         check_speculative(self.decode, self.attention)
         if not self.temperature:
-            return speculative_search(model, src, speculation, self.decode)
+            return speculative_search(model, src, speculation, self.decode, on_step=on_step)
         generator = None if self.seed is None else torch.Generator(device=src.device).manual_seed(self.seed)
 
         def filtered(logp: Tensor) -> Tensor:
             return filter_logits(logp, self.temperature, self.top_k, self.top_p)
 
-        return speculative_search(model, src, speculation, self.decode, filtered, generator)
+        return speculative_search(model, src, speculation, self.decode, filtered, generator, on_step)
 
 
 def check_speculative(decode: DecodeConfig, attention: AttentionChoice | None = None) -> None:

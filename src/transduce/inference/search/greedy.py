@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
-from .common import (AttentionChoice, BatchVocab, SearchOutput, Seq2Seq, best_tokens, cross_attention_row,
+from .common import (AttentionChoice, BatchVocab, SearchOutput, Seq2Seq, StepHook, best_tokens, cross_attention_row,
                      forced_tokens, max_lengths)
 from .repetition import Repetition
 
@@ -38,7 +38,7 @@ class _Rows:
 @torch.no_grad()  # search never needs gradients (and the pooled cache forbids them)
 def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig = DecodeConfig(),
                       attention: AttentionChoice | None = None, use_cache: bool = True,
-                      prefix: Tensor | None = None) -> SearchOutput:
+                      prefix: Tensor | None = None, on_step: StepHook | None = None) -> SearchOutput:
     """Extend one hypothesis per sentence a token at a time (greedy search and sampling).
 
     ``choose`` sees the decoder's output states (``decode(..., project=False)``) and does the
@@ -48,16 +48,17 @@ def sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode:
     the whole prefix, for testing), so its cost does not grow with the prefix. Finished rows
     leave the batch. ``decode`` gives the length limits; ``attention`` says which
     cross-attention to record (None: none); ``prefix`` (B, L) ids, -1-padded, are each
-    sentence's forced first tokens.
+    sentence's forced first tokens; ``on_step`` is told each step's tokens, all settled.
 
     Shape: src (B, S) -> SearchOutput with K = 1.
     """
     with prepared(model):
-        return _sequential_search(model, src, choose, decode, attention, use_cache, prefix)
+        return _sequential_search(model, src, choose, decode, attention, use_cache, prefix, on_step)
 
 
 def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode: DecodeConfig,
-                       attention: AttentionChoice | None, use_cache: bool, prefix: Tensor | None) -> SearchOutput:
+                       attention: AttentionChoice | None, use_cache: bool, prefix: Tensor | None,
+                       on_step: StepHook | None) -> SearchOutput:
     cfg, device = model.config, src.device
     need_attention = attention is not None
     b = src.shape[0]
@@ -83,6 +84,8 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
         done = (token == cfg.eos_id) | (rows.limit <= step + 1)           # (N,)
         out_lengths[rows.ids[done]] = step + 1
         rows = _Rows(rows.ids, token[:, None], torch.cat([rows.prefix, token[:, None]], dim=1), rows.limit)
+        if on_step is not None:
+            on_step(rows.ids, rows.prefix[:, 1:], torch.full_like(rows.ids, step + 1))
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -96,7 +99,8 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
 
 def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                   attention: AttentionChoice | None = None, use_cache: bool = True,
-                  prefix: Tensor | None = None, vocab: BatchVocab | None = None) -> SearchOutput:
+                  prefix: Tensor | None = None, vocab: BatchVocab | None = None,
+                  on_step: StepHook | None = None) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
@@ -110,6 +114,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
         prefix: (B, L) target ids each output must begin with, -1-padded
             (:func:`~transduce.inference.search.common.prefix_ids`).
         vocab: the batch's target shortlist, or None for the full vocabulary.
+        on_step: told each step's tokens (:data:`~.common.StepHook`), for streaming.
 
     Returns:
         :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
@@ -121,5 +126,5 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
         logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat, vocab)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
-    return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix)
+    return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix, on_step)
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from ...config import DecodeConfig
 from ...errors import ConfigError
 from ..speed import new_cache, prepared
-from .common import SearchOutput, Seq2Seq, max_lengths, step_log_probs
+from .common import SearchOutput, Seq2Seq, StepHook, max_lengths, step_log_probs
 
 
 @dataclass
@@ -112,19 +112,20 @@ def truncate(cache, length: int) -> None:
 @torch.no_grad()
 def speculative_search(model: Seq2Seq, src: Tensor, speculation: Speculation,
                        decode: DecodeConfig = DecodeConfig(), sample: Filter | None = None,
-                       generator: torch.Generator | None = None) -> SearchOutput:
+                       generator: torch.Generator | None = None, on_step: StepHook | None = None) -> SearchOutput:
     """Greedy search (``sample`` None) or sampling from ``sample``'s filtered distribution, with
     ``speculation``'s draft proposing ``decode.draft_tokens`` tokens per target pass.
 
     Same conventions, length limits and output as
     :func:`~transduce.inference.search.greedy.greedy_search` / :func:`~transduce.inference.search.sampling.sample`
-    (scores are the target's log-probabilities); ``generator`` drives the sampling.
+    (scores are the target's log-probabilities); ``generator`` drives the sampling; ``on_step``
+    is told after each round the tokens committed so far, all settled.
 
     Shape: src (B, S) -> SearchOutput with K = 1.
     """
     check_draft(model.config, speculation.draft.config)
     with prepared(model), prepared(speculation.draft):
-        return _Search(model, src, speculation, decode, sample, generator).run()
+        return _Search(model, src, speculation, decode, sample, generator).run(on_step)
 
 
 class _Search:
@@ -152,9 +153,13 @@ class _Search:
         draft_cfg = self.draft.config  # learned positions: the draft never decodes past its last
         self.draft_cap = draft_cfg.max_positions if draft_cfg.positions == "learned" else None
 
-    def run(self) -> SearchOutput:
+    def run(self, on_step: StepHook | None = None) -> SearchOutput:
         while self.rows.ids.numel():
             self.round()
+            if on_step is not None:
+                committed = self.out_lengths.clone()                   # the rows that ended: all theirs
+                committed[self.rows.ids] = self.m                       # the others: the common advance
+                on_step(torch.arange(len(committed), device=committed.device), self.out_tokens, committed)
         return SearchOutput(self.out_tokens[:, None], self.out_lengths[:, None], self.out_logp[:, None].clone(),
                             self.out_logp[:, None])
 
