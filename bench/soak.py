@@ -6,7 +6,8 @@ a mix of valid requests (1-4 sentences of varied length), oversized ones (a body
 list or a sentence over the server's limits, read from /health) and malformed ones (bad JSON,
 wrong types, unknown fields, out-of-range settings), while a worker process (a pid from /health)
 is SIGKILLed every ``--kill-every`` seconds, and (``--hang-at S``) one is SIGSTOPped once: a hung
-worker, which the server must notice by its batch deadline (``--worker-timeout``) and replace. Every request has a client-side timeout: one with
+worker, which the server must notice by its batch deadline (``--worker-timeout``) and replace.
+Every request has a client-side timeout: one with
 no answer by then is **hung**; one whose connection fails is **lost**.
 
 Prints one JSON object: per minute, the requests answered, answers by status code, p50/p99
@@ -384,7 +385,8 @@ def soak(args: argparse.Namespace) -> dict:
                 threads.append(threading.Thread(target=killer, args=(server, args.kill_every, t0, end, stop, kills),
                                                 daemon=True))
             if args.hang_at is not None:
-                threads.append(threading.Thread(target=hanger, args=(server, args.hang_at, t0, stop, kills), daemon=True))
+                threads.append(threading.Thread(target=hanger, args=(server, args.hang_at, t0, stop, kills),
+                                                daemon=True))
             for t in threads:
                 t.start()
             stop.wait(max(0.0, t0 + 60 * args.minutes - time.monotonic()))

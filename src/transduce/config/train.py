@@ -141,7 +141,8 @@ class TrainConfig:
         check(self.head_lr is None or self.head_lr > 0, "train.head_lr", "must be positive")
         check(self.head_lr is None or self.schedule != "noam", "train.head_lr",
               "needs a schedule with a peak train.lr (not noam)")
-        check(self.head_lr is None or not self.cuda_graphs, "train.head_lr", "cannot be combined with train.cuda_graphs")
+        check(self.head_lr is None or not self.cuda_graphs, "train.head_lr",
+              "cannot be combined with train.cuda_graphs")
 
     def _check_init(self) -> None:
         check(self.extend_vocab is None or self.extend_vocab > 0, "train.extend_vocab",

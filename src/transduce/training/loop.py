@@ -222,7 +222,8 @@ class Trainer(Checkpointing):
     def _improved(self, metrics: dict[str, float]) -> bool:
         score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
         if not math.isfinite(score):  # a diverged model is never kept as the best one
-            logger.warning("step %d: validation score %s is not finite; best/ is left as it was", self.state.step, score)
+            logger.warning("step %d: validation score %s is not finite; best/ is left as it was",
+                           self.state.step, score)
             self.state.evals_since_best += 1
             return False
         if self.state.best is None or score > self.state.best:
