@@ -58,6 +58,14 @@ class DecodeConfig:
     seeds 0, 1, ...; each counted once, as Eikema & Aziz, 2020) instead of the n-best (0)."""
     reverse_weight: float = 1.0
     """With ``rerank: reverse``: the weight of the reverse model's score."""
+    alignment_layer: int = -2
+    """Word alignments (``--output-format jsonl``, ``--markup``): the decoder layer whose
+    cross-attention aligns, negative from the top; the penultimate by default (the last of a
+    one-layer decoder), which aligns best in Garg et al. (2019) and is the one guided alignment
+    training supervises; see :mod:`transduce.inference.alignment`."""
+    alignment_head: int | None = None
+    """Word alignments: that layer's head (the one trained with guided alignment), or the mean
+    over heads (None)."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")
