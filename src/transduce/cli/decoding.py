@@ -32,7 +32,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
                         "its pieces and their log-probabilities, its word alignment (and the n-best) (default: text)")
     p.add_argument("--markup", action="store_true",
                    help="keep tags, {placeholders} and URLs: taken out before translation, put back at aligned "
-                        "positions (see --set decode.alignment_layer)")
+                        "positions (see --alignment-layer)")
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
