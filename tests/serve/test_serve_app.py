@@ -94,6 +94,21 @@ def test_constraints_and_repetition_options(client):
     assert long.status_code == 422 and "output limit" in long.json()["error"]
 
 
+def test_alignments_on_request(client):
+    plain = client.post("/translate", json={"sentences": ["the red dog sleeps", "", "a cat"]}).json()
+    assert "alignments" not in plain
+    r = client.post("/translate", json={"sentences": ["the red dog sleeps", "", "a cat"], "alignment": True})
+    assert r.status_code == 200 and r.json()["translations"] == plain["translations"]
+    alignments = r.json()["alignments"]
+    assert alignments[1] == "" and all(alignments[n] for n in (0, 2))
+    for text, links in zip(r.json()["translations"], alignments):
+        assert all(int(j) < len(text.split()) for j in (link.split("-")[1] for link in links.split()))
+    both = client.post("/translate", json={"sentences": ["a cat"], "constraints": [["Katze"]], "alignment": True})
+    assert both.status_code == 200 and "Katze" in both.json()["translations"][0] and both.json()["alignments"][0]
+    assert client.post("/translate", json={"sentences": [], "alignment": True}).json() == {"translations": [],
+                                                                                          "alignments": []}
+
+
 def test_attention_endpoint(client):
     r = client.post("/attention", json={"sentence": "the red dog sleeps", "beam": 1})
     assert r.status_code == 200

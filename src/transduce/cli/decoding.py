@@ -29,7 +29,10 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
                    help="K > 1 writes K lines 'SCORE<TAB>TEXT' per input line, best first (default: 1)")
     p.add_argument("--output-format", default="text", choices=["text", "jsonl"],
                    help="jsonl: one JSON object per input line: the translation, its score and log-probability, "
-                        "its pieces and their log-probabilities (and the n-best) (default: text)")
+                        "its pieces and their log-probabilities, its word alignment (and the n-best) (default: text)")
+    p.add_argument("--markup", action="store_true",
+                   help="keep tags, {placeholders} and URLs: taken out before translation, put back at aligned "
+                        "positions (see --alignment-layer)")
     p.add_argument("--prefix-file", default=None,
                    help="a file aligned with the input: each translation begins with its line (empty: no "
                         "prefix), the rest is searched")
@@ -50,7 +53,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
         return _cmd_translate_documents(args)
     with load_translator(args) as translator:
         translate_file(translator, args.input, args.output, prefix_path=args.prefix_file, terms=terms_of(args),
-                       output_format=args.output_format, **decode_overrides(args))
+                       output_format=args.output_format, markup=args.markup, **decode_overrides(args))
         draft = draft_summary(translator)
     if draft is not None:
         print(f"draft: {draft['acceptance']:.1%} of proposed tokens accepted, {draft['tokens_per_model_step']:.2f} "

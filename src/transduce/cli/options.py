@@ -85,6 +85,12 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shortlist", action="store_const", const=True, default=None,
                    help="greedy and beam search over the model directory's vocabulary shortlist only (built by "
                         "transduce shortlist; a CPU speed-up; default: the model's decode.shortlist, off)")
+    p.add_argument("--alignment-layer", type=int, default=None, metavar="L",
+                   help="word alignments (jsonl output, --markup): the decoder layer whose cross-attention aligns, "
+                        "negative from the top (default: -2, the penultimate)")
+    p.add_argument("--alignment-head", type=int, default=None, metavar="H",
+                   help="word alignments: that layer's head, e.g. the one trained with guided alignment "
+                        "(default: the mean of heads)")
 
 
 def add_constraint_options(p: argparse.ArgumentParser) -> None:
@@ -104,7 +110,8 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
                 "batch_tokens": "batch_tokens", "stop": "stop", "nbest": "nbest", "draft_tokens": "draft_tokens",
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
                 "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
-                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples", "shortlist": "shortlist"}
+                "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples", "shortlist": "shortlist",
+                "alignment_layer": "alignment_layer", "alignment_head": "alignment_head"}
 
 
 def _rerank_choice(text: str) -> str:

@@ -62,6 +62,14 @@ class DecodeConfig:
     """Greedy and beam search project onto, and take the softmax over, only the target tokens the
     model directory's vocabulary shortlist lists for the batch's source tokens (``transduce
     shortlist`` builds it; :mod:`transduce.inference.shortlist`); a CPU speed-up, off by default."""
+    alignment_layer: int = -2
+    """Word alignments (``--output-format jsonl``, ``--markup``): the decoder layer whose
+    cross-attention aligns, negative from the top; the penultimate by default (the last of a
+    one-layer decoder), which aligns best in Garg et al. (2019) and is the one guided alignment
+    training supervises; see :mod:`transduce.inference.alignment`."""
+    alignment_head: int | None = None
+    """Word alignments: that layer's head (the one trained with guided alignment), or the mean
+    over heads (None)."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..config import DecodeConfig
 from ..errors import DataError
@@ -129,3 +129,16 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decod
 
     with reporting(translator, len(sources)):
         return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)
+
+
+def alignment_error_rate(predicted: Sequence[Iterable[tuple[int, int]]], sure: Sequence[Iterable[tuple[int, int]]],
+                         possible: Sequence[Iterable[tuple[int, int]]] | None = None) -> float:
+    """Och & Ney's (2003) alignment error rate over a corpus of word alignments:
+    ``1 - (|A & S| + |A & P|) / (|A| + |S|)``, P including S (``possible`` None: P = S).
+    Lower is better; 0 when the links are exactly the sure ones."""
+    a_s = a_p = n_a = n_s = 0
+    for n, (links, s) in enumerate(zip(predicted, sure)):
+        a, s = set(links), set(s)
+        p = s | set(possible[n]) if possible is not None else s
+        a_s, a_p, n_a, n_s = a_s + len(a & s), a_p + len(a & p), n_a + len(a), n_s + len(s)
+    return 1.0 - (a_s + a_p) / (n_a + n_s) if n_a + n_s else 0.0

@@ -22,9 +22,11 @@ from tqdm import tqdm
 from ..atomic import atomic_path
 from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..progress import progress_bar
-from .scoring import best_token_log_probs, format_scored, score_pairs, translation_json
+from .alignment import format_alignment, forced_details, restore_all
+from .markup import strip_markup
+from .scoring import format_scored, score_pairs, translation_json
 from .terms import Terms
 from .translator import Translation, Translator
 
@@ -113,7 +115,7 @@ def translate_file(
     translator: Translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
     decode: DecodeConfig | None = None, chunk_lines: int = 2000, stdin: IO | None = None,
     stdout: TextIO | None = None, prefix_path: str | os.PathLike | None = None, terms: Terms = Terms(),
-    output_format: str = "text", **overrides,
+    output_format: str = "text", markup: bool = False, **overrides,
 ) -> int:
     """Translate a file (or stdin) line by line into a file (or stdout) with ``decode`` (default:
     the translator's settings) and ``overrides`` of its fields (``nbest=4`` writes the 4 best as
@@ -123,12 +125,17 @@ def translate_file(
     each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
     TAB-separated phrases, a glossary). ``output_format`` ``jsonl``: a JSON object per input
     line instead (:func:`~transduce.inference.scoring.translation_json`: per-token log-probabilities,
-    by forced decoding of the outputs, in this process).
+    by forced decoding of the outputs, in this process, and the word alignment of
+    :mod:`~transduce.inference.alignment`). ``markup``: each line's tags and placeholders are
+    taken out before translation and put back at aligned positions (:mod:`~transduce.inference.markup`;
+    one translation per line; with ``jsonl`` the alignment is that of the text without them).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so
     standard output streams and memory stays bounded.
     """
     decode = translator.settings(decode, **overrides)
+    if markup and decode.nbest > 1 and decode.rerank == "none":
+        raise ConfigError(f"markup: puts tags back into one translation per line; got decode.nbest={decode.nbest}")
     n = 0
     lines = iter_lines(input_path, stdin)
     prefixes = None if prefix_path is None else iter(read_lines(prefix_path))
@@ -140,8 +147,11 @@ def translate_file(
             if prefix is not None and None in prefix:
                 raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
             sources, constraints = terms.split(chunk)
-            results = translator.translate_detailed(sources, decode, prefix=prefix, constraints=constraints)
-            out.write("".join(line + "\n" for line in _output_lines(translator, results, decode, output_format)))
+            stripped = [strip_markup(s) for s in sources] if markup else None
+            results = translator.translate_detailed(sources if stripped is None else [s.text for s in stripped],
+                                                    decode, prefix=prefix, constraints=constraints)
+            lines_out = _output_lines(translator, results, decode, output_format, stripped)
+            out.write("".join(line + "\n" for line in lines_out))
             out.flush()
             n += len(chunk)
             bar.update(n - bar.n)  # empty lines are not searched: count them too
@@ -151,11 +161,17 @@ def translate_file(
     return n
 
 
-def _output_lines(translator, results: list[Translation], decode: DecodeConfig, output_format: str) -> list[str]:
-    """The output lines of a chunk's translations in ``output_format`` (text or jsonl)."""
-    if output_format == "jsonl":
-        log_probs = best_token_log_probs(translator, results, decode)
-        return [one_line(translation_json(t, lp)) for t, lp in zip(results, log_probs)]
+def _output_lines(translator, results: list[Translation], decode: DecodeConfig, output_format: str,
+                  stripped: list | None = None) -> list[str]:
+    """The output lines of a chunk's translations in ``output_format`` (text or jsonl), with the
+    ``stripped`` sources' markup put back when given."""
+    if output_format == "jsonl" or stripped is not None:
+        log_probs, links = forced_details(translator, results, decode, alignment=True)
+        if stripped is not None:
+            restore_all(results, stripped, links)
+        if output_format == "jsonl":
+            return [one_line(translation_json(t, lp, format_alignment(a)))
+                    for t, lp, a in zip(results, log_probs, links)]
     shown = 1 if decode.rerank != "none" else decode.nbest  # reranking: the n-best are the pool, one answer
     return [line for t in results for line in format_translation(t, shown)]
 

@@ -18,6 +18,7 @@ import torch
 from ..config import DecodeConfig
 from ..data.batch import pad
 from ..errors import ConfigError
+from .search.common import AttentionChoice
 from .search.forced import ForcedOutput
 
 
@@ -60,40 +61,29 @@ def score_pairs(translator, sources: Sequence[str], targets: Sequence[str], deco
     return results
 
 
-def forced_batches(translator, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig
-                   ) -> Iterator[tuple[list[int], ForcedOutput]]:
+def forced_batches(translator, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
+                   attention: AttentionChoice | None = None) -> Iterator[tuple[list[int], ForcedOutput]]:
     """Force-decode the pairs of id lists (sources with EOS; non-empty targets) in length-sorted
-    batches: (the batch's indices, its :class:`ForcedOutput`) each."""
+    batches: (the batch's indices, its :class:`ForcedOutput`, with the ``attention`` asked
+    for) each."""
     cfg = translator.config
     lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
     for index in translator._batches(lengths, decode.batch_tokens):
         yield index, translator._force(pad([src_ids[i] for i in index], cfg.pad_id),
-                                       pad([tgt_ids[i] for i in index], cfg.pad_id), decode)
+                                       pad([tgt_ids[i] for i in index], cfg.pad_id), decode, attention)
 
 
-def best_token_log_probs(translator, results: Sequence, decode: DecodeConfig) -> list[list[float]]:
-    """The log-probability of each token of each translation's best hypothesis (EOS last when it
-    ended), by forced decoding under ``decode`` ([] for an empty source)."""
-    eos = translator.config.eos_id
-    todo = [i for i, r in enumerate(results) if r.source_tokens and (r.best.tokens or r.best.ended)]
-    src_ids = [results[i].source_tokens + [eos] for i in todo]
-    tgt_ids = [results[i].best.tokens + [eos] * results[i].best.ended for i in todo]
-    out: list[list[float]] = [[] for _ in results]
-    with torch.inference_mode():
-        for index, forced in forced_batches(translator, src_ids, tgt_ids, decode):
-            for row, j in enumerate(index):
-                out[todo[j]] = forced.token_log_probs[row, : len(tgt_ids[j])].tolist()
-    return out
-
-
-def translation_json(t, token_log_probs: list[float]) -> str:
+def translation_json(t, token_log_probs: list[float], alignment: str | None = None) -> str:
     """One ``translate --output-format jsonl`` line: the best translation, its score and
-    log-probability, its pieces (``</s>`` last when it ended) and their log-probabilities, and
+    log-probability, its pieces (``</s>`` last when it ended) and their log-probabilities, its
+    word alignment (``"i-j ..."``, see :mod:`~transduce.inference.alignment`) when given, and
     with an n-best list every hypothesis' text and scores."""
     best = t.best
     row = {"translation": best.text, "score": round(best.score, 6), "log_prob": round(best.log_prob, 6),
            "pieces": list(best.pieces) + ["</s>"] * best.ended,
            "token_log_probs": [round(x, 6) for x in token_log_probs]}
+    if alignment is not None:
+        row["alignment"] = alignment
     if len(t.hypotheses) > 1:
         row["hypotheses"] = [{"translation": h.text, "score": round(h.score, 6), "log_prob": round(h.log_prob, 6),
                               **({} if h.utility is None else {"utility": round(h.utility, 4)})} for h in t.hypotheses]

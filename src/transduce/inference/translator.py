@@ -24,6 +24,7 @@ from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..tracing import DATA, scope
+from .alignment import add_alignments, translate_markup
 from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, StepHook, prefix_ids
 from .search.constraints import constraint_ids
@@ -58,6 +59,8 @@ class Hypothesis:
             (MBR) or score + weight x the reverse model's score (noisy channel); else None.
         attention: (T, S) cross-attention, rows = ``tokens`` (+ EOS if ``ended``), columns =
             the source tokens + EOS; None unless asked for.
+        alignment: (source word, target word) links of the best hypothesis when asked for
+            (:mod:`~transduce.inference.alignment`), else None.
     """
 
     text: str
@@ -68,6 +71,7 @@ class Hypothesis:
     ended: bool = True
     attention: Tensor | None = None
     utility: float | None = None
+    alignment: list[tuple[int, int]] | None = None
 
 
 @dataclass
@@ -124,8 +128,10 @@ class BaseTranslator:
         """Indices of ``lengths`` grouped into the batches to search."""
         return length_sorted_batches(lengths, batch_tokens)
 
-    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
-        """Forced decoding of a (B, S) batch of source ids and (B, T) target ids (CPU output)."""
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None
+               ) -> ForcedOutput:
+        """Forced decoding of a (B, S) batch of source ids and (B, T) target ids, with the
+        cross-attention ``attention`` asks for (CPU output)."""
         raise ConfigError("score: forced decoding runs in this process; load with runtime.workers=0")
 
     def close(self) -> None:
@@ -147,33 +153,43 @@ class BaseTranslator:
 
     def translate(self, texts: Sequence[str], decode: DecodeConfig | None = None,
                   prefix: Sequence[str] | None = None, constraints: Sequence[Sequence[str]] | None = None,
-                  **overrides) -> list[str]:
+                  markup: bool = False, **overrides) -> list[str]:
         """Translate each text with ``decode`` (default: :attr:`decode`) and ``overrides`` of its
         fields (``beam=1`` is greedy search). Empty input gives empty output. ``prefix``: one
         target text per input that its translation must begin with ("" for none).
         ``constraints``: per input, target phrases its translation must contain (constrained
-        beam search, :mod:`~transduce.inference.search.constraints`)."""
+        beam search, :mod:`~transduce.inference.search.constraints`). ``markup``: tags and
+        placeholders are taken out before translation and put back at aligned positions
+        (:mod:`~transduce.inference.markup`)."""
         decode = self.settings(decode, **overrides)
         if decode.rerank == "none":  # only the best is needed; reranking chooses among the n-best
             decode = replace(decode, nbest=1)
+        if markup:
+            return translate_markup(self, texts, decode, prefix, constraints)
         out = self.translate_detailed(texts, decode, prefix=prefix, constraints=constraints)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
                            attention: AttentionChoice | None = None, prefix: Sequence[str] | None = None,
-                           constraints: Sequence[Sequence[str]] | None = None, **overrides) -> list[Translation]:
+                           constraints: Sequence[Sequence[str]] | None = None, alignment: bool = False,
+                           **overrides) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
         ``attention`` also returns each hypothesis' cross-attention of that layer and head;
         ``prefix``: each output begins with that target text (the rest is searched);
-        ``constraints``: per text, target phrases its output must contain."""
+        ``constraints``: per text, target phrases its output must contain; ``alignment``: the
+        best hypothesis' word alignment too (its ``alignment``, :mod:`~transduce.inference.alignment`)."""
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
         if decode.rerank == "mbr" and decode.mbr_samples:
             if prefix is not None or constraints is not None or attention is not None:
                 raise ConfigError("decode.mbr_samples: MBR over samples takes no prefix, constraints or attention")
-            return self._sampled_mbr(texts, decode)
-        return self._run(texts, SearchSpec(decode, attention), prefix, constraints)
+            results = self._sampled_mbr(texts, decode)
+        else:
+            results = self._run(texts, SearchSpec(decode, attention), prefix, constraints)
+        if alignment:
+            add_alignments(self, results, decode)
+        return results
 
     def _sampled_mbr(self, texts: Sequence[str], decode: DecodeConfig) -> list[Translation]:
         """MBR over ``decode.mbr_samples`` samples of each text (seeds 0, 1, ...)."""
@@ -367,11 +383,13 @@ class Translator(BaseTranslator):
                                shortlist=self.shortlist, on_step=self.on_step).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
-    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig) -> ForcedOutput:
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None
+               ) -> ForcedOutput:
         with torch.inference_mode(), self.autocast():
-            out = force_decode(self.model, src.to(self.device), tgt.to(self.device), decode)
+            out = force_decode(self.model, src.to(self.device), tgt.to(self.device), decode, attention)
+        cross = None if out.cross_attention is None else out.cross_attention.float().cpu()
         return ForcedOutput(out.token_log_probs.float().cpu(), out.log_probs.float().cpu(), out.scores.float().cpu(),
-                            out.lengths.cpu())
+                            out.lengths.cpu(), cross)
 
 
 def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device

@@ -3,8 +3,11 @@
 
 Routes:
     POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50,
-                      "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "constraints": [[...], ...]}
-                     -> {"translations": [...]} in input order (settings not given: the model's)
+                      "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "constraints": [[...], ...],
+                      "alignment": false}
+                     -> {"translations": [...]} in input order (settings not given: the model's); with
+                     "alignment": true also {"alignments": ["0-0 1-2 ...", ...]}, word alignments
+                     (source word i - target word j, :mod:`transduce.inference.alignment`)
     POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
     POST /translate_document  {"text": "paragraphs...", "language": "en", "beam": 4, "lenpen": 0.6}
@@ -38,6 +41,7 @@ from typing import Any, Hashable
 
 from ..config import ServeConfig
 from ..errors import ConfigError, TransduceError, require
+from ..inference.alignment import format_alignment
 from ..inference.pool import WorkerLost
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
 from ..inference.search import AttentionChoice
@@ -80,7 +84,8 @@ class TranslationService:
     def _run(self, key: Hashable, items: list[Any]) -> list[Any]:
         """One batch of jobs with the same key: (kind, DecodeConfig, AttentionChoice or None);
         a ``constrained`` job's items are (text, its constraints), a ``document``'s (text,
-        language), a ``stream``'s (text, the function its deltas go to), run one after another."""
+        language), a ``stream``'s (text, the function its deltas go to), run one after another; an
+        ``aligned`` job's answers (and ``aligned_constrained``'s) are (translation, its alignment)."""
         kind, decode, attention = key
         if kind == "translate":
             return self.translator.translate(items, decode)
@@ -90,6 +95,11 @@ class TranslationService:
             return [stream_translation(self.translator, text, emit, decode) for text, emit in items]
         if kind == "constrained":
             return self.translator.translate([t for t, _ in items], decode, constraints=[list(c) for _, c in items])
+        if kind in ("aligned", "aligned_constrained"):
+            constraints = [list(c) for _, c in items] if kind == "aligned_constrained" else None
+            results = self.translator.translate_detailed([t for t, _ in items], decode, constraints=constraints,
+                                                         alignment=True)
+            return [(r.best.text, format_alignment(r.best.alignment)) for r in results]
         return [attention_payload(r) for r in self.translator.translate_detailed(items, decode, attention)]
 
     def settings(self, **fields) -> Any:
@@ -180,6 +190,7 @@ def request_models():
         no_repeat_ngram_size: int | None = Field(None, ge=0, le=16)
         repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
         constraints: list[list[str]] | None = None  # per sentence: target phrases it must contain
+        alignment: bool = False  # also answer each translation's word alignment
 
     class AttentionRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -259,17 +270,22 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
         raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
 
 
-async def translate_job(service: TranslationService, req) -> list[str]:
-    """A /translate request's translations: one job of plain sentences, or of (sentence, its
-    constraints) items (422 unless one list of constraints per sentence)."""
-    decode = service.settings(**req.model_dump(exclude={"sentences", "constraints"}, exclude_none=True))
-    if req.constraints is None:
-        return await run_job(service, ("translate", decode, None), req.sentences)
-    if len(req.constraints) != len(req.sentences):
+async def translate_job(service: TranslationService, req) -> dict[str, list[str]]:
+    """A /translate request's answer: one job of plain sentences, or of (sentence, its
+    constraints) items (422 unless one list of constraints per sentence); with ``alignment``
+    the word alignments too."""
+    decode = service.settings(**req.model_dump(exclude={"sentences", "constraints", "alignment"}, exclude_none=True))
+    if req.constraints is None and not req.alignment:
+        return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
+    if req.constraints is not None and len(req.constraints) != len(req.sentences):
         raise ApiError(422, f"constraints: {len(req.constraints)} lists for {len(req.sentences)} sentences "
                             "(one per sentence)")
-    items = [(s, tuple(c)) for s, c in zip(req.sentences, req.constraints)]
-    return await run_job(service, ("constrained", decode, None), items)
+    items = [(s, tuple(c)) for s, c in zip(req.sentences, req.constraints or [()] * len(req.sentences))]
+    if not req.alignment:
+        return {"translations": await run_job(service, ("constrained", decode, None), items)}
+    kind = "aligned" if req.constraints is None else "aligned_constrained"
+    answers = await run_job(service, (kind, decode, None), items)
+    return {"translations": [t for t, _ in answers], "alignments": [a for _, a in answers]}
 
 
 def create_app(service: TranslationService, title: str = "transduce"):
@@ -341,7 +357,9 @@ def _add_decode_routes(app, service: TranslationService) -> None:
     async def translate(request: Request):
         req = await parse_body(request, TranslateRequest)
         check_sentences(req.sentences, cfg)
-        return {"translations": await translate_job(service, req) if req.sentences else []}
+        if not req.sentences:
+            return {"translations": []} | ({"alignments": []} if req.alignment else {})
+        return await translate_job(service, req)
 
     @app.post("/attention")
     async def attention(request: Request):

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import prepared
-from .common import Seq2Seq, length_penalty, step_log_probs
+from .common import AttentionChoice, Seq2Seq, length_penalty, step_log_probs
 from .repetition import Repetition
 
 
@@ -32,16 +32,20 @@ class ForcedOutput:
         scores: (B,) ``log_probs`` divided by the GNMT length penalty of ``decode.lenpen``, as
             beam search ranks its hypotheses.
         lengths: (B,) tokens per target (EOS counted).
+        cross_attention: (B, T, S) the cross-attention of the chosen layer (one head, or the
+            mean of heads) when asked for, else None; row t is what predicts ``tgt[:, t]``.
     """
 
     token_log_probs: Tensor
     log_probs: Tensor
     scores: Tensor
     lengths: Tensor
+    cross_attention: Tensor | None = None
 
 
 @torch.no_grad()
-def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig = DecodeConfig()) -> ForcedOutput:
+def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig = DecodeConfig(),
+                 attention: AttentionChoice | None = None) -> ForcedOutput:
     """Score each row of ``tgt`` as the output for the same row of ``src``.
 
     Args:
@@ -50,6 +54,8 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig 
         tgt: (B, T) target ids (EOS-terminated, or not: an output cut at the length limit),
             right-padded with PAD.
         decode: ``min_len``, the repetition controls and ``lenpen``, as the search used them.
+        attention: also return this layer's (and head's, or the heads' mean) cross-attention
+            (the explicit softmax path, ``need_weights``), e.g. for word alignments.
 
     Returns:
         :class:`ForcedOutput`.
@@ -60,7 +66,9 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig 
     with prepared(model):
         enc = model.encode(src)
         bos = torch.full((b, 1), cfg.bos_id, dtype=tgt.dtype, device=tgt.device)
-        states = model.decode(torch.cat([bos, tgt[:, :-1]], dim=1), enc, None, project=False).states  # (B, T, D)
+        dec = model.decode(torch.cat([bos, tgt[:, :-1]], dim=1), enc, None, need_weights=attention is not None,
+                           project=False)
+        states = dec.states                                               # (B, T, D)
         token_logp = torch.zeros(b, t, device=tgt.device)
         for step in range(t):
             logp = step_log_probs(model.output_proj(states[:, step]), cfg, step, decode.min_len,
@@ -69,4 +77,9 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig 
     token_logp = token_logp.masked_fill(~real, 0.0)
     lengths = real.sum(dim=1)
     log_probs = token_logp.sum(dim=1)
-    return ForcedOutput(token_logp, log_probs, log_probs / length_penalty(lengths.float(), decode.lenpen), lengths)
+    cross = None
+    if attention is not None:
+        w = dec.cross_attentions[attention.layer]                         # (B, H, T, S)
+        cross = w.mean(dim=1) if attention.head is None else w[:, attention.head]  # (B, T, S)
+    return ForcedOutput(token_logp, log_probs, log_probs / length_penalty(lengths.float(), decode.lenpen), lengths,
+                        cross)

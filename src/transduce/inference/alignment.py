@@ -1,0 +1,139 @@
+"""Word alignments of translations from cross-attention (``i-j``: source word i, target word j).
+
+The chosen output is force-decoded once with the attention weights on (``need_weights``, the
+explicit softmax path: exact, and independent of which search produced it), and each target
+subword is linked to the source subword its cross-attention weighs most (layer
+``decode.alignment_layer``, head ``decode.alignment_head`` or the mean over heads), as fairseq's
+``extract_hard_alignment`` and Marian's ``--alignment hard`` do; the EOS column and row take no
+part. Subword links become word links through SentencePiece's ``▁`` word starts: words are
+numbered from 0 on each side, in the order of the detokenized text's whitespace-separated words.
+
+Legend: B pairs, S source length (EOS counted), T target length (EOS counted).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..config import DecodeConfig
+from ..errors import ConfigError
+from .search.common import AttentionChoice
+
+WORD_START = "\u2581"  # SentencePiece's "▁"
+
+Alignment = list[tuple[int, int]]
+
+
+def word_index(pieces: Sequence[str]) -> list[int]:
+    """The word number of each subword piece: a piece beginning with ``▁`` starts a new word
+    (the first piece always belongs to word 0)."""
+    out, word = [], -1
+    for n, piece in enumerate(pieces):
+        if n == 0 or piece.startswith(WORD_START):
+            word += 1
+        out.append(word)
+    return out
+
+
+def hard_alignment(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> Alignment:
+    """Word links from a (T, S) cross-attention map: each target piece (rows, EOS row ignored)
+    to its source piece of highest weight (columns, EOS column ignored), mapped to words; sorted
+    (source word, target word) pairs without repeats.
+
+    Shape: attention (T', S') with T' >= len(tgt_pieces), S' >= len(src_pieces); extra rows and
+    columns (EOS, padding) are ignored.
+    """
+    if not src_pieces or not tgt_pieces:
+        return []
+    src_words, tgt_words = word_index(src_pieces), word_index(tgt_pieces)
+    best = attention[: len(tgt_pieces), : len(src_pieces)].float().argmax(dim=1).tolist()  # (T,)
+    return sorted({(src_words[i], tgt_words[j]) for j, i in enumerate(best)})
+
+
+def format_alignment(links: Alignment) -> str:
+    """Pharaoh format: ``"0-0 1-2 2-1"``."""
+    return " ".join(f"{i}-{j}" for i, j in links)
+
+
+def parse_alignment(line: str, where: str = "alignment") -> Alignment:
+    """The links of a Pharaoh-format line (``i-j`` pairs separated by spaces; empty: none); a
+    one-line ConfigError naming ``where`` for anything else."""
+    links = []
+    for item in line.split():
+        i, sep, j = item.partition("-")
+        if not (sep and i.isdigit() and j.isdigit()):
+            raise ConfigError(f"{where}: expected i-j pairs of word numbers; got {item!r}")
+        links.append((int(i), int(j)))
+    return links
+
+
+def alignment_choice(config, decode: DecodeConfig) -> AttentionChoice:
+    """The layer and head ``decode`` asks alignments from, checked against the model ``config``;
+    the default layer -2 is the last of a one-layer decoder."""
+    n = config.n_decoder_layers
+    layer = decode.alignment_layer
+    if layer == -2 and n == 1:
+        layer = -1
+    if not -n <= layer < n:
+        raise ConfigError(f"decode.alignment_layer: must be in [{-n}, {n}) for the {n}-layer decoder; got {layer}")
+    if decode.alignment_head is not None and not 0 <= decode.alignment_head < config.n_heads:
+        raise ConfigError(f"decode.alignment_head: must be in [0, {config.n_heads}); got {decode.alignment_head}")
+    return AttentionChoice(layer, decode.alignment_head)
+
+
+def forced_details(translator, results: Sequence, decode: DecodeConfig, alignment: bool
+                   ) -> tuple[list[list[float]], list[Alignment | None]]:
+    """For each translation's best hypothesis, by one forced decoding under ``decode``: each
+    token's log-probability (EOS last when it ended; [] for an empty source) and, with
+    ``alignment``, its word alignment (None without)."""
+    from .scoring import forced_batches
+
+    eos = translator.config.eos_id
+    choice = alignment_choice(translator.config, decode) if alignment else None
+    todo = [i for i, r in enumerate(results) if r.source_tokens and (r.best.tokens or r.best.ended)]
+    src_ids = [results[i].source_tokens + [eos] for i in todo]
+    tgt_ids = [results[i].best.tokens + [eos] * results[i].best.ended for i in todo]
+    log_probs: list[list[float]] = [[] for _ in results]
+    links: list[Alignment | None] = [[] if alignment else None for _ in results]
+    with torch.inference_mode():
+        for index, forced in forced_batches(translator, src_ids, tgt_ids, decode, choice):
+            for row, j in enumerate(index):
+                r = results[todo[j]]
+                log_probs[todo[j]] = forced.token_log_probs[row, : len(tgt_ids[j])].tolist()
+                if alignment:
+                    links[todo[j]] = hard_alignment(forced.cross_attention[row], r.source_pieces, r.best.pieces)
+    return log_probs, links
+
+
+def add_alignments(translator, results: Sequence, decode: DecodeConfig) -> None:
+    """Set each translation's best hypothesis' ``alignment`` (word links; [] for an empty line)."""
+    _, links = forced_details(translator, results, decode, alignment=True)
+    for r, a in zip(results, links):
+        r.best.alignment = a
+
+
+def translate_markup(translator, texts: Sequence[str], decode: DecodeConfig, prefix: Sequence[str] | None = None,
+                     constraints: Sequence[Sequence[str]] | None = None) -> list[str]:
+    """Translate ``texts`` with their markup taken out, then put back at aligned positions
+    (:mod:`~transduce.inference.markup`); a text without markup is translated as usual."""
+    from .markup import strip_markup
+
+    stripped = [strip_markup(t) for t in texts]
+    results = translator.translate_detailed([s.text for s in stripped], decode, prefix=prefix,
+                                            constraints=constraints)
+    marked = [n for n, s in enumerate(stripped) if s.elements]
+    _, links = forced_details(translator, [results[n] for n in marked], decode, alignment=True)
+    restore_all([results[n] for n in marked], [stripped[n] for n in marked], links)
+    return [r.best.text for r in results]
+
+
+def restore_all(results: Sequence, stripped: Sequence, links: Sequence[Alignment]) -> None:
+    """Put each :class:`~transduce.inference.markup.Stripped` markup back into its result's best
+    translation (its ``text``), by the alignment ``links`` of that translation."""
+    from .markup import restore_markup
+
+    for r, s, a in zip(results, stripped, links):
+        r.best.text = restore_markup(s, r.best.text, a)
