@@ -13,8 +13,6 @@ import json
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import torch
-
 from ..config import DecodeConfig
 from ..data.batch import pad
 from ..errors import ConfigError
