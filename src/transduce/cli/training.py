@@ -124,12 +124,16 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the weights of checkpoints (Sec. 6.1)")
     p.add_argument("checkpoints", nargs="+", help="checkpoint or model directories of one config")
     p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--ema", action="store_true",
+                   help="average the checkpoints' moving averages of the weights (train.ema_decay runs)")
     p.set_defaults(func=_cmd_average)
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
+    from ..model.io import WEIGHTS
     from ..training.checkpoint import average_checkpoints
-    out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out))
+    from ..training.ema import EMA_WEIGHTS
+    out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out), EMA_WEIGHTS if args.ema else WEIGHTS)
     print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
     return 0
 
