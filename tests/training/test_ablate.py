@@ -8,6 +8,7 @@ import yaml
 from transduce.cli import main
 from transduce.config import RunConfig
 from transduce.training.ablate import table3_rows
+from extra_helpers import need_extra
 
 CONFIG = {
     "model": {"d_model": 16, "n_heads": 4, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32},
@@ -31,7 +32,7 @@ def test_ablate_dry_trains_every_row_and_resumes(tmp_path, capsys):
     cfg = tmp_path / "base.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))
     out = tmp_path / "ablate"
-    assert main(["ablate", str(cfg), "--out", str(out), "--dry"]) == 0
+    assert main(["ablate", str(cfg), "--out", str(out), "--dry", "--no-plot"]) == 0
     table = capsys.readouterr().out.splitlines()
     results = json.loads((out / "table3.json").read_text())
     assert [r["row"] for r in results] == [row for row, _ in table3_rows(RunConfig.from_dict(CONFIG))]
@@ -42,7 +43,15 @@ def test_ablate_dry_trains_every_row_and_resumes(tmp_path, capsys):
     assert results[0]["params"] != next(r for r in results if r["row"] == "C_d32")["params"]
     mtime = (out / "rows" / "base" / "result.json").stat().st_mtime_ns
     (out / "rows" / "E_learned" / "result.json").unlink()  # as if killed before that row finished
-    assert main(["ablate", str(cfg), "--out", str(out), "--dry"]) == 0
+    assert main(["ablate", str(cfg), "--out", str(out), "--dry", "--no-plot"]) == 0
     assert (out / "rows" / "base" / "result.json").stat().st_mtime_ns == mtime  # done rows skipped
     again = json.loads((out / "table3.json").read_text())
     assert [{**r, "minutes": 0} for r in again] == [{**r, "minutes": 0} for r in results]  # the resumed row too
+
+
+def test_ablation_plot(tmp_path):
+    need_extra("plot", "matplotlib")
+    from transduce.viz.ablation import plot_ablation
+    rows = [{"row": "base", "val_ppl": 5.0, "val_bleu": 30.0}, {"row": "A_h1", "val_ppl": 6.0, "val_bleu": None}]
+    out = plot_ablation(rows, tmp_path / "t.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

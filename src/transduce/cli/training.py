@@ -145,12 +145,13 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
     add_config(p, "base run config (YAML)")
     p.add_argument("--out", required=True, help="directory of the rows' runs and table3.md / table3.json")
     p.add_argument("--dry", action="store_true", help="every row for a few steps (a smoke test)")
+    p.add_argument("--no-plot", action="store_true", help="no table3.png (which needs the plot extra, matplotlib)")
     p.set_defaults(func=_cmd_ablate)
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
     from ..training.ablate import ablate, format_table
-    results = ablate(args.config, Path(args.out), args.overrides, args.dry)
+    results = ablate(args.config, Path(args.out), args.overrides, args.dry, not args.no_plot)
     print(format_table(results), end="")
     return 0
 

@@ -74,8 +74,10 @@ def run_row(config: str | None, overrides: list[str], row_dir: Path) -> dict[str
     return result
 
 
-def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool = False) -> list[dict[str, Any]]:
-    """Train and score every Table 3 row of ``config`` under ``out``; the rows' results, base first."""
+def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool = False, plot: bool = True
+           ) -> list[dict[str, Any]]:
+    """Train and score every Table 3 row of ``config`` under ``out``; the rows' results, base first.
+    Writes ``table3.json``, ``table3.md`` and, with ``plot`` (the ``plot`` extra), ``table3.png``."""
     overrides = list(overrides)
     if dry:
         overrides += [f"train.max_steps={DRY_STEPS}", f"train.eval_every={DRY_STEPS}", f"train.save_every={DRY_STEPS}"]
@@ -85,6 +87,9 @@ def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool =
         results.append({"row": row_id, "overrides": row, **run_row(config, overrides + row, out / "rows" / row_id)})
     atomic_write_text(out / "table3.json", json.dumps(results, indent=1))
     atomic_write_text(out / "table3.md", format_table(results))
+    if plot:
+        from ..viz.ablation import plot_ablation
+        plot_ablation(results, out / "table3.png")
     return results
 
 
