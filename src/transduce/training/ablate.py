@@ -11,7 +11,8 @@ are for d_model 512, h 8, N 6):
 - (D) dropout 0 and 0.2, label smoothing 0 and 0.2;
 - (E) learned positions instead of sinusoids.
 
-Every row trains in its own run directory ``OUT/rows/ID``: a finished row (its ``result.json``)
+The data is prepared once (``OUT/prepared``, unless ``data.prepared`` names it) and every row
+trains in its own run directory ``OUT/rows/ID``: a finished row (its ``result.json``)
 is skipped, an unfinished one resumed with the trainer's own resume, so a killed ablation
 continues where it stood.
 """
@@ -82,6 +83,10 @@ def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool =
     if dry:
         overrides += [f"train.max_steps={DRY_STEPS}", f"train.eval_every={DRY_STEPS}", f"train.save_every={DRY_STEPS}"]
     base = load_run_config(config, overrides)
+    if base.data.prepared is None:  # every row trains on the same data: prepare it once
+        from ..data.prepare import prepared_for_run
+        out.mkdir(parents=True, exist_ok=True)
+        overrides.append(f"data.prepared={prepared_for_run(base.data, out, base.train.seed).root.resolve()}")
     results = []
     for row_id, row in table3_rows(base):
         results.append({"row": row_id, "overrides": row, **run_row(config, overrides + row, out / "rows" / row_id)})
