@@ -314,7 +314,8 @@ class Trainer(Checkpointing):
             k = self.cfg.train.average_last
             ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k else []
             if len(ckpts) > 1:
-                average_checkpoints(ckpts, self.run_dir / "model", EMA_WEIGHTS if self.ema is not None else WEIGHTS)
+                ema = self.ema is not None and all((c / EMA_WEIGHTS).is_file() for c in ckpts)
+                average_checkpoints(ckpts, self.run_dir / "model", EMA_WEIGHTS if ema else WEIGHTS)
             else:
                 with self.averaged():
                     save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
