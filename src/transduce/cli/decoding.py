@@ -179,6 +179,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hyp-tokenized", action="store_true",
                    help="with --tok-ref: the model writes lowercased Moses-tokenized text (trained with "
                         "data.corpus=multi30k_tok); score it as it is")
+    p.add_argument("--compare", default=None, metavar="OTHER_HYP_OR_MODEL",
+                   help="translation: test the model against another system, its translations of --src (a file) "
+                        "or a model directory (translated with the same settings): paired bootstrap and approximate "
+                        "randomization p-values and 95%% confidence intervals of BLEU and chrF (sacrebleu's)")
     p.add_argument("--seed", type=int, default=None,
                    help="mlm: seeds which tokens are masked, per line (default: a default run's train.seed, "
                         "as its validation)")
@@ -192,7 +196,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     from ..evaluation import EvalFiles, evaluate_model
     check_worker_timeout(args)
-    files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized)
+    files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized, args.compare)
     result = evaluate_model([args.model_dir, *args.ensemble], files, runtime_of(args), decode_overrides(args),
                             args.draft, args.seed)
     print(json.dumps(result, indent=2, ensure_ascii=False))

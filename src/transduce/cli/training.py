@@ -16,6 +16,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     _add_train(sub)
     _add_demo(sub)
     _add_average(sub)
+    _add_ablate(sub)
     _add_plot(sub)
     _add_data(sub)
 
@@ -129,13 +130,34 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the weights of checkpoints (Sec. 6.1)")
     p.add_argument("checkpoints", nargs="+", help="checkpoint or model directories of one config")
     p.add_argument("--out", required=True, help="model directory to write")
+    p.add_argument("--ema", action="store_true",
+                   help="average the checkpoints' moving averages of the weights (train.ema_decay runs)")
     p.set_defaults(func=_cmd_average)
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
+    from ..model.io import WEIGHTS
     from ..training.checkpoint import average_checkpoints
-    out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out))
+    from ..training.ema import EMA_WEIGHTS
+    out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out), EMA_WEIGHTS if args.ema else WEIGHTS)
     print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
+    return 0
+
+
+def _add_ablate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ablate", help="the paper's Table 3: train every model variation of a config for the same "
+                                      "budget, print validation perplexity and BLEU per row (resumable)")
+    add_config(p, "base run config (YAML)")
+    p.add_argument("--out", required=True, help="directory of the rows' runs and table3.md / table3.json")
+    p.add_argument("--dry", action="store_true", help="every row for a few steps (a smoke test)")
+    p.add_argument("--no-plot", action="store_true", help="no table3.png (which needs the plot extra, matplotlib)")
+    p.set_defaults(func=_cmd_ablate)
+
+
+def _cmd_ablate(args: argparse.Namespace) -> int:
+    from ..training.ablate import ablate, format_table
+    results = ablate(args.config, Path(args.out), args.overrides, args.dry, not args.no_plot)
+    print(format_table(results), end="")
     return 0
 
 

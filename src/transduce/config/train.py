@@ -67,6 +67,9 @@ class TrainConfig:
     """Checkpoints kept; older ones are deleted."""
     average_last: int | None = None
     """The final model is the average of this many last checkpoints (at most ``keep_last``); None: the last."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights with this decay (e.g. 0.999), used for
+    validation, the best and the final model (training/ema.py); 0: off."""
     patience: int | None = None
     """Stop after this many validations without improvement; None: never."""
     eval_bleu: bool = True
@@ -129,6 +132,7 @@ class TrainConfig:
         check(self.clip_norm is None or self.clip_norm > 0, "train.clip_norm", "must be positive")
         check(self.max_minutes is None or self.max_minutes > 0, "train.max_minutes", "must be positive")
         check(self.dist_timeout_s > 0, "train.dist_timeout_s", "must be positive")
+        check(0.0 <= self.ema_decay < 1.0, "train.ema_decay", f"must be in [0, 1) (0: off); got {self.ema_decay}")
         check(self.patience is None or self.patience > 0, "train.patience", "must be positive")
         check(self.average_last is None or 0 < self.average_last <= self.keep_last, "train.average_last",
               f"must be between 1 and train.keep_last ({self.keep_last})")

@@ -77,9 +77,13 @@ def score(hyps: Sequence[str], refs: Sequence[str]) -> dict[str, Any]:
 
 def evaluate(translator: "Translator", sources: Sequence[str], references: Sequence[str],
              decode: DecodeConfig | None = None, tok_references: Sequence[str] | None = None,
-             lang: str | None = None, hyps_tokenized: bool = False) -> dict[str, Any]:
+             lang: str | None = None, hyps_tokenized: bool = False, compare: Sequence[str] | None = None
+             ) -> dict[str, Any]:
     """Translate ``sources`` with ``decode`` (default: the translator's settings), score against
     ``references``, and time the translation.
+
+    With ``compare`` (another system's translations of ``sources``), also the paired significance
+    of the difference, under ``"compare"`` (:func:`~.significance.compare`).
 
     With ``tok_references`` (lowercased, Moses-tokenized references, as Multi30k ships) and the
     target ``lang``, also the published-style tokenized BLEU (:mod:`.moses`); ``hyps_tokenized``
@@ -104,6 +108,9 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
         if lang is None:
             raise DataError("tokenized references need the target language (--lang)")
         out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang, hyps_tokenized))
+    if compare is not None:
+        from .significance import compare as paired_significance
+        out["compare"] = paired_significance([r.best.text for r in results], compare, references)
     out.update(seconds=round(seconds, 3), sentences_per_s=len(results) / max(seconds, 1e-9),
                tokens_per_s=tokens / max(seconds, 1e-9),
                search={"beam": decode.beam, "lenpen": decode.lenpen, "max_len_a": decode.max_len_a,
@@ -114,8 +121,8 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
 
 
 def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decode: DecodeConfig | None = None,
-                   tok_ref_path: str | None = None, lang: str | None = None, hyps_tokenized: bool = False
-                   ) -> dict[str, Any]:
+                   tok_ref_path: str | None = None, lang: str | None = None, hyps_tokenized: bool = False,
+                   compare: Sequence[str] | None = None) -> dict[str, Any]:
     """:func:`evaluate` on a source file and a reference file (strict UTF-8, one per line)."""
     from ..data.corpus import read_lines
 
@@ -128,7 +135,7 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decod
     from ..inference.files import reporting
 
     with reporting(translator, len(sources)):
-        return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized)
+        return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized, compare)
 
 
 def alignment_error_rate(predicted: Sequence[Iterable[tuple[int, int]]], sure: Sequence[Iterable[tuple[int, int]]],

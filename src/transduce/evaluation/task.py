@@ -27,6 +27,9 @@ class EvalFiles:
         tok_ref: translation only: lowercased Moses-tokenized references (adds ``bleu_moses_lc``).
         lang: the target language of ``tok_ref`` (Moses rules).
         hyp_tokenized: the model writes tokenized text already (score it as it is).
+        compare: translation only: another system to test the model against (paired bootstrap
+            and approximate randomization, :mod:`.significance`): its translations of ``src``
+            (a file), or a model directory, which translates ``src`` with the same settings.
     """
 
     ref: str
@@ -34,6 +37,7 @@ class EvalFiles:
     tok_ref: str | None = None
     lang: str | None = None
     hyp_tokenized: bool = False
+    compare: str | None = None
 
 
 def evaluate_model(paths: ModelDirs, files: EvalFiles, runtime: Runtime = Runtime(),
@@ -68,13 +72,27 @@ def _evaluate_translation(dirs: list[str], files: EvalFiles, runtime: Runtime, o
         raise ConfigError("seed: is for masked LMs (train.task mlm); this is a translation model")
     with load(dirs, runtime, draft) as translator:
         decode = translator.settings(**overrides)
+        other = None if files.compare is None else _other_translations(files.compare, files.src, runtime, decode)
         result = evaluate_files(translator, files.src, files.ref, decode, tok_ref_path=files.tok_ref, lang=files.lang,
-                                hyps_tokenized=files.hyp_tokenized)
+                                hyps_tokenized=files.hyp_tokenized, compare=other)
         summary = draft_summary(translator)
     if summary is None:
         return result
     return {**result, "draft": {"draft_tokens": decode.draft_tokens, "draft_threshold": decode.draft_threshold,
                                 **summary}}
+
+
+def _other_translations(other: str, src: str, runtime: Runtime, decode: DecodeConfig) -> list[str]:
+    """``--compare``'s translations: a model directory's of ``src`` with ``decode``, or a file's lines."""
+    from pathlib import Path
+
+    from ..data.corpus import read_lines
+    if not Path(other).is_dir():
+        if not Path(other).is_file():
+            raise ConfigError(f"compare: {other} is neither a hypothesis file nor a model directory")
+        return list(read_lines(other))
+    with load([other], runtime) as translator:
+        return [r.best.text for r in translator.translate_detailed(list(read_lines(src)), decode)]
 
 
 def _check_unused(task: str, dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],

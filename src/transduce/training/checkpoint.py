@@ -3,7 +3,8 @@
 A checkpoint is a directory ``checkpoints/step_00001000/`` that is also a loadable model
 directory (``config.yaml``, ``model.safetensors``, tokenizer files) plus the training state:
 ``trainer.pt`` (optimizer, RNG and grad-scaler state; read with ``weights_only=True``) and
-``state.json`` (step, data position, counters), with the sha256 of its files in ``checksums.sha256``
+``state.json`` (step, data position, counters) and, with ``train.ema_decay``, ``ema.safetensors``
+(the moving average of the weights, a full weights file), with the sha256 of its files in ``checksums.sha256``
 (see :mod:`transduce.checksums`). It is written under a temporary name and
 renamed into place, then ``checkpoints/latest`` is atomically pointed at it: a kill during a
 save leaves the previous checkpoint, and the pointer to it, intact.
@@ -24,7 +25,7 @@ from ..atomic import atomic_dir, atomic_write_text
 from ..checksums import record, sha256_file, verify_all
 from ..config import DecodeConfig
 from ..errors import CheckpointError, one_line
-from ..model.io import load_model_config, read_weights, save_model, save_weights
+from ..model.io import WEIGHTS, load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
@@ -49,13 +50,17 @@ def save_model_dir(model: Transformer, tokenizer: Any, directory: Path, decode: 
 
 def save_checkpoint(ckpt_root: Path, step: int, model: Transformer, tokenizer: Any,
                     trainer_state: dict[str, Any], info: dict[str, Any], keep_last: int,
-                    decode: DecodeConfig | None = None) -> Path:
-    """Write ``step_XXXXXXXX`` under ``ckpt_root``, point ``latest`` at it, prune old ones."""
+                    decode: DecodeConfig | None = None, extra_weights: dict[str, dict[str, torch.Tensor]] | None = None
+                    ) -> Path:
+    """Write ``step_XXXXXXXX`` under ``ckpt_root``, point ``latest`` at it, prune old ones;
+    ``extra_weights``: more safetensors files (file name -> tensors), e.g. the weights' average."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
 
     def fill(tmp: Path) -> None:
         save_model(model, tmp, decode)
         tokenizer.save(tmp)
+        for name, tensors in (extra_weights or {}).items():
+            save_weights(tensors, tmp / name)
         torch.save(trainer_state, tmp / "trainer.pt")
         digest = sha256_file(tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps({**info, TRAINER_DIGEST: digest}, indent=1))
@@ -111,9 +116,10 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     return weights, trainer_state, info
 
 
-def average_checkpoints(paths: list[Path], out: Path) -> Path:
+def average_checkpoints(paths: list[Path], out: Path, weights: str = WEIGHTS) -> Path:
     """Average the weights of several model/checkpoint directories of one config (Sec. 6.1:
-    "averaging the last 5 checkpoints"). Writes a model directory with the first's tokenizer."""
+    "averaging the last 5 checkpoints"). Writes a model directory with the first's tokenizer.
+    ``weights``: the file averaged in each (``ema.safetensors``: the checkpoints' moving averages)."""
     if not paths:
         raise CheckpointError("average: no checkpoints given")
     config = load_model_config(paths[0])
@@ -121,12 +127,12 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     for p in paths:
         if load_model_config(p) != config:
             raise CheckpointError(f"{p}: model config differs from {paths[0]}; cannot average")
-        state = read_weights(Path(p) / "model.safetensors")
+        state = read_weights(Path(p) / weights)
         if total and set(state) != set(total):
             raise CheckpointError(f"{p}: tensor names differ from {paths[0]}")
         for k, v in state.items():
             total[k] = total[k] + v.double() if k in total else v.double()
-    dtypes = {k: v.dtype for k, v in read_weights(Path(paths[0]) / "model.safetensors").items()}
+    dtypes = {k: v.dtype for k, v in read_weights(Path(paths[0]) / weights).items()}
     averaged = {k: (v / len(paths)).to(dtypes[k]) for k, v in total.items()}
 
     def fill(tmp: Path) -> None:
@@ -137,5 +143,5 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
                 shutil.copy2(f, tmp / f.name)
                 copied.append(f.name)
         record(tmp, copied)
-        save_weights(averaged, tmp / "model.safetensors")
+        save_weights(averaged, tmp / WEIGHTS)
     return write_dir_atomically(Path(out), fill)

@@ -15,6 +15,7 @@ The loop's parts live beside it: the step's batches (:mod:`.feed`), checkpoints 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -30,11 +31,12 @@ from ..data.prepare import input_path, prepared_for_run
 from ..data.prepared import PreparedData
 from ..device import resolve_device
 from ..errors import ConfigError
-from ..model.io import build_model
+from ..model.io import WEIGHTS, build_model
 from ..progress import progress_bar
 from ..tracing import DATA, scope
 from .preemption import PREEMPTED, sigterm_flag
 from .checkpoint import average_checkpoints, latest_checkpoint, list_checkpoints, save_model_dir
+from .ema import EMA_WEIGHTS, WeightEMA
 from .distributed import DistInfo, barrier, collective_failure, init_distributed, is_collective_error, \
     shutdown_distributed
 from .feed import StepFeed
@@ -89,6 +91,7 @@ class Trainer(Checkpointing):
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
         self._params = list(self.model.parameters())  # clipped every step (restore loads into them in place)
+        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         self._ahead: StepData | None = None
         self.state = TrainState()
         self.metrics = MetricsLog(run_dir, dist.is_main, cfg.train.tensorboard)
@@ -149,6 +152,8 @@ class Trainer(Checkpointing):
                 self.optimizer.step()
         if self.graphed is None:
             self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None and applied:
+            self.ema.update(self.state.step - self.state.skipped_steps)  # updates before this one
         self.state.step += 1
         self.state.tokens += data.tokens
         if not applied:
@@ -207,6 +212,10 @@ class Trainer(Checkpointing):
     def validate(self) -> dict[str, float]:
         """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split; a
         classifier's loss and accuracy."""
+        with self.averaged():
+            return self._validate()
+
+    def _validate(self) -> dict[str, float]:
         from .validation import validation_bleu, validation_classify, validation_loss
         self.model.eval()
         out: dict[str, float] = {}
@@ -218,6 +227,11 @@ class Trainer(Checkpointing):
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
             out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
         return out
+
+    def averaged(self) -> contextlib.AbstractContextManager:
+        """A block in which the model holds the moving average of its weights (``train.ema_decay``),
+        or its own weights when there is none."""
+        return self.ema.applied() if self.ema is not None else contextlib.nullcontext()
 
     def _improved(self, metrics: dict[str, float]) -> bool:
         score = metrics.get("val_bleu", metrics.get("val_acc", -metrics.get("val_loss", math.inf)))
@@ -292,7 +306,8 @@ class Trainer(Checkpointing):
         if self.dist.is_main:  # above the bar while one is drawn (transduce.progress)
             logger.info("step %d: %s", self.state.step, ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
         if self._improved(metrics) and self.dist.is_main:
-            save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
+            with self.averaged():
+                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
         return metrics
 
     def preempted(self) -> dict[str, float]:
@@ -315,9 +330,11 @@ class Trainer(Checkpointing):
             k = self.cfg.train.average_last
             ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k else []
             if len(ckpts) > 1:
-                average_checkpoints(ckpts, self.run_dir / "model")
+                ema = self.ema is not None and all((c / EMA_WEIGHTS).is_file() for c in ckpts)
+                average_checkpoints(ckpts, self.run_dir / "model", EMA_WEIGHTS if ema else WEIGHTS)
             else:
-                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
+                with self.averaged():
+                    save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
             logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
                         self.elapsed(), self.run_dir / "model")
         self.metrics.close()

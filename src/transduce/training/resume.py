@@ -4,7 +4,7 @@ position and counters).
 
 :class:`Checkpointing` is a part of :class:`~.loop.Trainer`; it uses the trainer's ``cfg``,
 ``run_dir``, ``data``, ``dist``, ``device``, ``model``, ``model_cfg``, ``optimizer``,
-``scaler``, ``graphed``, ``state`` and ``elapsed()``.
+``scaler``, ``graphed``, ``ema``, ``state`` and ``elapsed()``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ..data.tokenizer import Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from .ema import EMA_WEIGHTS
 from .distributed import all_gather_object, collective_failure, is_collective_error
 from .state import TrainingError, TrainState
 from .step import load_optimizer_state
@@ -60,6 +61,8 @@ class Checkpointing:
                 k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")} | {
                 k.replace("nsp_head.", "cls_head."): v for k, v in state.items() if k.startswith("nsp_head.pooler.")}
         load_state_checked(self.model, state, str(directory / WEIGHTS))
+        if self.ema is not None:
+            self.ema.reset()  # the average starts from the weights trained on
         logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
 
     def _check_init_tokenizer(self, directory: Path, extend: bool) -> None:
@@ -111,7 +114,19 @@ class Checkpointing:
         if self.scaler is not None and "scaler" in trainer_state:
             self.scaler.load_state_dict(trainer_state["scaler"])
         self.state = TrainState(**info["train_state"])
+        self._restore_ema(path)
         logger.info("resumed from %s (step %d, epoch %d)", path, self.state.step, self.state.epoch)
+
+    def _restore_ema(self, path: Path) -> None:
+        """The checkpoint's moving average of the weights (``train.ema_decay``); a checkpoint of a
+        run without one starts it from the restored weights."""
+        if self.ema is None:
+            return
+        if (path / EMA_WEIGHTS).is_file():
+            self.ema.load_state_dict(read_weights(path / EMA_WEIGHTS))
+            return
+        logger.warning("%s has no %s (trained without train.ema_decay): the average starts here", path, EMA_WEIGHTS)
+        self.ema.reset()
 
     def save(self) -> Path | None:
         """Write a checkpoint (rank 0 writes it; every rank calls this, giving its RNG state)."""
@@ -139,5 +154,6 @@ class Checkpointing:
         state = replace(self.state, elapsed=self.elapsed())
         info = {"train_state": asdict(state), "world_size": self.dist.world_size}
         return save_checkpoint(self.run_dir / "checkpoints", self.state.step, self.model, self.data.tokenizer,
-                               trainer_state, info, self.cfg.train.keep_last, self.cfg.decode)
+                               trainer_state, info, self.cfg.train.keep_last, self.cfg.decode,
+                               {EMA_WEIGHTS: self.ema.state_dict(self.model)} if self.ema is not None else None)
 
