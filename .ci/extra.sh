@@ -13,4 +13,4 @@ $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver
 # tokenizers; transformers, ctranslate2, onnx, onnxruntime, onnxscript; fastapi, uvicorn, sse-starlette;
 # selenium, httpx; tensorboard; sentencex (documents).
 pip install -q -e '.[test,export,serve,web-test,tensorboard,pretrained,documents]'
-python -c "import tokenizers, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, sse_starlette, selenium, tensorboard, sentencex; print('extras ok')"
+python -c "import tokenizers, schemathesis, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, sse_starlette, selenium, tensorboard, sentencex; print('extras ok')"

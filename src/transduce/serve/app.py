@@ -17,6 +17,7 @@ Routes:
                      ``delta`` {"text"} as the search settles it, then ``done`` {"translation"} (or
                      ``error`` {"error", "status"}); the deltas joined are the translation
     GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
+    GET  /openapi.json  -> the OpenAPI 3.1 document of these routes (:mod:`.openapi`)
     GET  /           -> the demo page (static/index.html)
 
 With ``api_key`` set, the POST routes need ``Authorization: Bearer KEY`` (401 otherwise; the
@@ -39,6 +40,7 @@ from dataclasses import asdict
 from importlib import resources
 from typing import Any, Hashable
 
+from .. import __version__
 from ..config import ServeConfig
 from ..errors import ConfigError, TransduceError, require
 from ..inference.alignment import format_alignment
@@ -49,6 +51,7 @@ from ..inference.documents import translate_document
 from ..inference.streaming import stream_translation
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
+from .openapi import openapi_document
 from .requests import ApiError, BodyLimit, check_sentences, optional, parse_body, request_models
 
 logger = logging.getLogger(__name__)
@@ -195,6 +198,12 @@ def create_app(service: TranslationService, title: str = "transduce"):
     @app.get("/", response_class=HTMLResponse)
     async def index():
         return HTMLResponse(index_html())
+
+    document = openapi_document(title, __version__, service.cfg, request_models())
+
+    @app.get("/openapi.json")
+    async def openapi():
+        return document
 
     return app
 
