@@ -55,7 +55,8 @@ def test_recipe_trains_on_the_tokenized_text(multi30k_root, tmp_path):
     from transduce.data.prepare import split_texts
     from transduce.data.prepared import PreparedData
     manifest = PreparedData.open(out / "prepared").manifest
-    assert [sum(manifest["splits"][k]["filter"].values()) for k in ("train", "valid", "test")] == [29000, 20, 1000]
+    # prepare keeps every line; data.valid_max_sentences cuts validation at train time (no new prepare)
+    assert [sum(manifest["splits"][k]["filter"].values()) for k in ("train", "valid", "test")] == [29000, 1014, 1000]
     data = load_run_config(out / "config.yaml").data
     assert split_texts(data, "valid")[0] == ("a group of men are loading cotton onto a truck",
                                              "eine gruppe von männern lädt baumwolle auf einen lastwagen")
