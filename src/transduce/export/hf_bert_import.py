@@ -49,7 +49,7 @@ from ..model import EncoderOnly, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
 from .hf_bert import bert_names, probe_inputs
-from .hf_read import HFImportError, load_hf_model, read_weights
+from .hf_read import HFImportError, load_hf_model, read_weights, refuse_unsupported
 from .verify import check_close
 
 if TYPE_CHECKING:
@@ -118,16 +118,11 @@ def _renumber_processor(proc, new: list[int]) -> None:
         _renumber_processor(inner, new)
 
 
-def _check_supported(config: dict, name: Path) -> None:
-    for key, want in (("hidden_act", "gelu"), ("position_embedding_type", "absolute"), ("is_decoder", False)):
-        if config.get(key, want) != want:
-            raise HFImportError(f"{name}: {key}={config[key]!r} is not supported (transduce maps {key}={want!r})")
-
-
 def _model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
     """Our ModelConfig for a BertConfig / RobertaConfig (as a dict), and the first position row."""
     name = where / "config.json"
-    _check_supported(config, name)
+    refuse_unsupported(config, name, {"hidden_act": "gelu", "position_embedding_type": "absolute",
+                                      "is_decoder": False}, "transduce maps")
     try:
         offset = int(config["pad_token_id"]) + 1 if family == "roberta" else 0
         labels = ()

@@ -36,7 +36,7 @@ from ..model import DecoderOnlyLM, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
 from .hf_gpt2 import hf_tokenizer_differences, probe_prompts
-from .hf_read import HFImportError, load_hf_model, read_weights
+from .hf_read import HFImportError, load_hf_model, read_weights, refuse_unsupported
 from .verify import check_close
 
 logger = logging.getLogger(__name__)
@@ -76,10 +76,7 @@ def _key(config: dict, where: Path, name: str):
 
 def gpt2_model_config(config: dict, where: Path, tokenizer: HFTokenizer) -> ModelConfig:
     """The :class:`ModelConfig` of a GPT2Config dict; a one-line error for what we cannot express."""
-    for key, default in REFUSED.items():
-        if config.get(key, default) != default:
-            raise HFImportError(f"{where / 'config.json'}: {key}={config[key]} is not supported (transduce's "
-                                f"GPT has {key}={default})")
+    refuse_unsupported(config, where / "config.json", REFUSED, "transduce's GPT has")
     act = config.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise HFImportError(f"{where / 'config.json'}: activation_function={act!r} is not supported "

@@ -59,7 +59,7 @@ from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
 from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, residual_permutation
 from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
-                      rewrite_spm)
+                      refuse_unsupported, rewrite_spm)
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,8 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     if config.get("model_type") != "marian":
         raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5', 'mt5', "
                             "'gpt2', 'bert' or 'roberta' (the kinds transduce imports)")
-    for key, default in REFUSED.items():
-        if config.get(key, default) != default:
-            raise HFImportError(f"{name}: {key}={config[key]} is not supported (transduce's Marian layout "
-                                    f"is post-LN with sinusoidal positions and no embedding LayerNorm)")
+    refuse_unsupported(config, name, REFUSED, "transduce's Marian layout is post-LN with sinusoidal positions "
+                       "and no embedding LayerNorm")
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
                              "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
         if config.get(enc) != config.get(dec):

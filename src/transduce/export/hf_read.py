@@ -30,6 +30,14 @@ class HFImportError(TransduceError):
     """A Hugging Face directory transduce cannot import (missing file, unsupported option, failed check)."""
 
 
+def refuse_unsupported(config: dict, name: Path, wanted: dict, why: str) -> None:
+    """One line naming the first key of ``config`` whose value is not the one transduce maps
+    (``wanted``: key -> the only value supported; an absent key counts as that value)."""
+    for key, want in wanted.items():
+        if config.get(key, want) != want:
+            raise HFImportError(f"{name}: {key}={config[key]!r} is not supported ({why}: {key}={want!r})")
+
+
 def read_json(path: Path) -> dict:
     if not path.is_file():
         raise HFImportError(f"{path}: not found (a MarianMTModel directory holds config.json, weights, "
