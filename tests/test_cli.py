@@ -95,6 +95,24 @@ def test_evaluate_reports_sacrebleus_own_scores(model_dir, tmp_path, capsys):
     assert report["sentences"] == 4 and report["sentences_per_s"] > 0 and report["tokens_per_s"] > 0
 
 
+def test_evaluate_reranks_the_nbest_as_translate_does(model_dir, tmp_path, capsys):
+    """evaluate --nbest K --rerank mbr scores the hypotheses translate --nbest K --rerank mbr writes."""
+    src, ref, hyp = tmp_path / "src.txt", tmp_path / "ref.txt", tmp_path / "hyp.txt"
+    src.write_text("the cat sat on the mat\na dog runs\ntea\n", encoding="utf-8")
+    refs = ["THE CAT SAT ON THE MAT", "A DOG RUNS", "TEA"]
+    ref.write_text("\n".join(refs) + "\n", encoding="utf-8")
+    mbr = ["--beam", "3", "--nbest", "3", "--rerank", "mbr", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu"]
+    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(hyp), *mbr]) == 0
+    hyps = hyp.read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 3  # reranked: one line per input, not K
+    capsys.readouterr()
+    assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), *mbr]) == 0
+    assert json.loads(capsys.readouterr().out)["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert main(["evaluate", str(model_dir), "--src", str(src), "--ref", str(ref), "--nbest", "1", "--rerank", "mbr",
+                 "--device", "cpu"]) == 2  # one line: reranking needs the n-best (or samples)
+    assert "decode.rerank" in capsys.readouterr().err
+
+
 def test_evaluate_rejects_misaligned_files(model_dir, tmp_path, capsys):
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("a\nb\n", encoding="utf-8")

@@ -186,6 +186,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="mlm: seeds which tokens are masked, per line (default: a default run's train.seed, "
                         "as its validation)")
+    p.add_argument("--nbest", type=int, default=None,
+                   help="translation, with --rerank: the K best of the beam that reranking chooses among "
+                        "(default: the model's decode.nbest); without --rerank the best is scored")
     add_decode_options(p)
     add_runtime_options(p)
     p.set_defaults(func=_cmd_evaluate)
