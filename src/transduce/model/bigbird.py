@@ -18,7 +18,8 @@ Two implementations of the same function, proven equal in tests/model/test_spars
   draws; O(T^2), readable, what the blocked version is checked against.
 * :func:`bigbird_attention`: the blocked kernel: every middle query block with its (5 + r) key
   blocks gathered beside it, as one SDPA call whose batch is the blocks; the two global query
-  blocks as one call over all keys. No (T x T) tensor is made.
+  blocks as one call over all keys. No (T x T) tensor is made; the middle blocks go a chunk at
+  a time under activation checkpointing, so the gathered keys of one chunk are alive at once.
 
 Legend: B batch, H heads, T length, Dh head dim, nb blocks, bs block size, r random blocks,
 K = 5 + r key blocks per middle query block.
@@ -31,9 +32,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from .masks import combine
+
+CHUNK_TOKENS = 2048  # middle query tokens per checkpointed chunk: at 16k, 1/8 of the gathered keys alive
 
 
 @dataclass(frozen=True)
@@ -120,10 +124,15 @@ def key_blocks(n_blocks: int, n_heads: int, n_random: int, seed: int) -> tuple[T
 
 
 def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, block: int, n_random: int,
-                      seed: int, dropout: float = 0.0) -> Tensor:
+                      seed: int, dropout: float = 0.0, chunk_tokens: int = CHUNK_TOKENS) -> Tensor:
     """:func:`bigbird_reference` in blocks, without a (T x T) tensor: the two global query blocks
     over every key, then the middle query blocks, each over its K gathered key blocks (the
     blocks are SDPA's batch). A sequence of one or two blocks is all global: full attention.
+
+    The middle blocks go ``chunk_tokens`` query tokens at a time, each chunk under activation
+    checkpointing when gradients are on: only one chunk's gathered keys and values (K blocks per
+    query block) are alive at once, and the backward pass recomputes them (same dropout draws),
+    so peak memory grows with T by the size of q, k and v alone.
 
     Shape: q, k, v (B, H, T, Dh), mask (B, 1, 1, T) key mask or None -> (B, H, T, Dh).
     """
@@ -137,24 +146,30 @@ def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bloc
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))               # (B, H, nb*bs, Dh)
     ends = torch.cat([q[:, :, :block], q[:, :, -block:]], dim=2)           # (B, H, 2bs, Dh)
     ends = F.scaled_dot_product_attention(ends, k, v, attn_mask=keep[:, None, None], dropout_p=dropout)
-    middle = _middle_blocks(q, k, v, keep, n_blocks, block, n_random, seed, dropout)
-    out = torch.cat([ends[:, :, :block], middle, ends[:, :, block:]], dim=2)
+    idx, used = (x.to(q.device) for x in key_blocks(n_blocks, h, n_random, seed))  # (H, nb-2, K)
+    step = max(1, chunk_tokens // block)
+    middle = [_middle_blocks(q, k, v, keep, idx[:, i:i + step], used[:, i:i + step], i + 1, block, dropout)
+              if not torch.is_grad_enabled() else
+              checkpoint(_middle_blocks, q, k, v, keep, idx[:, i:i + step], used[:, i:i + step], i + 1, block,
+                         dropout, use_reentrant=False)
+              for i in range(0, n_blocks - 2, step)]
+    out = torch.cat([ends[:, :, :block], *middle, ends[:, :, block:]], dim=2)
     return out[:, :, :t]                                                    # (B, H, T, Dh)
 
 
-def _middle_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, n_blocks: int, block: int, n_random: int,
-                   seed: int, dropout: float) -> Tensor:
-    """Query blocks 1 .. nb-2 of padded q, k, v (B, H, nb*bs, Dh) over their key blocks
-    -> (B, H, (nb-2)*bs, Dh)."""
+def _middle_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, idx: Tensor, used: Tensor, first: int,
+                   block: int, dropout: float) -> Tensor:
+    """Query blocks ``first`` .. ``first + n - 1`` of padded q, k, v (B, H, nb*bs, Dh), over their
+    key blocks ``idx`` (H, n, K) where ``used`` -> (B, H, n*bs, Dh)."""
     b, h, _, dh = q.shape
-    idx, used = (x.to(q.device) for x in key_blocks(n_blocks, h, n_random, seed))  # (H, nb-2, K)
+    n = idx.shape[1]
     n_keys = idx.shape[-1] * block
     heads = torch.arange(h, device=q.device)[:, None, None]
-    kb = k.view(b, h, n_blocks, block, dh)[:, heads, idx]                   # (B, H, nb-2, K, bs, Dh)
-    vb = v.view(b, h, n_blocks, block, dh)[:, heads, idx]
-    ok = keep.view(b, n_blocks, block)[:, idx] & used[None, ..., None]     # (B, H, nb-2, K, bs)
-    qb = q[:, :, block:-block].reshape(b, h * (n_blocks - 2), block, dh)   # (B, H*(nb-2), bs, Dh)
+    kb = k.view(b, h, -1, block, dh)[:, heads, idx]                         # (B, H, n, K, bs, Dh)
+    vb = v.view(b, h, -1, block, dh)[:, heads, idx]
+    ok = keep.view(b, -1, block)[:, idx] & used[None, ..., None]           # (B, H, n, K, bs)
+    qb = q[:, :, first * block:(first + n) * block].reshape(b, h * n, block, dh)  # (B, H*n, bs, Dh)
     out = F.scaled_dot_product_attention(
-        qb, kb.reshape(b, h * (n_blocks - 2), n_keys, dh), vb.reshape(b, h * (n_blocks - 2), n_keys, dh),
-        attn_mask=ok.reshape(b, h * (n_blocks - 2), 1, n_keys), dropout_p=dropout)
-    return out.view(b, h, (n_blocks - 2) * block, dh)
+        qb, kb.reshape(b, h * n, n_keys, dh), vb.reshape(b, h * n, n_keys, dh),
+        attn_mask=ok.reshape(b, h * n, 1, n_keys), dropout_p=dropout)
+    return out.view(b, h, n * block, dh)
