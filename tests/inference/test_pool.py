@@ -136,6 +136,27 @@ def test_spread_batches_splits_the_costliest_until_every_worker_has_one():
     assert spread_batches([], lengths, parts=2) == []
 
 
+def test_pool_scores_aligns_and_keeps_markup_as_the_translator_does(pool, translator):
+    # forced decoding (score, jsonl's log-probabilities and alignments, markup) runs in a worker
+    # (before, a pool refused it with an error that named `score`, whatever the command)
+    from transduce.inference.alignment import translate_markup
+    from transduce.inference.scoring import score_pairs
+
+    targets = [t.upper() for t in TEXTS]
+    decode = translator.settings(max_len_b=6)
+    got, want = score_pairs(pool, TEXTS, targets, decode), score_pairs(translator, TEXTS, targets, decode)
+    assert [g.pieces for g in got] == [w.pieces for w in want]
+    for g, w in zip(got, want):
+        assert g.token_log_probs == pytest.approx(w.token_log_probs, rel=1e-5, abs=1e-6)
+        assert g.score == pytest.approx(w.score, rel=1e-5)
+    aligned = [pool.translate_detailed(TEXTS, alignment=True, max_len_b=6),
+               translator.translate_detailed(TEXTS, alignment=True, max_len_b=6)]
+    assert [t.best.alignment for t in aligned[0]] == [t.best.alignment for t in aligned[1]]
+    assert any(t.best.alignment for t in aligned[0])
+    marked = ["the <b>cat</b> sat", "a {name} runs", "tea"]
+    assert translate_markup(pool, marked, decode) == translate_markup(translator, marked, decode)
+
+
 def test_cli_workers_write_what_one_process_writes(model_dir, tmp_path, capsys):
     from transduce.cli import main
 

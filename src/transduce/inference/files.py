@@ -125,7 +125,7 @@ def translate_file(
     each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
     TAB-separated phrases, a glossary). ``output_format`` ``jsonl``: a JSON object per input
     line instead (:func:`~transduce.inference.scoring.translation_json`: per-token log-probabilities,
-    by forced decoding of the outputs, in this process, and the word alignment of
+    by forced decoding of the outputs (where the searches run), and the word alignment of
     :mod:`~transduce.inference.alignment`). ``markup``: each line's tags and placeholders are
     taken out before translation and put back at aligned positions (:mod:`~transduce.inference.markup`;
     one translation per line; with ``jsonl`` the alignment is that of the text without them).

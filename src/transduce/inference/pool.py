@@ -35,9 +35,10 @@ from torch import Tensor
 
 from ..errors import ConfigError, TransduceError
 from .batching import length_sorted_batches, spread_batches
-from ..config import Runtime
+from ..config import DecodeConfig, Runtime
 from .placement import ModelDirs, model_dirs
-from .search import SearchOutput, SearchSpec
+from .search import AttentionChoice, SearchOutput, SearchSpec
+from .search.forced import ForcedOutput, ForceSpec
 from .translator import BaseTranslator, shared_tokenizer
 from .workers import Task, Worker, _Packed, unpack
 
@@ -183,10 +184,12 @@ class SearchPool:
         """Seconds a batch of ``positions`` may take (see ``SLOW_FACTOR``)."""
         return max(self.timeout_s, SLOW_FACTOR * self._rate * positions)
 
-    def map(self, batches: Sequence[Tensor], spec: SearchSpec, prefixes: Sequence[Tensor | None] | None = None,
-            constraints: Sequence[Tensor | None] | None = None) -> Iterator[SearchOutput]:
+    def map(self, batches: Sequence[Tensor], spec: SearchSpec | ForceSpec,
+            prefixes: Sequence[Tensor | None] | None = None,
+            constraints: Sequence[Tensor | None] | None = None) -> Iterator[SearchOutput | ForcedOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
-        (each with its forced-prefix ids and its constraint ids, if given)."""
+        (each with its forced-prefix ids and its constraint ids, if given). With a
+        :class:`ForceSpec` the prefixes are the targets, and each answer a :class:`ForcedOutput`."""
         prefixes = prefixes or [None] * len(batches)
         constraints = constraints or [None] * len(batches)
         positions = [_positions(src, spec) for src in batches]
@@ -398,3 +401,8 @@ class TranslatorPool(BaseTranslator):
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
                 constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
         return self.pool.map(batches, spec, prefixes, constraints)
+
+    def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None
+               ) -> ForcedOutput:
+        """Forced decoding of one batch in a worker (scores, alignments, markup of a pool's output)."""
+        return next(iter(self.pool.map([src], ForceSpec(decode, attention), [tgt])))

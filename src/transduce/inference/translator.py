@@ -29,7 +29,7 @@ from .batching import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, StepHook, prefix_ids
 from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
-from .search.forced import ForcedOutput, force_decode
+from .search.forced import ForcedOutput, ForceSpec
 from .search.sampling import check_sampling
 from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
 from .rerank import mbr_rerank, reverse_rerank
@@ -132,7 +132,7 @@ class BaseTranslator:
                ) -> ForcedOutput:
         """Forced decoding of a (B, S) batch of source ids and (B, T) target ids, with the
         cross-attention ``attention`` asks for (CPU output)."""
-        raise ConfigError("score: forced decoding runs in this process; load with runtime.workers=0")
+        raise NotImplementedError
 
     def close(self) -> None:
         """Release what the translator holds (nothing here)."""
@@ -386,10 +386,7 @@ class Translator(BaseTranslator):
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None
                ) -> ForcedOutput:
         with torch.inference_mode(), self.autocast():
-            out = force_decode(self.model, src.to(self.device), tgt.to(self.device), decode, attention)
-        cross = None if out.cross_attention is None else out.cross_attention.float().cpu()
-        return ForcedOutput(out.token_log_probs.float().cpu(), out.log_probs.float().cpu(), out.scores.float().cpu(),
-                            out.lengths.cpu(), cross)
+            return ForceSpec(decode, attention).run(self.model, src.to(self.device), tgt.to(self.device))
 
 
 def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, device: torch.device

@@ -22,7 +22,7 @@ import pickle
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -30,6 +30,7 @@ from torch import Tensor
 from ..config import Runtime
 from ..errors import CheckpointError, TransduceError
 from .search import SearchOutput, SearchSpec
+from .search.forced import ForcedOutput, ForceSpec
 from .translator import Translator, load_search_model
 
 logger = logging.getLogger(__name__)
@@ -63,13 +64,16 @@ class _Packed:
         return torch.frombuffer(bytearray(self.data), dtype=self.dtype).view(self.shape)
 
 
-def pack(out: SearchOutput) -> tuple[_Packed | None, ...]:
-    return tuple(None if t is None else _Packed.of(t)
-                 for t in (out.tokens, out.lengths, out.scores, out.log_probs, out.attention))
+Packed = tuple[type, tuple[_Packed | None, ...]]  # an output's class and its tensors (or None) in field order
 
 
-def unpack(parts: tuple[_Packed | None, ...]) -> SearchOutput:
-    return SearchOutput(*(None if p is None else p.tensor() for p in parts))
+def pack(out: SearchOutput | ForcedOutput) -> Packed:
+    return type(out), tuple(None if t is None else _Packed.of(t) for t in (getattr(out, f.name) for f in fields(out)))
+
+
+def unpack(parts: Packed) -> SearchOutput | ForcedOutput:
+    kind, tensors = parts
+    return kind(*(None if p is None else p.tensor() for p in tensors))
 
 
 # ---------------------------------------------------------------------------- the worker's side
@@ -118,10 +122,10 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _search(translator: Translator, src: _Packed, spec: SearchSpec, prefix: _Packed | None,
-            constraints: _Packed | None = None) -> tuple[float, tuple[_Packed | None, ...]]:
-    """Search one batch (with its forced prefixes and constraint ids, if any): (seconds it took,
-    the packed SearchOutput)."""
+def _search(translator: Translator, src: _Packed, spec: SearchSpec | ForceSpec, prefix: _Packed | None,
+            constraints: _Packed | None = None) -> tuple[float, Packed]:
+    """Search one batch (with its forced prefixes and constraint ids, if any), or force-decode it
+    (``prefix``: the targets): (seconds it took, the packed SearchOutput or ForcedOutput)."""
     start = time.perf_counter()
     with torch.inference_mode(), translator.autocast():
         out = pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor(),

@@ -42,6 +42,31 @@ class ForcedOutput:
     lengths: Tensor
     cross_attention: Tensor | None = None
 
+    def cpu(self) -> "ForcedOutput":
+        """The same output on the CPU, its scores and attention in fp32."""
+        cross = None if self.cross_attention is None else self.cross_attention.float().cpu()
+        return ForcedOutput(self.token_log_probs.float().cpu(), self.log_probs.float().cpu(),
+                            self.scores.float().cpu(), self.lengths.cpu(), cross)
+
+
+@dataclass(frozen=True)
+class ForceSpec:
+    """Forced decoding as a job shaped like a :class:`~transduce.inference.search.SearchSpec`'s,
+    so that whatever runs searches (a :class:`~transduce.inference.Translator`, a decoding
+    worker of a :class:`~transduce.inference.TranslatorPool`) runs it too: the batch's targets
+    travel where a search's forced prefixes do."""
+
+    decode: DecodeConfig = DecodeConfig()
+    attention: AttentionChoice | None = None
+    temperature: float = 0.0  # not sampling (what a pool's deadline estimate reads)
+
+    def run(self, model: Seq2Seq, src: Tensor, tgt: Tensor | None = None, speculation: object = None,
+            constraints: Tensor | None = None) -> ForcedOutput:
+        """:func:`force_decode` of ``src`` (B, S) and ``tgt`` (B, T) on ``model`` (CPU output)."""
+        if tgt is None:
+            raise ValueError("ForceSpec.run: needs the targets")
+        return force_decode(model, src, tgt, self.decode, self.attention).cpu()
+
 
 @torch.no_grad()
 def force_decode(model: Seq2Seq, src: Tensor, tgt: Tensor, decode: DecodeConfig = DecodeConfig(),
