@@ -198,3 +198,13 @@ def test_translate_and_evaluate_with_a_draft(trained_dir, tmp_path, capsys, capl
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
     assert main(["translate", str(trained_dir), "--input", str(src), "--draft", str(model_dir)]) == 2
     assert "has another tokenizer than" in capsys.readouterr().err
+
+
+def test_the_command_line_starts_without_torch_or_tqdm():
+    # `transduce --help` and argument errors come before any heavy import: torch (seconds) and
+    # tqdm (70 ms with its logging helper) are imported by the commands that use them
+    import subprocess
+
+    code = "import sys, transduce.cli; print(sorted(m for m in ('torch', 'tqdm', 'sacrebleu') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

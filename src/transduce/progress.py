@@ -14,10 +14,10 @@ import contextlib
 import io
 import os
 import sys
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+if TYPE_CHECKING:  # imported where a bar is opened: tqdm and its logging helper cost 70 ms at start-up
+    from tqdm import tqdm
 
 # Set by ``transduce --quiet``: no bars at all.
 QUIET = False
@@ -48,6 +48,9 @@ def progress_bar(total: int | None, unit: str, desc: str | None = None, initial:
 
     A bar that is not drawn is tqdm's disabled bar: ``update`` and ``set_postfix`` do nothing.
     """
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     sized = _sized()
     bar = tqdm(total=total, initial=initial, unit=unit if bytes_ else f" {unit}", desc=desc,
                disable=not (enabled and bars_shown()), file=sys.stderr, mininterval=0.2,

@@ -15,9 +15,8 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import IO, Iterable, Iterator, TextIO
+from typing import TYPE_CHECKING, IO, Iterable, Iterator, TextIO
 
-from tqdm import tqdm
 
 from ..atomic import atomic_path
 from ..config import DecodeConfig
@@ -29,6 +28,9 @@ from .markup import strip_markup
 from .scoring import format_scored, score_pairs, translation_json
 from .terms import Terms
 from .translator import Translation, Translator
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm import tqdm
 
 from ..errors import require
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger("transduce.training")
 
