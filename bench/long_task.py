@@ -22,6 +22,9 @@ Why the three attention kinds should differ, and where:
   matrices: every query sees k mixtures of positions, not positions. Finding one marker among
   hundreds is what such a mixture blurs. It has no window, so its near/far split is not a reach
   limit; but its projections are per position, so it may learn some positions before others.
+- ``bigbird`` (blocks of W, 3 random blocks): the first block, which holds [CLS], is global, so
+  it reads the far half as ``local_global`` does. ``lsh`` (``--lsh-hashes`` rounds into 16
+  buckets, chunks of W): [CLS] sees the keys that hash with it, and the value must land there.
 
 Each variant trains through ``run_training`` (``train.task: classify``, ``model.arch:
 encoder_only``) for the same ``train.max_minutes``, one thread each, all variants at the same
@@ -32,7 +35,7 @@ all texts have one length, so there is no padding; over the trainer's own clock)
 
 Usage:
     python bench/long_task.py [--minutes 5] [--length 512] [--window 32] [--layers 2] [--copies 0]
-                              [--variants full,local,local_global,linformer] [--out runs/long_task]
+                              [--variants full,local,local_global,linformer,bigbird,lsh] [--out runs/long_task]
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from pathlib import Path
 FILLERS = tuple("abcdefghijklmnop")
 VALUES = ("A", "B", "C", "D")
 MARKER = "Q"
-VARIANTS = ("full", "local", "local_global", "linformer")
+VARIANTS = ("full", "local", "local_global", "linformer", "bigbird", "lsh")
 
 
 def near_positions(window: int) -> range:
@@ -122,7 +125,11 @@ def model_overrides(variant: str, args: argparse.Namespace) -> dict:
     attention = {"full": dict(attention="full"),
                  "local": dict(attention="local", attention_window=args.window),
                  "local_global": dict(attention="local", attention_window=args.window, global_tokens=1),
-                 "linformer": dict(attention="linformer", linformer_k=args.linformer_k)}[variant]
+                 "linformer": dict(attention="linformer", linformer_k=args.linformer_k),
+                 # blocks of W; the first block (with [CLS]) is global: it sees every block
+                 "bigbird": dict(attention="bigbird", attention_block=args.window, random_blocks=3),
+                 "lsh": dict(attention="lsh", attention_block=args.window, lsh_hashes=args.lsh_hashes,
+                             lsh_buckets=16)}[variant]
     return {**base, **attention}
 
 
@@ -222,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64)
     p.add_argument("--linformer-k", type=int, default=64)
+    p.add_argument("--lsh-hashes", type=int, default=2, help="lsh: rounds of hashing (16 buckets, chunks of W)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch")
     p.add_argument("--train-size", type=int, default=20000)

@@ -400,6 +400,8 @@ def soak(args: argparse.Namespace) -> dict:
                 samples.append(sample(server, t0))
             left = server.stop()
             log = server.log.read_text(errors="replace")
+            if args.out:  # the server's own log beside the report: what a failed soak is read from
+                Path(args.out).with_suffix(".server.log").write_text(log, encoding="utf-8")
         result = report(outcomes, samples, kills, args.minutes, left, tuple(errors))
         result["server_log"] = log_summary(log)
     result["settings"] = {"minutes": args.minutes, "clients": args.clients, "kill_every_s": args.kill_every,
