@@ -357,7 +357,8 @@ def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translato
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
         # A slow but healthy worker is not taken for a hung one: a batch's deadline grows with
         # its size (searched positions) at SLOW_FACTOR times the slowest speed measured.
-        assert p.pool._rate > 0 and p.pool._deadline(1e9) == pytest.approx(SLOW_FACTOR * p.pool._rate * 1e9)
+        rate = p.pool.speeds.rate(1e9)
+        assert rate > 0 and p.pool._deadline(1e9) == pytest.approx(SLOW_FACTOR * rate * 1e9)
         stopped = p.pool.pids[0]
         os.kill(stopped, signal.SIGSTOP)
         assert p.translate(TEXTS, beam=2, max_len_b=6) == want
@@ -367,6 +368,22 @@ def test_a_hung_worker_is_replaced_and_its_batches_answered(model_dir, translato
         last = p.pool.pids[0]
         os.kill(last, signal.SIGSTOP)  # close() kills a stopped worker after the deadline: never waits for ever
     assert not _alive(last)
+
+
+@pytest.mark.parametrize("positions,rate", [(100, 0.01), (150, 0.01), (300, 0.001), (10_000, 0.001),
+                                            (50_000, 0.0005), (10**6, 0.0005)])
+def test_a_batch_is_judged_by_the_speed_of_batches_of_its_size(positions, rate):
+    """A small batch's fixed cost makes its seconds per position high; it must not set the
+    deadline of a large batch (that made a hung worker stall a loaded server for minutes)."""
+    from transduce.inference.pool import Speeds
+
+    speeds = Speeds()
+    assert speeds.rate(positions) == 0.0
+    speeds.record(100, 1.0)        # 0.01 s a position: a one-sentence batch
+    speeds.record(120, 0.6)        # the same size class, faster: the slowest is kept
+    speeds.record(8_000, 8.0)      # 0.001
+    speeds.record(40_000, 20.0)    # 0.0005
+    assert speeds.rate(positions) == pytest.approx(rate)
 
 
 def test_a_batch_that_hangs_the_new_worker_too_is_lost_not_waited_on(model_dir):

@@ -54,7 +54,7 @@ START_TIMEOUT_S = 300.0
 
 # A batch not answered within its deadline means a hung worker (SIGSTOP, an endless loop, a
 # deadlock): the deadline is the larger of runtime.worker_timeout_s and SLOW_FACTOR times what the batch
-# should take at the slowest speed the pool has measured (seconds per searched position), so a
+# should take at the slowest speed the pool has measured for batches of its size (``Speeds``), so a
 # slow but healthy worker, or a large batch on a big model, is given what it needs once the pool
 # has seen a batch of that model.
 SLOW_FACTOR = 10.0
@@ -77,6 +77,38 @@ def _positions(src: Tensor, spec: SearchSpec) -> float:
     the longest output allowed (the measure the pool's deadlines scale with)."""
     beam = 1 if spec.temperature else spec.decode.beam
     return src.shape[0] * beam * (spec.decode.max_len_a * src.shape[1] + spec.decode.max_len_b + 1)
+
+
+class Speeds:
+    """The slowest speed measured (seconds per searched position, see :func:`_positions`) for
+    batches of each size, sizes grouped by powers of two.
+
+    A batch's time is a fixed cost (encoder call, Python per step) plus its positions' cost, so
+    a small batch's seconds per position are higher than a large one's: one slowest rate for
+    all sizes made the deadline of a large batch many times its healthy time (on a loaded
+    2-core machine, minutes: a hung worker then stalled the server for minutes, bench/soak.py).
+    A batch is judged by batches from half its size up (their rate is at most about its own);
+    until one is measured, by the largest smaller ones.
+    """
+
+    def __init__(self) -> None:
+        self.slowest: dict[int, float] = {}  # log2 size class -> slowest seconds per position
+
+    @staticmethod
+    def size_class(positions: float) -> int:
+        return max(0, int(positions).bit_length() - 1)
+
+    def record(self, positions: float, seconds: float) -> None:
+        k = self.size_class(positions)
+        self.slowest[k] = max(self.slowest.get(k, 0.0), seconds / max(positions, 1.0))
+
+    def rate(self, positions: float) -> float:
+        """Seconds per position to expect of a batch of ``positions`` (0 before any measure)."""
+        k = self.size_class(positions)
+        alike = [r for c, r in self.slowest.items() if c >= k - 1]
+        if alike:
+            return max(alike)
+        return self.slowest[max(self.slowest)] if self.slowest else 0.0
 
 
 class WorkerLost(TransduceError):
@@ -142,7 +174,7 @@ class SearchPool:
         self.workers, self.timeout_s = runtime.workers, runtime.worker_timeout_s
         self.restarts = self.hangs = 0
         self.events: collections.deque[tuple[float, str, int]] = collections.deque(maxlen=EVENTS_KEPT)
-        self._rate = 0.0  # the slowest seconds per searched position measured so far
+        self.speeds = Speeds()  # the slowest seconds per searched position measured, by batch size
         self._tokens = itertools.count()
         self._started = False  # every first worker has loaded the model
         self._lock = threading.Lock()  # map's thread and refresh's
@@ -182,7 +214,7 @@ class SearchPool:
 
     def _deadline(self, positions: float) -> float:
         """Seconds a batch of ``positions`` may take (see ``SLOW_FACTOR``)."""
-        return max(self.timeout_s, SLOW_FACTOR * self._rate * positions)
+        return max(self.timeout_s, SLOW_FACTOR * self.speeds.rate(positions) * positions)
 
     def map(self, batches: Sequence[Tensor], spec: SearchSpec | ForceSpec,
             prefixes: Sequence[Tensor | None] | None = None,
@@ -304,7 +336,7 @@ class SearchPool:
             self._event("answered", worker.pid)
             if call is not None:
                 seconds, result = message[2]
-                self._rate = max(self._rate, seconds / call.positions[index])
+                self.speeds.record(call.positions[index], seconds)
                 call.answers[index] = result
 
     def _lose(self, slot: _Slot, why: str, hung: bool) -> None:
