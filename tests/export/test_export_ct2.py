@@ -72,6 +72,7 @@ def test_int8_is_smaller_and_close(ct2_dirs, trained_dir):
     dict(activation="gelu", n_encoder_layers=3, n_heads=4),
     dict(activation="gelu_tanh"),
     dict(activation="silu", output_bias=True),
+    dict(head_dim=12, norm="pre", positions="rope"),  # heads wider than d_model / n_heads (HF T5's d_kv)
 ])
 def test_options_beyond_marian(tmp_path, trained_dir, options):
     """CTranslate2's spec covers every transduce option; the export verifies each of them."""

@@ -116,7 +116,8 @@ def transformer_spec(model: Transformer):
     ts = require("ctranslate2.specs.transformer_spec", "export")
     cfg = model.config
     rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
-    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation == "swiglu", **rope)
+    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation == "swiglu",
+                  head_dim=cfg.head_dim, **rope)
     encoder = ts.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **common)
     decoder = ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **common)
     _set_inputs(encoder, model.src_embed, cfg)
