@@ -31,12 +31,24 @@ def test_describes_the_model_and_its_run(trained_dir, tmp_path):
     assert info["arch"] == "encoder_decoder" and info["task"] == "translation"
     assert info["shape"]["d_model"] == model.config.d_model
     assert info["shape"]["n_decoder_layers"] == model.config.n_decoder_layers
+    assert "head_dim" not in info["shape"]  # unset: d_model / n_heads, not shown
     assert info["tokenizer"]["joint"] and info["tokenizer"]["type"] == "bpe"
     assert info["tokenizer"]["src_vocab_size"] == model.config.src_vocab_size
     assert info["decode"]["beam"] == 4
     assert info["train"]["max_steps"] == 400
     assert info["last_train"] == {"step": 200, "loss": 2.25, "lr": 5e-4}
     assert info["last_valid"]["val_bleu"] == 12.5
+
+
+def test_shows_a_head_width_of_its_own(tmp_path):
+    from transduce.config import ModelConfig
+    from transduce.model import Transformer, save_model
+
+    cfg = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, head_dim=12, d_ff=32,
+                      n_encoder_layers=1, n_decoder_layers=1)
+    save_model(Transformer(cfg), tmp_path / "m")
+    shape = model_info(tmp_path / "m")["shape"]
+    assert list(shape)[list(shape).index("n_heads") + 1] == "head_dim" and shape["head_dim"] == 12
 
 
 def test_cli_text_and_json(trained_dir, tmp_path, capsys):

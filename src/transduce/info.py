@@ -79,6 +79,8 @@ def _task(cfg: ModelConfig) -> str:
 
 def _shape(cfg: ModelConfig) -> dict:
     keys = ["d_model", "n_heads", "d_ff", "max_positions"]
+    if cfg.head_dim is not None:
+        keys.insert(2, "head_dim")
     if cfg.arch != "decoder_only":
         keys.insert(0, "n_encoder_layers")
     if cfg.arch != "encoder_only":

@@ -38,14 +38,17 @@ def train_spiece(out: Path, vocab_size: int = 600) -> Path:
     return path
 
 
-def hf_t5_dir(transformers, spiece: Path, out: Path, kind: str, seed: int = 0, extra_ids: int = 100) -> Path:
+def hf_t5_dir(transformers, spiece: Path, out: Path, kind: str, seed: int = 0, extra_ids: int = 100,
+              d_kv: int = 8) -> Path:
     """A random T5ForConditionalGeneration directory. ``kind``: "t5" (T5 1.0: relu, tied, the
     output rescale) or "mt5" (model_type mt5: gated-gelu and an lm_head of its own). The vocabulary
-    is the SentencePiece model's pieces, the sentinels and unused rows up to a multiple of 8."""
+    is the SentencePiece model's pieces, the sentinels and unused rows up to a multiple of 8.
+    d_model is 32 and there are 4 heads of ``d_kv`` (8: d_model / heads; T5 1.1 and mT5 small
+    have heads of another width)."""
     import sentencepiece as spm
 
     n = spm.SentencePieceProcessor(model_file=str(spiece)).get_piece_size() + extra_ids
-    shape = dict(vocab_size=(n + 7) // 8 * 8, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+    shape = dict(vocab_size=(n + 7) // 8 * 8, d_model=32, d_kv=d_kv, d_ff=48, num_layers=2,
                  num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
                  decoder_start_token_id=0)  # (as the published configs say)
     torch.manual_seed(seed)

@@ -72,6 +72,12 @@ def test_int8_is_smaller_and_close(ct2_dirs, trained_dir):
     dict(activation="gelu", n_encoder_layers=3, n_heads=4),
     dict(activation="gelu_tanh"),
     dict(activation="silu", output_bias=True),
+    dict(head_dim=12, norm="pre", positions="rope"),  # heads wider than d_model / n_heads (HF T5's d_kv)
+    dict(positions="relative", relative_buckets=8, relative_max_distance=12),  # the paper's, with T5's bias
+    dict(positions="relative", norm="pre", norm_kind="rms", bias=False, scale_embeddings=False,  # T5 1.1
+         scale_attention=False, activation="geglu", share_embeddings=True, tie_output=False, head_dim=4),
+    dict(positions="relative", norm="pre", norm_kind="rms", bias=False, scale_embeddings=False,  # T5 1.0
+         scale_attention=False, scale_output=True, layer_norm_eps=1e-6),
 ])
 def test_options_beyond_marian(tmp_path, trained_dir, options):
     """CTranslate2's spec covers every transduce option; the export verifies each of them."""

@@ -85,6 +85,7 @@ def test_classification_logits_and_label_names_equal_berts(tmp_path, labels, nam
     (dict(scale_embeddings=True), "model.scale_embeddings=True"),
     (dict(embed_norm=False, positions="sinusoidal"), "model.positions=sinusoidal (BERT has positions=learned); "
                                                      "model.embed_norm=False"),
+    (dict(head_dim=4), "model.head_dim=4 (BERT's heads are d_model / n_heads = 8 wide)"),
 ])
 def test_options_bert_lacks_are_refused(tmp_path, options, named):
     model_dir, _ = _model_dir(tmp_path, **options)

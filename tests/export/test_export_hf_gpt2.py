@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -83,5 +85,8 @@ def test_incompatible_options_and_formats(tmp_path, lm_dir):
     save_model(DecoderOnlyLM(cfg), tmp_path / "post")
     with pytest.raises(ExportError, match="model.norm=post"):
         export_model(tmp_path / "post", "hf", tmp_path / "out")
+    save_model(DecoderOnlyLM(replace(cfg, norm="pre", head_dim=4)), tmp_path / "narrow")
+    with pytest.raises(ExportError, match=r"model\.head_dim=4 \(GPT-2's heads are d_model / n_heads = 8 wide\)"):
+        export_model(tmp_path / "narrow", "hf", tmp_path / "out")
     with pytest.raises(ExportError, match="decoder_only"):
         export_model(lm_dir, "onnx", tmp_path / "onnx")

@@ -77,3 +77,19 @@ def test_source_longer_than_the_position_table_is_refused(onnx_dir):
     too_long = np.full((1, runner.meta["max_positions"] + 1), 5, dtype=np.int64)
     with pytest.raises(ExportError, match="max_positions=64"):
         runner.greedy(too_long, max_len=5)
+
+
+def test_heads_of_another_width_export_and_verify(tmp_path, trained_dir):
+    """model.head_dim != d_model / n_heads: the decoder step's cache inputs take the head width."""
+    from transduce.config import ModelConfig
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.model import Transformer, save_model
+
+    tok = Tokenizer.load(trained_dir)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=16,
+                                    n_heads=2, head_dim=12, n_encoder_layers=1, n_decoder_layers=2, d_ff=32))
+    save_model(model, tmp_path / "m")
+    tok.save(tmp_path / "m")
+    report = export_model(tmp_path / "m", "onnx", tmp_path / "out")
+    assert report.checks["max_logit_diff"] < 1e-4

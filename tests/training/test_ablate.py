@@ -6,7 +6,7 @@ import json
 import yaml
 
 from transduce.cli import main
-from transduce.config import RunConfig
+from transduce.config import RunConfig, apply_overrides
 from transduce.training.ablate import table3_rows
 from extra_helpers import need_extra
 
@@ -23,9 +23,22 @@ def test_rows_are_scaled_to_the_base_model():
     assert rows["base"] == []
     assert rows["A_h1"] == ["model.n_heads=1"] and rows["A_h16"] == ["model.n_heads=16"]
     assert "A_h4" not in rows  # the base's own
+    assert rows["B_dk1"] == ["model.head_dim=1"] and rows["B_dk2"] == ["model.head_dim=2"]  # d_k 4 / 4, 4 / 2
     assert rows["C_N2"] == ["model.n_encoder_layers=2", "model.n_decoder_layers=2"]
     assert rows["C_d32"] == ["model.d_model=32", "model.d_ff=64"]
     assert rows["D_ls0.0"] == ["train.label_smoothing=0.0"] and rows["E_learned"] == ["model.positions=learned"]
+
+
+def test_rows_of_a_base_with_its_own_head_width():
+    """With model.head_dim set, (A) keeps h * d_k (not d_model) and (B) shrinks the base's d_k."""
+    config = {**CONFIG, "model": {**CONFIG["model"], "n_heads": 2, "head_dim": 64}}
+    rows = dict(table3_rows(RunConfig.from_dict(config)))
+    assert rows["A_h1"] == ["model.n_heads=1", "model.head_dim=128"]
+    assert rows["A_h8"] == ["model.n_heads=8", "model.head_dim=16"]
+    assert rows["B_dk16"] == ["model.head_dim=16"] and rows["B_dk32"] == ["model.head_dim=32"]
+    for overrides in rows.values():  # every row's config is valid and keeps (A)'s width
+        m = RunConfig.from_dict(apply_overrides(config, overrides)).model
+        assert m.attention_width == 128 or overrides[0].startswith(("model.head_dim", "model.d_model"))
 
 
 def test_ablate_dry_trains_every_row_and_resumes(tmp_path, capsys):
@@ -39,7 +52,10 @@ def test_ablate_dry_trains_every_row_and_resumes(tmp_path, capsys):
     assert all(r["steps"] == 2 and r["val_ppl"] > 1 and r["val_bleu"] is not None for r in results)
     assert table[2].startswith("| base | 1 | 16 | 32 | 4 |")
     heads = next(line for line in table if line.startswith("| A_h1 "))
-    assert heads.startswith("| A_h1 |  |  |  | 1 |  |  |  | 2 |")  # changed cells only
+    assert heads.startswith("| A_h1 |  |  |  | 1 | 16 |  |  |  | 2 |")  # changed cells only: h, d_k
+    narrow = next(line for line in table if line.startswith("| B_dk1 "))
+    assert narrow.startswith("| B_dk1 |  |  |  |  | 1 |  |  |  | 2 |")
+    assert results[0]["params"] > next(r for r in results if r["row"] == "B_dk1")["params"]
     assert results[0]["params"] != next(r for r in results if r["row"] == "C_d32")["params"]
     mtime = (out / "rows" / "base" / "result.json").stat().st_mtime_ns
     (out / "rows" / "E_learned" / "result.json").unlink()  # as if killed before that row finished

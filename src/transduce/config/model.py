@@ -30,7 +30,12 @@ class ModelConfig:
     d_model: int = 512
     """Width of the embeddings and of every sublayer's output (D, Sec. 3.1)."""
     n_heads: int = 8
-    """Attention heads (H, Sec. 3.2.2); must divide ``d_model``."""
+    """Attention heads (H, Sec. 3.2.2); must divide ``d_model`` unless ``head_dim`` is set."""
+    head_dim: int | None = None
+    """Width of each head (d_k = d_v, Sec. 3.2.2): the queries, keys and values are projected
+    from d_model to n_heads * head_dim and the heads' concatenation back to d_model (W^O).
+    Empty: d_model / n_heads (the paper). The paper's Table 3 row (B) varies it; T5 1.1 and mT5
+    set it apart from d_model / n_heads (HF ``d_kv``)."""
     n_encoder_layers: int = 6
     """Encoder blocks (N, Sec. 3.1)."""
     n_decoder_layers: int = 6
@@ -159,10 +164,11 @@ class ModelConfig:
         self._check_vocabulary()
 
     def _check_shape(self) -> None:
-        positive(self, "model", ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff", "max_positions"))
+        positive(self, "model", ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "head_dim", "d_ff",
+                                 "max_positions"))
         non_negative(self, "model", ("n_encoder_layers", "n_decoder_layers"))
-        check(self.d_model % self.n_heads == 0, "model.d_model",
-              f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        check(self.head_dim is not None or self.d_model % self.n_heads == 0, "model.d_model",
+              f"{self.d_model} is not divisible by model.n_heads={self.n_heads} (or set model.head_dim)")
         for k in ("dropout", "attention_dropout", "activation_dropout"):
             v = getattr(self, k)
             check(0.0 <= v < 1.0, f"model.{k}", f"must be in [0, 1); got {v}")
@@ -212,8 +218,8 @@ class ModelConfig:
 
     def _check_positions_and_norm(self) -> None:
         if self.positions == "rope":
-            check(self.head_dim % 2 == 0, "model.positions",
-                  f"rope needs an even head dimension; d_model/n_heads = {self.head_dim}")
+            check(self.d_head % 2 == 0, "model.positions",
+                  f"rope needs an even head dimension; got {self.d_head}")
         check(self.rope_base > 0, "model.rope_base", "must be positive")
         self._check_relative()
         check(not self.scale_output or self.tie_output, "model.scale_output",
@@ -256,9 +262,14 @@ class ModelConfig:
         return never_generated(self.pad_id, self.bos_id, self.eos_id)
 
     @property
-    def head_dim(self) -> int:
-        """Dh = d_model / n_heads."""
-        return self.d_model // self.n_heads
+    def d_head(self) -> int:
+        """Dh: ``head_dim``, or d_model / n_heads when it is not set."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def attention_width(self) -> int:
+        """H * Dh: the width of the concatenated heads (d_model unless ``head_dim`` is set)."""
+        return self.n_heads * self.d_head
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {

@@ -37,6 +37,15 @@ class ExportReport:
         return f"exported {self.format} model to {self.out} (verified: {', '.join(parts)})"
 
 
+def head_width_problems(cfg, family: str) -> list[str]:
+    """``[phrase]`` when ``cfg``'s heads are not d_model / n_heads wide (``model.head_dim``), which
+    ``family``'s config cannot express (it has no head width of its own); else []."""
+    if cfg.attention_width == cfg.d_model:
+        return []
+    return [f"model.head_dim={cfg.head_dim} ({family}'s heads are d_model / n_heads = "
+            f"{cfg.d_model / cfg.n_heads:g} wide)"]
+
+
 @contextlib.contextmanager
 def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     """A temporary directory beside ``out`` that becomes ``out`` if the block succeeds

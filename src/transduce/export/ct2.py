@@ -3,8 +3,10 @@
 We build the spec directly rather than going through the Hugging Face Marian converter: that
 converter assumes OPUS-MT's conventions (PAD as decoder start, a zero start embedding), and
 CTranslate2's own spec covers every transduce option (pre-/post-LN, learned, sinusoidal or
-rotary positions, GELU/SwiGLU, bias-free layers, untied embeddings). As in CTranslate2's own
-converters, parameter names are the contract, mapped by one small function per layer.
+rotary positions, GELU/SwiGLU/GEGLU, bias-free layers, untied embeddings, heads of
+``model.head_dim``, and T5's options: relative attention bias, RMSNorm, unscaled scores, the
+output rescale). As in CTranslate2's own converters, parameter names are the contract, mapped by
+one small function per layer.
 
 CTranslate2 fuses the self-attention q/k/v projections into one matrix and the cross-attention
 k/v into another. Our sinusoidal table is stored in the model (``position_encodings``), so its
@@ -26,6 +28,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..model import Transformer
+from ..model.layers import GATED
 from ..errors import require
 from ..progress import progress_bar
 from .base import ExportError, load_for_export
@@ -53,10 +56,11 @@ def _set_fused(spec, layers: list[nn.Linear]) -> None:
         spec.bias = np.concatenate([_np(layer.bias) for layer in layers])
 
 
-def _set_norm(spec, norm: nn.LayerNorm) -> None:
+def _set_norm(spec, norm: nn.LayerNorm | nn.RMSNorm) -> None:
     spec.gamma = _np(norm.weight)
-    # CTranslate2 LayerNorms always have a beta; a bias-free one is a zero beta.
-    spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
+    if isinstance(norm, nn.LayerNorm):  # (an RMSNorm spec has a scale only)
+        # CTranslate2 LayerNorms always have a beta; a bias-free one is a zero beta.
+        spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
 
 
 def _set_self_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
@@ -93,10 +97,12 @@ def _set_decoder_layer(spec, layer: nn.Module) -> None:
 
 
 def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
-    """Token embeddings, the sqrt(D) scale and the position table (none for RoPE)."""
+    """Token embeddings, the sqrt(D) scale and the position table (none for RoPE or a relative bias)."""
     emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     emb.weight = _np(embed.tokens.weight)
     spec.scale_embeddings = cfg.scale_embeddings
+    if cfg.positions == "relative":  # the bias lives in the self-attention specs (_set_attention_options)
+        return
     if cfg.positions == "rope":
         # The encoder spec declares a position table even with rotary attention; drop it.
         if hasattr(spec, "position_encodings"):
@@ -108,7 +114,21 @@ def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
 def _activation(cfg: ModelConfig):
     Activation = require("ctranslate2.specs.common_spec", "export").Activation
     return {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
-            "silu": Activation.SWISH, "swiglu": Activation.SWISH}[cfg.activation]
+            "silu": Activation.SWISH, "swiglu": Activation.SWISH, "geglu": Activation.GELUTanh}[cfg.activation]
+
+
+def _set_attention_options(stack, bias: nn.Module | None, cfg: ModelConfig) -> None:
+    """T5's options on one stack's attention specs: the relative position bias (buckets x heads),
+    one table shared by every self-attention of the stack (as CTranslate2's T5 converter shares
+    it), and unscaled scores (``model.scale_attention: false``)."""
+    shared = None if bias is None else (_np(bias.weight), np.dtype("int32").type(cfg.relative_max_distance))
+    for spec in stack.layer:
+        if shared is not None:
+            spec.self_attention.relative_attention_bias, spec.self_attention.relative_attention_max_distance = shared
+        if not cfg.scale_attention:
+            for attention in (spec.self_attention, getattr(spec, "attention", None)):
+                if attention is not None:
+                    attention.queries_scale = np.float32(1.0)
 
 
 def transformer_spec(model: Transformer):
@@ -116,7 +136,9 @@ def transformer_spec(model: Transformer):
     ts = require("ctranslate2.specs.transformer_spec", "export")
     cfg = model.config
     rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
-    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation == "swiglu", **rope)
+    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation in GATED,
+                  head_dim=cfg.head_dim, relative_attention_bias=cfg.positions == "relative",
+                  rms_norm=cfg.norm_kind == "rms", **rope)
     encoder = ts.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **common)
     decoder = ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **common)
     _set_inputs(encoder, model.src_embed, cfg)
@@ -128,6 +150,10 @@ def transformer_spec(model: Transformer):
     if cfg.norm == "pre":
         _set_norm(encoder.layer_norm, model.encoder_norm)
         _set_norm(decoder.layer_norm, model.decoder_norm)
+    _set_attention_options(encoder, model.encoder_bias, cfg)
+    _set_attention_options(decoder, model.decoder_bias, cfg)
+    if cfg.scale_output:  # T5's d_model^-0.5 before the tied output projection
+        decoder.scale_outputs = np.float32(model.output_scale)
     _set_linear(decoder.projection, model.output_proj)
     spec = ts.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps

@@ -43,14 +43,9 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if arch != "encoder_decoder" and fmt != "hf":
         raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
     t5 = cfg.positions == "relative"
-    if t5 and fmt != "hf":
+    if t5 and fmt == "onnx":
         raise ExportError(f"--format {fmt}: relative position bias (model.positions=relative, T5) is not "
-                          "supported by this exporter; use --format hf")
-    plain = (("norm_kind", "layer"), ("scale_attention", True), ("scale_output", False))
-    t5_options = [f"model.{k}={getattr(cfg, k)}" for k, v in plain if getattr(cfg, k) != v]
-    if fmt == "ctranslate2" and (t5_options or cfg.activation == "geglu"):
-        raise ExportError(f"--format ctranslate2: {', '.join(t5_options or ['model.activation=geglu'])} is not "
-                          "supported by this exporter")
+                          "supported by this exporter; use --format hf or ctranslate2")
     with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "hf" and arch == "decoder_only":
             from .hf_gpt2 import export_hf_gpt2

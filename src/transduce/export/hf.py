@@ -30,7 +30,7 @@ from ..config import ModelConfig
 from ..model import Transformer
 from ..errors import require
 from ..progress import progress_bar
-from .base import ExportError, load_for_export, no_progress_bars
+from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
 from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
                      probe_targets)
 
@@ -56,7 +56,7 @@ def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
         problems.append(f"model.layer_norm_eps={cfg.layer_norm_eps} (Marian uses {MARIAN_LN_EPS})")
     if cfg.d_model % 2:
         problems.append(f"model.d_model={cfg.d_model} (odd widths have a different position table)")
-    return problems
+    return problems + head_width_problems(cfg, "Marian")
 
 
 def check_marian_compatible(cfg: ModelConfig) -> None:

@@ -25,7 +25,7 @@ from ..config import ModelConfig
 from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..model.encoder_only import EncoderOnly
-from .base import ExportError, load_for_export, no_progress_bars
+from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
 from .hf_gpt2 import copy_tokenizer, hf_tokenizer_differences
 from .verify import check_close, probe_batch
 
@@ -34,7 +34,8 @@ def bert_incompatibilities(cfg: ModelConfig) -> list[str]:
     """The options of ``cfg`` that BERT cannot express, one phrase each."""
     want = dict(arch="encoder_only", norm="post", positions="learned", activation="gelu", bias=True,
                 embed_norm=True, scale_embeddings=False)
-    return [f"model.{k}={getattr(cfg, k)} (BERT has {k}={v})" for k, v in want.items() if getattr(cfg, k) != v]
+    return ([f"model.{k}={getattr(cfg, k)} (BERT has {k}={v})" for k, v in want.items() if getattr(cfg, k) != v]
+            + head_width_problems(cfg, "BERT"))
 
 
 def check_bert_compatible(cfg: ModelConfig) -> None:

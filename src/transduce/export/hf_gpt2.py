@@ -24,7 +24,7 @@ from ..config import GenerationConfig, ModelConfig
 from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..inference.search.lm import generate_ids
-from .base import ExportError, load_for_export, no_progress_bars
+from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
 from .verify import N_SPECIAL, check_close
 
 
@@ -38,7 +38,8 @@ def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
     """The options of ``cfg`` that GPT2LMHeadModel cannot express, one phrase each."""
     wants = {"norm": "pre", "positions": "learned", "activation": "gelu_tanh", "bias": True, "tie_output": True,
              "scale_embeddings": False}
-    return [f"model.{k}={getattr(cfg, k)} (GPT-2 has {k}={v})" for k, v in wants.items() if getattr(cfg, k) != v]
+    return ([f"model.{k}={getattr(cfg, k)} (GPT-2 has {k}={v})" for k, v in wants.items() if getattr(cfg, k) != v]
+            + head_width_problems(cfg, "GPT-2"))
 
 
 def _conv1d(name: str, *layers: nn.Linear) -> dict[str, Tensor]:

@@ -56,7 +56,7 @@ def hf_t5_config(cfg: ModelConfig) -> dict[str, object]:
     """The T5Config keys of our ``cfg`` (with our special ids: decoding starts from our bos)."""
     return dict(
         model_type="t5", architectures=["T5ForConditionalGeneration"], vocab_size=cfg.tgt_vocab_size,
-        d_model=cfg.d_model, d_kv=cfg.head_dim, d_ff=cfg.d_ff, num_layers=cfg.n_encoder_layers,
+        d_model=cfg.d_model, d_kv=cfg.d_head, d_ff=cfg.d_ff, num_layers=cfg.n_encoder_layers,
         num_decoder_layers=cfg.n_decoder_layers, num_heads=cfg.n_heads,
         relative_attention_num_buckets=cfg.relative_buckets, relative_attention_max_distance=cfg.relative_max_distance,
         dropout_rate=cfg.dropout, layer_norm_epsilon=cfg.layer_norm_eps, feed_forward_proj=FFN_PROJ[cfg.activation],

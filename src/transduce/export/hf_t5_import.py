@@ -10,8 +10,9 @@ SentencePiece model rewritten so that its piece ids are ours, the sentinels ``<e
 reverse order) kept as pieces that segmentation produces whole; ids of the embedding beyond the
 tokenizer (T5 rounds its vocabulary up to a multiple of 128) become unused pieces.
 
-Not supported (one-line errors): an attention width ``num_heads * d_kv`` other than ``d_model``
-(T5 1.1 small, mT5 small), another ``feed_forward_proj``, different encoder and decoder ids.
+An attention width ``num_heads * d_kv`` other than ``d_model`` (T5 1.1 small, mT5 small: 6 or 8
+heads of 64 over 512) becomes ``model.head_dim: d_kv``. Not supported (one-line errors): another
+``feed_forward_proj``, different encoder and decoder ids.
 """
 
 from __future__ import annotations
@@ -72,15 +73,13 @@ def _model_config(config: dict, where: Path, tied: bool, n_ids: int) -> ModelCon
         raise HFImportError(f"{name}: feed_forward_proj={proj!r} is not supported (one of {', '.join(ACTIVATIONS)})")
     try:
         d_model, heads, d_kv = int(config["d_model"]), int(config["num_heads"]), int(config["d_kv"])
-        if heads * d_kv != d_model:
-            raise HFImportError(f"{name}: num_heads * d_kv = {heads * d_kv} differs from d_model={d_model} "
-                                "(transduce's attention is d_model wide)")
         # transformers rescales a tied output unless told not to (scale_decoder_outputs, or before
         # v5 tie_word_embeddings=false); mT5's code never does
         scale = tied and config["model_type"] == "t5" and bool(
             config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True)))
         return ModelConfig(
             src_vocab_size=n_ids, tgt_vocab_size=n_ids, d_model=d_model, n_heads=heads,
+            head_dim=None if heads * d_kv == d_model else d_kv,
             n_encoder_layers=int(config["num_layers"]),
             n_decoder_layers=int(config.get("num_decoder_layers") or config["num_layers"]), d_ff=int(config["d_ff"]),
             dropout=float(config.get("dropout_rate", 0.1)), activation=ACTIVATIONS[proj], norm="pre",

@@ -97,7 +97,7 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
 def _example(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3) -> tuple:
     """Example inputs for tracing: a source batch and a decoder step with ``past`` cached positions."""
     cfg = model.config
-    n, h, dh = len(model.decoder_layers), cfg.n_heads, cfg.head_dim
+    n, h, dh = len(model.decoder_layers), cfg.n_heads, cfg.d_head
     src = torch.full((batch, src_len), 5, dtype=torch.long)
     kv = lambda t: torch.zeros(batch, h, t, dh)  # noqa: E731
     caches = [kv(past) for _ in range(2 * n)] + [kv(src_len) for _ in range(2 * n)]
@@ -203,7 +203,7 @@ class OnnxGreedy:
 
 def _write_meta(model: Transformer, out: Path) -> None:
     cfg = model.config
-    meta = dict(n_decoder_layers=len(model.decoder_layers), n_heads=cfg.n_heads, head_dim=cfg.head_dim,
+    meta = dict(n_decoder_layers=len(model.decoder_layers), n_heads=cfg.n_heads, head_dim=cfg.d_head,
                 pad_id=cfg.pad_id, bos_id=cfg.bos_id, eos_id=cfg.eos_id, tgt_vocab_size=cfg.tgt_vocab_size,
                 max_positions=cfg.max_positions, opset=OPSET)
     (out / META).write_text(json.dumps(meta, indent=1), encoding="utf-8")

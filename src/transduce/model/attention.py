@@ -5,7 +5,8 @@ A :class:`MultiHeadAttention` picks its kernel once, when it is built: :class:`F
 Linformer (:mod:`~transduce.model.linformer`), BigBird (:mod:`~transduce.model.bigbird`) or
 Reformer's LSH attention (:mod:`~transduce.model.lsh`).
 
-Legend: B batch, H heads, Tq query length, Tk key length, D d_model, Dh = D / H.
+Legend: B batch, H heads, Tq query length, Tk key length, D d_model, Dh head dim (D / H unless
+set apart: Table 3 row (B), T5 1.1).
 Masks are boolean, True = may attend (see :mod:`transduce.model.masks`).
 """
 
@@ -176,27 +177,30 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: model width D.
-        n_heads: number of heads H (D must divide by H).
+        n_heads: number of heads H (D must divide by H unless ``head_dim`` is given).
         dropout: dropout on attention weights.
         bias: whether the four projections have biases.
         rope: a rotary embedding applied to q and k (self-attention only), or None.
         pattern: which keys each query sees (full attention by default); it picks the module's
             ``kernel`` once, here.
         scale: the factor of Q K^T, None for the paper's 1 / sqrt(Dh); T5's 1 (full attention only).
+        head_dim: Dh, the width of each head (d_k = d_v); None for D / H (the paper). The
+            projections then map D to H * Dh and W^O maps H * Dh back to D.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
                  rope: RotaryEmbedding | None = None, pattern: AttentionPattern = AttentionPattern(),
-                 scale: float | None = None):
+                 scale: float | None = None, head_dim: int | None = None):
         super().__init__()
         self.pattern = pattern
         self.scale = scale
-        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads if head_dim is None else head_dim
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        width = n_heads * self.head_dim                                   # H * Dh
+        self.q_proj = nn.Linear(d_model, width, bias=bias)
+        self.k_proj = nn.Linear(d_model, width, bias=bias)
+        self.v_proj = nn.Linear(d_model, width, bias=bias)
+        self.out_proj = nn.Linear(width, d_model, bias=bias)
         self.rope = rope
         self.kernel = self._kernel(pattern)
 
@@ -227,7 +231,7 @@ class MultiHeadAttention(nn.Module):
     def project(self, x: Tensor, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
         """x (B, T, D) through ``layers`` as one matmul with their weights side by side (as
         ``nn.MultiheadAttention``'s ``in_proj``: one read of x, wider tiles) -> (B, H, T, Dh) each."""
-        w = torch.cat([m.weight for m in layers])                          # (n*D, D)
+        w = torch.cat([m.weight for m in layers])                          # (n*H*Dh, D)
         b = torch.cat([m.bias for m in layers]) if layers[0].bias is not None else None
         return tuple(self.split_heads(t) for t in F.linear(x, w, b).chunk(len(layers), dim=-1))
 
@@ -276,8 +280,8 @@ class MultiHeadAttention(nn.Module):
         else:
             out, weights = self.kernel(q, k, v, mask, is_causal, start, dropout), None
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, -1)                      # (B, Tq, D)
-        return self.out_proj(out), weights
+        out = out.transpose(1, 2).reshape(b, t, -1)                      # (B, Tq, H*Dh)
+        return self.out_proj(out), weights                               # (B, Tq, D)
 
 
 def full_attention_only(model: nn.Module) -> bool:

@@ -95,7 +95,7 @@ class EncoderOnly(nn.Module):
         self.config = cfg
         tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
         self.embed = Embedder(cfg, tokens)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
+        rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
         self.layers = nn.ModuleList(EncoderLayer(cfg, rope, i) for i in range(cfg.n_encoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so the stack ends with a LayerNorm.
         pre = cfg.norm == "pre"

@@ -86,10 +86,11 @@ def decoder_self_attention(cfg: ModelConfig) -> str:
 
 def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = None,
                     layer: int = 0) -> MultiHeadAttention:
-    """One attention block of ``cfg``'s width, heads, dropout, biases and scale, of pattern ``kind``
-    in layer ``layer`` (its random pattern's seed)."""
+    """One attention block of ``cfg``'s width, heads (and their width), dropout, biases and scale,
+    of pattern ``kind`` in layer ``layer`` (its random pattern's seed)."""
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
-                              attention_pattern(cfg, kind, layer), None if cfg.scale_attention else 1.0)
+                              attention_pattern(cfg, kind, layer), None if cfg.scale_attention else 1.0,
+                              cfg.d_head)
 
 
 class EncoderLayer(nn.Module):

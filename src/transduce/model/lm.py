@@ -42,7 +42,7 @@ class DecoderOnlyLM(nn.Module):
         self.config = cfg
         tokens = TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
         self.tgt_embed = Embedder(cfg, tokens)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
+        rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope, cross_attention=False, layer=i)
                                             for i in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream unnormalised, so the stack ends with a LayerNorm.

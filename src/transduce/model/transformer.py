@@ -107,7 +107,7 @@ class Transformer(nn.Module):
             cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
         self.src_embed = Embedder(cfg, src_tokens)
         self.tgt_embed = Embedder(cfg, tgt_tokens)
-        rope = RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
+        rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rope, i) for i in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope, layer=cfg.n_encoder_layers + i)
                                             for i in range(cfg.n_decoder_layers))
@@ -125,7 +125,7 @@ class Transformer(nn.Module):
             with torch.no_grad():
                 for m in self.modules():
                     if isinstance(m, MultiHeadAttention):
-                        m.q_proj.weight.mul_(cfg.head_dim ** -0.5)
+                        m.q_proj.weight.mul_(cfg.d_head ** -0.5)
         if cfg.tie_output:  # Sec. 3.4: the pre-softmax projection shares the embedding matrix
             self.output_proj.weight = tgt_tokens.weight
 

@@ -97,7 +97,7 @@ class StaticSearch:
                  decode: DecodeConfig, device: torch.device):
         self.model, self.beam, self.decode, self.graph = model, beam, decode, None
         cfg, k = model.config, max(beam, 1)
-        n, h, dh = sentences * k, cfg.n_heads, cfg.d_model // cfg.n_heads
+        n, h, dh = sentences * k, cfg.n_heads, cfg.d_head
 
         def zeros(*shape: int, dtype: torch.dtype = torch.long) -> Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
