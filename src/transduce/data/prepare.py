@@ -39,7 +39,7 @@ from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, enc
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
-from transduce.data.tokenizer import Tokenizer
+from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
 from transduce.progress import progress_bar
 
@@ -148,7 +148,7 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
 def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tokenizer:
     """Reuse ``data.tokenizer`` or train on a seeded sample of the training text."""
     if cfg.tokenizer is not None:
-        tokenizer = Tokenizer.load(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer)
         tokenizer.save(out)
         return tokenizer
     src, tgt, n = tokenizer_sample(cfg, train, seed)
@@ -375,7 +375,7 @@ def _fill_labelled(cfg: DataConfig, stage: Path) -> None:
     if cfg.tokenizer is None:
         raise DataError("data.tokenizer: labelled text is encoded with an existing tokenizer (a pre-trained "
                         "model's: data.tokenizer or train.init_from)")
-    tokenizer = Tokenizer.load(cfg.tokenizer)
+    tokenizer = load_tokenizer(cfg.tokenizer)
     tokenizer.save(stage / TOKENIZER_DIR)
     rows = {name: read_labelled(path) for name, path in paths.items()}
     if not rows["train"]:
@@ -443,6 +443,6 @@ def prepared_for_run(cfg: DataConfig, run_dir: Path, seed: int = 0, workers: int
 
 
 def _with_tokenizer_check(data: PreparedData, cfg: DataConfig) -> PreparedData:
-    if cfg.tokenizer is not None and Tokenizer.load(cfg.tokenizer).digest() != data.tokenizer.digest():
+    if cfg.tokenizer is not None and load_tokenizer(cfg.tokenizer).digest() != data.tokenizer.digest():
         raise DataError(f"data.tokenizer={cfg.tokenizer} is not the tokenizer {data.root} was prepared with")
     return data

@@ -87,7 +87,7 @@ class Trainer(Checkpointing):
         self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
         self.feed = StepFeed(cfg, data, dist, device, self.pad_multiple,
                              self.model.mask_id if cfg.task == "mlm" else None)
-        self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.pad_id, device) \
+        self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.label_pad_id, device) \
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
         self._params = list(self.model.parameters())  # clipped every step (restore loads into them in place)
@@ -173,7 +173,7 @@ class Trainer(Checkpointing):
         cfg = self.cfg.train
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g.get("lr_ratio", 1.0)  # train.head_lr's groups: their share of the schedule
-        sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
+        sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.label_pad_id,
                                 max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
         params = self._params
         if self.scaler is None and is_fused(self.optimizer):
