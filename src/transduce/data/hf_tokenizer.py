@@ -195,6 +195,9 @@ class HFTokenizer:
                 specials.update(_named_specials(root / name))
         return cls((root / HF_FILE).read_bytes(), specials, str(root / HF_FILE))
 
+    def __reduce__(self):  # pickled as its file and specials (a worker process rebuilds it)
+        return HFTokenizer, (self._data, self.tokens, self.name)
+
     def __repr__(self) -> str:
         return f"HFTokenizer(kind={self.kind}, vocab_size={self.vocab_size}, specials={self.ids})"
 

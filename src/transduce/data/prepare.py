@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VE
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
 from transduce.progress import progress_bar
+
+if TYPE_CHECKING:
+    from transduce.data.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -194,8 +197,8 @@ def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], li
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(protos: tuple[bytes, bytes | None], max_len: int, max_ratio: float, dtype: str) -> None:
-    _WORKER.update(tokenizer=Tokenizer(*protos), max_len=max_len, max_ratio=max_ratio, dtype=dtype)
+def _init_worker(tokenizer: "Tokenizer | HFTokenizer", max_len: int, max_ratio: float, dtype: str) -> None:
+    _WORKER.update(tokenizer=tokenizer, max_len=max_len, max_ratio=max_ratio, dtype=dtype)
 
 
 def _work(src: list[bytes], tgt: list[bytes], first: int, names: tuple[str, str], texts: bool) -> EncodedChunk:
@@ -262,7 +265,7 @@ class _Encoder:
         if self.pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
             self.pool = ctx.Pool(self.workers, _init_worker,
-                                 (self.tokenizer.protos, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
+                                 (self.tokenizer, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
         return self.pool
 
 

@@ -208,6 +208,9 @@ class Tokenizer:
             h.update(self._protos[side])
         return h.hexdigest()
 
+    def __reduce__(self):  # pickled as its model bytes (a worker process rebuilds it)
+        return Tokenizer, self.protos
+
     @property
     def protos(self) -> tuple[bytes, bytes | None]:
         """The serialized model(s): ``Tokenizer(*tok.protos)`` rebuilds it (e.g. in a worker process)."""
