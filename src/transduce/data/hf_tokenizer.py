@@ -108,6 +108,11 @@ class HFTokenizer:
         return self.ids.get("unk")
 
     @property
+    def mask_id(self) -> int | None:
+        """[MASK] / ``<mask>`` (an imported BERT's or RoBERTa's, renumbered to the last id), or None."""
+        return self.ids.get("mask")
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -42,9 +42,6 @@ from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VE
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
 from transduce.progress import progress_bar
-
-if TYPE_CHECKING:
-    from transduce.data.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +194,7 @@ def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], li
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer: "Tokenizer | HFTokenizer", max_len: int, max_ratio: float, dtype: str) -> None:
+def _init_worker(tokenizer: Tokenizer, max_len: int, max_ratio: float, dtype: str) -> None:
     _WORKER.update(tokenizer=tokenizer, max_len=max_len, max_ratio=max_ratio, dtype=dtype)
 
 

@@ -225,6 +225,7 @@ class Tokenizer:
 
     # the special ids, as :class:`~transduce.data.hf_tokenizer.HFTokenizer` names its own
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    mask_id = None  # no [MASK] piece: an encoder-only model's is one id past the vocabulary
 
     @property
     def src_vocab_size(self) -> int:

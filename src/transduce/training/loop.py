@@ -64,7 +64,8 @@ class Trainer(Checkpointing):
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
-        extra = 1 if cfg.model.arch == "encoder_only" else 0  # [MASK] is one id past the tokenizer's
+        # [MASK] is the model's last id: one past the tokenizer's, unless the tokenizer has it (an import's)
+        extra = 1 if cfg.model.arch == "encoder_only" and tok.mask_id is None else 0
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
         if cfg.task == "classify":
             self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
