@@ -250,12 +250,6 @@ class ModelConfig:
                   f"must be a valid token id; got {v}")
 
     @property
-    def never_generated(self) -> tuple[int, ...]:
-        """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
-        ``<|endoftext|>`` begins, ends and pads)."""
-        return never_generated(self.pad_id, self.bos_id, self.eos_id)
-
-    @property
     def pad_shared(self) -> bool:
         """Whether PAD is also BOS or EOS (GPT-2's one ``<|endoftext|>``): padding is then no token
         of its own, so padded labels carry :data:`IGNORE_LABEL` (the EOS label counts) and the
@@ -272,6 +266,12 @@ class ModelConfig:
         """The value padded label positions carry, which the loss skips: PAD, or
         :data:`IGNORE_LABEL` where PAD is also BOS or EOS (:attr:`pad_shared`)."""
         return IGNORE_LABEL if self.pad_shared else self.pad_id
+
+    @property
+    def never_generated(self) -> tuple[int, ...]:
+        """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
+        ``<|endoftext|>`` begins, ends and pads)."""
+        return never_generated(self.pad_id, self.bos_id, self.eos_id)
 
     @property
     def head_dim(self) -> int:
