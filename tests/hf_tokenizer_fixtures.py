@@ -46,8 +46,10 @@ def _write(tok, out: Path, config: dict, specials: dict[str, str]) -> Path:
     return out
 
 
-def byte_bpe_dir(out: Path, lines: list[str], flavour: str = "gpt2", vocab_size: int = 400) -> Path:
-    """A GPT-2 (``flavour="gpt2"``) or RoBERTa (``"roberta"``) byte-level BPE tokenizer directory."""
+def byte_bpe_dir(out: Path, lines: list[str], flavour: str = "gpt2", vocab_size: int = 400,
+                 eot_last: bool = False) -> Path:
+    """A GPT-2 (``flavour="gpt2"``) or RoBERTa (``"roberta"``) byte-level BPE tokenizer directory;
+    ``eot_last``: GPT-2's ``<|endoftext|>`` added after training, as the last id (GPT-2's is 50256)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -63,9 +65,12 @@ def byte_bpe_dir(out: Path, lines: list[str], flavour: str = "gpt2", vocab_size:
         config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False, "model_max_length": 512}
         tok.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0), trim_offsets=True)
     specials = list(dict.fromkeys(names.values()))
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[] if eot_last else specials,
+                                  show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(lines, trainer)
+    if eot_last:
+        tok.add_special_tokens(specials)
     return _write(tok, out, config, names)
 
 

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -125,17 +125,24 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
     the package, with the step count and this machine's thread count (at most 4).
 
     ``classify``: ``demo_mlm.yaml`` with ``demo_classify.yaml``'s changes, ``data`` keys added
-    (the labelled files, the tokenizer) and ``train.init_from``. ``mlm`` with ``nsp``: BERT's
+    (the labelled files, the tokenizer) and ``train.init_from``; the model's shape is the
+    ``init_from`` model's, whatever it is (an imported BERT or RoBERTa too), else ``demo_mlm.yaml``'s,
+    and sentences are cut to fit its positions. ``mlm`` with ``nsp``: BERT's
     next-sentence head and two token types too, trained on the ``data`` files (:func:`nsp_documents`).
     """
+    from .model.io import saved_model_settings
+
     d = _shipped(DEMO_CONFIGS[task])
     if nsp:
         d["model"].update(nsp=True, type_vocab_size=2)
         d["data"] = {**{k: v for k, v in d["data"].items() if k != "corpus"}, "corpus": "files", **(data or {})}
     if task == "classify":
         changes, d = d, _shipped(DEMO_CONFIGS["mlm"])
-        d["model"].update(changes["model"])
+        shape = saved_model_settings(init_from) if init_from is not None else None
+        # a new classification head: the starting model's own head or next-sentence head is not kept
+        d["model"] = {**(shape or d["model"]), **changes["model"], "labels": [], "nsp": False}
         d["data"] = {**changes["data"], **(data or {})}
+        d["data"]["max_len"] = min(d["data"]["max_len"], d["model"]["max_positions"] - 2)  # [CLS] text [SEP]
         d["train"].update(changes["train"], init_from=init_from)
     if steps is not None:
         d["train"]["max_steps"] = steps
@@ -298,8 +305,9 @@ def run_classify_demo(out: str | os.PathLike = "runs/demo_classify", steps: int 
         atomic_write_text(files[f"{name}_src"], "".join(f"{text}\t{label}\n" for text, label in rows))
     accuracy = {}
     test_texts, gold = [t for t, _ in splits["test"]], [label for _, label in splits["test"]]
-    for name, start in (("pretrained", str(mlm)), ("scratch", None)):
-        cfg = demo_config(steps, "classify", data={**files, "tokenizer": str(mlm)}, init_from=start)
+    shaped = demo_config(steps, "classify", data={**files, "tokenizer": str(mlm)}, init_from=str(mlm))
+    for name, start in (("pretrained", str(mlm)), ("scratch", None)):  # the same model, initialised or not
+        cfg = replace(shaped, train=replace(shaped.train, init_from=start))
         resume = latest_checkpoint(run_dir / name / "checkpoints") is not None
         run_training(cfg, run_dir / name, resume=resume)
         predicted = Classifier.load(run_dir / name / "best").classify(test_texts)

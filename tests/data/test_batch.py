@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from transduce.data.batch import Batch, collate, pad, token_types
+from transduce.config import ModelConfig
+from transduce.config.model import IGNORE_LABEL
+from transduce.data.batch import Batch, Specials, collate, pad, token_types
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -31,11 +33,24 @@ def test_collate_shifts_targets_by_one(toy_tokenizer, toy_pairs):
 
 
 def test_collate_custom_pad_and_to_device():
-    batch = collate([([5], [6, 7])], pad_id=99)
+    batch = collate([([5], [6, 7])], Specials(pad=99, label_pad=99))
     moved = batch.to("cpu")
     assert isinstance(moved, Batch) and moved.src.device.type == "cpu"
-    two = collate([([5], [6, 7]), ([5, 5, 5], [6])], pad_id=99)
+    two = collate([([5], [6, 7]), ([5, 5, 5], [6])], Specials(pad=99, label_pad=99))
     assert two.src[0].tolist() == [5, EOS_ID, 99, 99]
+
+
+def test_collate_with_a_shared_pad_keeps_the_eos_label():
+    """GPT-2's one <|endoftext|> (here 9) begins, ends and pads: padded labels carry IGNORE_LABEL,
+    so the EOS label is not mistaken for padding, and a padded batch keeps that."""
+    cfg = ModelConfig(arch="decoder_only", src_vocab_size=10, tgt_vocab_size=10, n_encoder_layers=0,
+                      pad_id=9, bos_id=9, eos_id=9)
+    specials = Specials.of(cfg)
+    assert specials == Specials(9, 9, 9, IGNORE_LABEL) and cfg.embedding_pad_id is None
+    batch = collate([([], [5, 6, 7]), ([], [5])], specials).padded(3, 1, 6, specials)
+    assert batch.tgt_in.tolist() == [[9, 5, 6, 7, 9, 9], [9, 5, 9, 9, 9, 9], [9, 9, 9, 9, 9, 9]]
+    assert batch.tgt_out.tolist() == [[5, 6, 7, 9, -100, -100], [5, 9, -100, -100, -100, -100], [-100] * 6]
+    assert int((batch.tgt_out != cfg.label_pad_id).sum()) == batch.n_tgt_tokens == 6
 
 
 def test_collate_rejects_empty_batch():

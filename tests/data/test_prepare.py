@@ -23,6 +23,8 @@ from transduce.data.prepared import PreparedData
 from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
 from transduce.errors import DataError
+from extra_helpers import need_extra
+from hf_tokenizer_fixtures import byte_bpe_dir
 
 
 def _files(root: Path, pairs, name="train", gz=False) -> tuple[Path, Path]:
@@ -62,6 +64,22 @@ def test_workers_and_chunks_do_not_change_the_data(corpus, tmp_path, monkeypatch
     two = prepare_dataset(cfg, tmp_path / "two", workers=2)
     assert _digests(one.root) == _digests(two.root)
     assert one.manifest["splits"] == two.manifest["splits"]
+
+
+def test_workers_encode_with_a_pretrained_tokenizer(corpus, tmp_path, monkeypatch):
+    """An imported model's byte-level BPE tokenizer (``tokenizers``) reaches spawned workers too."""
+    need_extra("pretrained", "tokenizers")
+    from transduce.data.hf_tokenizer import HFTokenizer
+
+    cfg, pairs = corpus
+    hf = byte_bpe_dir(tmp_path / "hf", [s for s, _ in pairs], vocab_size=300)
+    HFTokenizer.from_hf_dir(hf).save(tmp_path / "tok")
+    cfg = replace(cfg, tokenizer=str(tmp_path / "tok"))
+    one = prepare_dataset(cfg, tmp_path / "one", workers=1)
+    monkeypatch.setattr(prep, "CHUNK", 301)
+    two = prepare_dataset(cfg, tmp_path / "two", workers=2)
+    assert _digests(one.root) == _digests(two.root)
+    assert isinstance(two.tokenizer, HFTokenizer) and one.manifest["splits"] == two.manifest["splits"]
 
 
 def test_ids_and_filter_are_the_tokenizers(corpus, tmp_path):

@@ -18,29 +18,13 @@ from transduce.export.hf_import import import_hf
 from transduce.inference import Generator
 from transduce.model import load_model
 from extra_helpers import need_extra
-from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, multi30k_lines
+from gpt2_fixtures import random_gpt2
+from hf_tokenizer_fixtures import HARD_CASES, multi30k_lines
 
 transformers = need_extra("export", "transformers")
 need_extra("pretrained", "tokenizers")
 
 PROMPTS = ["A dog", "Zwei Männer", "The woman in a red", "Ein Kind spielt", "Café", "  two  spaces"]
-
-
-def random_gpt2(out, lines, seed: int = 0, **overrides):
-    """A random GPT2LMHeadModel over a byte-level BPE tokenizer trained on ``lines``, saved to
-    ``out`` as from the hub; every weight (LayerNorms included) drawn, not left at its init."""
-    byte_bpe_dir(out, lines, flavour="gpt2", vocab_size=400)
-    eot = json.loads((out / "tokenizer.json").read_text())["added_tokens"][0]["id"]
-    size = len(transformers.AutoTokenizer.from_pretrained(out))
-    options = dict(vocab_size=size, n_positions=48, n_embd=32, n_layer=2, n_head=4, bos_token_id=eot,
-                   eos_token_id=eot, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**{**options, **overrides}))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))  # logits far apart: no near-ties for greedy to split
-    model.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -256,6 +256,24 @@ class ModelConfig:
                   f"must be a valid token id; got {v}")
 
     @property
+    def pad_shared(self) -> bool:
+        """Whether PAD is also BOS or EOS (GPT-2's one ``<|endoftext|>``): padding is then no token
+        of its own, so padded labels carry :data:`IGNORE_LABEL` (the EOS label counts) and the
+        embedding row trains as any other (no ``padding_idx``)."""
+        return self.pad_id in (self.bos_id, self.eos_id)
+
+    @property
+    def embedding_pad_id(self) -> int | None:
+        """The embeddings' ``padding_idx``: PAD, or None where it is also BOS or EOS (:attr:`pad_shared`)."""
+        return None if self.pad_shared else self.pad_id
+
+    @property
+    def label_pad_id(self) -> int:
+        """The value padded label positions carry, which the loss skips: PAD, or
+        :data:`IGNORE_LABEL` where PAD is also BOS or EOS (:attr:`pad_shared`)."""
+        return IGNORE_LABEL if self.pad_shared else self.pad_id
+
+    @property
     def never_generated(self) -> tuple[int, ...]:
         """The ids search never produces: PAD and BOS, unless one is also EOS (GPT-2's
         ``<|endoftext|>`` begins, ends and pads)."""
@@ -285,6 +303,11 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                      norm="pre", norm_kind="rms", positions="relative", bias=False, scale_embeddings=False,
                      scale_attention=False, scale_output=True, layer_norm_eps=1e-6, max_positions=512),
 }
+
+
+# The padded labels of a model whose PAD is also BOS or EOS (``ModelConfig.label_pad_id``): no token
+# id, as transformers' -100.
+IGNORE_LABEL = -100
 
 
 def never_generated(pad_id: int, bos_id: int, eos_id: int) -> tuple[int, ...]:

@@ -133,11 +133,17 @@ def load_run_config(path: str | os.PathLike | None, overrides: Iterable[str] = (
 
 
 def _over_init_model(d: dict[str, Any], init_model: Callable[[str], dict[str, Any] | None]) -> dict[str, Any]:
-    """``d`` with its ``model`` section laid over the ``train.init_from`` model's, when that
-    directory holds one (a missing directory is left for training to report)."""
+    """``d`` with its ``model`` section laid over the ``train.init_from`` model's. A directory that
+    holds no model is a ConfigError when the config leaves ``model.arch`` to it (a resumed run's
+    config names every model key: its starting model may be gone)."""
     train, model = d.get("train"), d.get("model")
     init = train.get("init_from") if isinstance(train, dict) else None
     saved = init_model(str(init)) if init else None
+    if saved is None and init and not (isinstance(model, dict) and "arch" in model):
+        hint = (f" (a Hugging Face model: transduce import {init} --out DIR first)"
+                if os.path.isfile(os.path.join(str(init), "config.json")) else "")
+        raise ConfigError(f"train.init_from: {init} is not a transduce model directory (no config.yaml with a "
+                          f"model section){hint}")
     if saved is None or not isinstance(model, (dict, type(None))):
         return d
     return {**d, "model": {**saved, **(model or {})}}

@@ -4,17 +4,39 @@
     source ids:            [a, b, c, EOS]          encoder input            (B, S)
     target input:          [BOS, x, y]             decoder input            (B, T)
     target labels:         [x, y, EOS]             what the decoder predicts (B, T)
+
+The ids are the model's (:class:`Specials`): transduce's own PAD 0, BOS 1, EOS 2, or an imported
+model's (GPT-2's ``<|endoftext|>`` is BOS, EOS and PAD at once, so its padded labels carry
+:data:`~transduce.config.model.IGNORE_LABEL` instead, and its EOS label still counts).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
+from transduce.config import ModelConfig
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+class Specials(NamedTuple):
+    """The ids a batch adds: PAD (inputs), BOS, EOS, and the value padded labels carry (the loss
+    skips it). The defaults are transduce's fixed ids; :meth:`of` a model's."""
+
+    pad: int = PAD_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
+    label_pad: int = PAD_ID
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "Specials":
+        return cls(cfg.pad_id, cfg.bos_id, cfg.eos_id, cfg.label_pad_id)
+
+
+DEFAULT_SPECIALS = Specials()
 
 
 @dataclass
@@ -50,7 +72,7 @@ class Batch:
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
                      self.n_src_tokens, self.n_tgt_tokens, nsp)
 
-    def padded(self, rows: int, src_len: int, tgt_len: int) -> "Batch":
+    def padded(self, rows: int, src_len: int, tgt_len: int, specials: Specials = DEFAULT_SPECIALS) -> "Batch":
         """This batch grown to ``rows`` rows of (``src_len``, ``tgt_len``) positions.
 
         New columns are PAD (ignored by attention masks and the loss). New rows are dummies that
@@ -65,11 +87,11 @@ class Batch:
             raise ValueError(f"padded: ({rows}, {src_len}, {tgt_len}) is smaller than the batch ({b}, {s}, {t})")
         if (rows, src_len, tgt_len) == (b, s, t):
             return self
-        src = self.src.new_full((rows, src_len), PAD_ID)
-        tgt_in = self.tgt_in.new_full((rows, tgt_len), PAD_ID)
-        tgt_out = self.tgt_out.new_full((rows, tgt_len), PAD_ID)
+        src = self.src.new_full((rows, src_len), specials.pad)
+        tgt_in = self.tgt_in.new_full((rows, tgt_len), specials.pad)
+        tgt_out = self.tgt_out.new_full((rows, tgt_len), specials.label_pad)
         src[:b, :s], tgt_in[:b, :t], tgt_out[:b, :t] = self.src, self.tgt_in, self.tgt_out
-        src[b:, 0], tgt_in[b:, 0] = EOS_ID, BOS_ID
+        src[b:, 0], tgt_in[b:, 0] = specials.eos, specials.bos
         nsp = None
         if self.next_labels is not None:  # the dummy rows' next-sentence labels are ignored (-1)
             nsp = self.next_labels.new_full((rows,), -1)
@@ -80,29 +102,31 @@ class Batch:
         return self.src.size(0)
 
 
-def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int = PAD_ID) -> Batch:
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], specials: Specials = DEFAULT_SPECIALS) -> Batch:
     """Build a :class:`Batch` from raw-id pairs (lists or arrays), adding EOS to sources and BOS/EOS
-    to targets."""
+    to targets (``specials``: the model's ids)."""
     if not len(pairs):
         raise ValueError("collate: empty list of pairs")
-    src = pad([s for s, _ in pairs], pad_id, eos=True)      # (B, S)
-    tgt_in = pad([t for _, t in pairs], pad_id, bos=True)   # (B, T)
-    tgt_out = pad([t for _, t in pairs], pad_id, eos=True)  # (B, T)
+    src = pad([s for s, _ in pairs], specials.pad, eos=True, specials=specials)                  # (B, S)
+    tgt_in = pad([t for _, t in pairs], specials.pad, bos=True, specials=specials)               # (B, T)
+    tgt_out = pad([t for _, t in pairs], specials.label_pad, eos=True, specials=specials)        # (B, T)
     n_src = sum(len(s) + 1 for s, _ in pairs)
     n_tgt = sum(len(t) + 1 for _, t in pairs)
     return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
 
 
-def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, bos: bool = False, eos: bool = False) -> torch.Tensor:
-    """Rows (lists or arrays), each with BOS before and/or EOS after, right-padded: a (B, width) long tensor."""
+def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, bos: bool = False, eos: bool = False,
+        specials: Specials = DEFAULT_SPECIALS) -> torch.Tensor:
+    """Rows (lists or arrays), each with BOS before and/or EOS after (``specials``' ids), right-padded
+    with ``pad_id``: a (B, width) long tensor."""
     width = max(len(r) for r in rows) + bos + eos
     out = np.full((len(rows), width), pad_id, dtype=np.int64)
     for i, row in enumerate(rows):
         out[i, bos:bos + len(row)] = row
         if bos:
-            out[i, 0] = BOS_ID
+            out[i, 0] = specials.bos
         if eos:
-            out[i, bos + len(row)] = EOS_ID
+            out[i, bos + len(row)] = specials.eos
     return torch.from_numpy(out)
 
 

@@ -108,6 +108,11 @@ class HFTokenizer:
         return self.ids.get("unk")
 
     @property
+    def mask_id(self) -> int | None:
+        """[MASK] / ``<mask>`` (an imported BERT's or RoBERTa's, renumbered to the last id), or None."""
+        return self.ids.get("mask")
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
@@ -194,6 +199,9 @@ class HFTokenizer:
             if (root / name).is_file():
                 specials.update(_named_specials(root / name))
         return cls((root / HF_FILE).read_bytes(), specials, str(root / HF_FILE))
+
+    def __reduce__(self):  # pickled as its file and specials (a worker process rebuilds it)
+        return HFTokenizer, (self._data, self.tokens, self.name)
 
     def __repr__(self) -> str:
         return f"HFTokenizer(kind={self.kind}, vocab_size={self.vocab_size}, specials={self.ids})"

@@ -39,7 +39,7 @@ from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, enc
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
-from transduce.data.tokenizer import Tokenizer
+from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
 from transduce.progress import progress_bar
 
@@ -148,7 +148,7 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
 def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tokenizer:
     """Reuse ``data.tokenizer`` or train on a seeded sample of the training text."""
     if cfg.tokenizer is not None:
-        tokenizer = Tokenizer.load(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer)
         tokenizer.save(out)
         return tokenizer
     src, tgt, n = tokenizer_sample(cfg, train, seed)
@@ -194,8 +194,8 @@ def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], li
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(protos: tuple[bytes, bytes | None], max_len: int, max_ratio: float, dtype: str) -> None:
-    _WORKER.update(tokenizer=Tokenizer(*protos), max_len=max_len, max_ratio=max_ratio, dtype=dtype)
+def _init_worker(tokenizer: Tokenizer, max_len: int, max_ratio: float, dtype: str) -> None:
+    _WORKER.update(tokenizer=tokenizer, max_len=max_len, max_ratio=max_ratio, dtype=dtype)
 
 
 def _work(src: list[bytes], tgt: list[bytes], first: int, names: tuple[str, str], texts: bool) -> EncodedChunk:
@@ -262,7 +262,7 @@ class _Encoder:
         if self.pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
             self.pool = ctx.Pool(self.workers, _init_worker,
-                                 (self.tokenizer.protos, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
+                                 (self.tokenizer, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
         return self.pool
 
 
@@ -375,7 +375,7 @@ def _fill_labelled(cfg: DataConfig, stage: Path) -> None:
     if cfg.tokenizer is None:
         raise DataError("data.tokenizer: labelled text is encoded with an existing tokenizer (a pre-trained "
                         "model's: data.tokenizer or train.init_from)")
-    tokenizer = Tokenizer.load(cfg.tokenizer)
+    tokenizer = load_tokenizer(cfg.tokenizer)
     tokenizer.save(stage / TOKENIZER_DIR)
     rows = {name: read_labelled(path) for name, path in paths.items()}
     if not rows["train"]:
@@ -443,6 +443,6 @@ def prepared_for_run(cfg: DataConfig, run_dir: Path, seed: int = 0, workers: int
 
 
 def _with_tokenizer_check(data: PreparedData, cfg: DataConfig) -> PreparedData:
-    if cfg.tokenizer is not None and Tokenizer.load(cfg.tokenizer).digest() != data.tokenizer.digest():
+    if cfg.tokenizer is not None and load_tokenizer(cfg.tokenizer).digest() != data.tokenizer.digest():
         raise DataError(f"data.tokenizer={cfg.tokenizer} is not the tokenizer {data.root} was prepared with")
     return data

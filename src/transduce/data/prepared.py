@@ -39,11 +39,11 @@ import numpy as np
 
 from transduce.checksums import sha256_file
 from transduce.data.corpus import EncodedChunk, FilterStats
-from transduce.data.tokenizer import Tokenizer
+from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
 
 if TYPE_CHECKING:
-    from transduce.data.batch import Batch
+    from transduce.data.batch import Batch, Specials
 
 logger = logging.getLogger(__name__)
 
@@ -247,10 +247,11 @@ class TokenPairs:
     def rows(self, side: int, indices: Sequence[int]) -> list[np.ndarray]:
         return [self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]] for i in indices]
 
-    def batch(self, indices: Sequence[int]) -> "Batch":
-        """The padded model batch of pairs ``indices`` (see :func:`transduce.data.batch.collate`)."""
-        from transduce.data.batch import collate  # torch, imported where batches are made, not by prepare
-        return collate([self.pair(int(i)) for i in indices])
+    def batch(self, indices: Sequence[int], specials: "Specials | None" = None) -> "Batch":
+        """The padded model batch of pairs ``indices`` with ``specials``' ids (the model's; None:
+        transduce's fixed ones; see :func:`transduce.data.batch.collate`)."""
+        from transduce.data.batch import DEFAULT_SPECIALS, collate  # torch: imported where batches are made
+        return collate([self.pair(int(i)) for i in indices], specials or DEFAULT_SPECIALS)
 
     def release(self) -> None:
         """Drop the mapped pages this process has touched (see :class:`_Mapped`)."""
@@ -302,7 +303,7 @@ class PreparedData:
         files = [(root / name, want) for entry in manifest["splits"].values() for name, want in entry["files"].items()]
         for path, want in files:
             _check_size(path, want)
-        tokenizer = Tokenizer.load(root / TOKENIZER_DIR)
+        tokenizer = load_tokenizer(root / TOKENIZER_DIR)
         if tokenizer.digest() != manifest["tokenizer"]["digest"]:
             raise DataError(f"{root / TOKENIZER_DIR}: this tokenizer is not the one the ids in {root} were "
                             "made with (its digest differs from the manifest's)")

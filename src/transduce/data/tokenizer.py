@@ -208,6 +208,9 @@ class Tokenizer:
             h.update(self._protos[side])
         return h.hexdigest()
 
+    def __reduce__(self):  # pickled as its model bytes (a worker process rebuilds it)
+        return Tokenizer, self.protos
+
     @property
     def protos(self) -> tuple[bytes, bytes | None]:
         """The serialized model(s): ``Tokenizer(*tok.protos)`` rebuilds it (e.g. in a worker process)."""
@@ -222,6 +225,7 @@ class Tokenizer:
 
     # the special ids, as :class:`~transduce.data.hf_tokenizer.HFTokenizer` names its own
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    mask_id = None  # no [MASK] piece: an encoder-only model's is one id past the vocabulary
 
     @property
     def src_vocab_size(self) -> int:

@@ -45,7 +45,7 @@ def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, T
     translation model or LM; for a masked LM (its batch from
     :func:`~transduce.data.encoder_inputs.masked_batch`) the selected tokens, through its head
     on those positions only."""
-    cfg, pad = model.config, model.config.pad_id
+    cfg, pad = model.config, model.config.label_pad_id
     if cfg.arch == "encoder_only":
         from ..data.batch import token_types
         from ..data.tokenizer import PAD_ID
@@ -76,6 +76,7 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
         device: where the model is.
         batch_loss: one batch's sums (:data:`BatchLoss`); the plain NLL by default.
     """
+    from ..data.batch import Specials
     from ..data.batching import token_budget_batches
     from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator
 
@@ -83,7 +84,7 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
     loss = nll = 0.0
     n = 0
     for i in range(len(plan)):
-        batch = pairs.batch(plan[i])
+        batch = pairs.batch(plan[i], Specials.of(model.config))
         if task == "mlm":
             keys = [masking_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
             batch = masked_batch(batch, model.mask_id, keys)

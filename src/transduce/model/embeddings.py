@@ -135,7 +135,7 @@ class RelativePositionBias(nn.Module):
 class TokenEmbedding(nn.Module):
     """Embedding lookup multiplied by sqrt(d_model) (Sec. 3.4) when ``scale`` is set."""
 
-    def __init__(self, vocab_size: int, dim: int, pad_id: int, scale: bool = True):
+    def __init__(self, vocab_size: int, dim: int, pad_id: int | None, scale: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, dim))
         self.pad_id = pad_id
@@ -143,8 +143,9 @@ class TokenEmbedding(nn.Module):
         # N(0, D^-0.5) so that after the sqrt(D) scale embeddings have unit variance, the
         # usual choice when the matrix is shared with the output projection (fairseq, T2T).
         nn.init.normal_(self.weight, std=dim ** -0.5)
-        with torch.no_grad():
-            self.weight[pad_id].zero_()
+        if pad_id is not None:  # PAD's row stays zero (no gradient through the lookup)
+            with torch.no_grad():
+                self.weight[pad_id].zero_()
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, D)."""

@@ -93,7 +93,7 @@ class EncoderOnly(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+        tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
         self.embed = Embedder(cfg, tokens)
         rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
         self.layers = nn.ModuleList(EncoderLayer(cfg, rope, i) for i in range(cfg.n_encoder_layers))

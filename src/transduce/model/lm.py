@@ -40,7 +40,7 @@ class DecoderOnlyLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        tokens = TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+        tokens = TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
         self.tgt_embed = Embedder(cfg, tokens)
         rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rope, cross_attention=False, layer=i)

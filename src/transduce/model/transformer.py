@@ -102,9 +102,9 @@ class Transformer(nn.Module):
         if cfg.arch == "encoder_only":  # a config for EncoderOnly must not quietly build a translation model
             raise ConfigError("model.arch: encoder_only models are built by build_model (EncoderOnly), not Transformer")
         self.config = cfg
-        src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+        src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
         tgt_tokens = src_tokens if cfg.share_embeddings else TokenEmbedding(
-            cfg.tgt_vocab_size, cfg.d_model, cfg.pad_id, cfg.scale_embeddings)
+            cfg.tgt_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
         self.src_embed = Embedder(cfg, src_tokens)
         self.tgt_embed = Embedder(cfg, tgt_tokens)
         rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..config import RunConfig
-from ..data.batch import Batch
+from ..data.batch import Batch, Specials
 from ..data.batching import round_up, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
@@ -37,6 +37,7 @@ class StepFeed:
                  pad_multiple: int, mask_id: int | None):
         self.cfg, self.data, self.dist, self.device = cfg, data, dist, device
         self.pad_multiple, self.mask_id = pad_multiple, mask_id
+        self.specials = Specials.of(cfg.model)  # the model's ids: an imported GPT-2's are not ours
         self.train_pairs = data.split("train")
         self._epoch: EpochData | None = None
 
@@ -98,7 +99,7 @@ class StepFeed:
             batches = [self._device_batch(b) for b in masked[mine]]
         else:
             tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
-            batches = [self._device_batch(data.pairs.batch(b)) for b in group[mine]]
+            batches = [self._device_batch(data.pairs.batch(b, self.specials)) for b in group[mine]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
 
@@ -115,9 +116,9 @@ class StepFeed:
         m, s, t = self.pad_multiple, batch.src.size(1), batch.tgt_in.size(1)
         if self.cfg.train.cuda_graphs:  # (max_tokens // L, L) for both sides: one graph per bucket L
             width = round_up(max(s, t), m)
-            batch = batch.padded(self.cfg.data.max_tokens // width, width, width)
+            batch = batch.padded(self.cfg.data.max_tokens // width, width, width, self.specials)
         elif m > 1:
-            batch = batch.padded(len(batch), round_up(s, m), round_up(t, m))
+            batch = batch.padded(len(batch), round_up(s, m), round_up(t, m), self.specials)
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return batch.to(self.device)

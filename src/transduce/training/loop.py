@@ -64,7 +64,8 @@ class Trainer(Checkpointing):
         if cfg.data.bpe_dropout > 0:
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
-        extra = 1 if cfg.model.arch == "encoder_only" else 0  # [MASK] is one id past the tokenizer's
+        # [MASK] is the model's last id: one past the tokenizer's, unless the tokenizer has it (an import's)
+        extra = 1 if cfg.model.arch == "encoder_only" and tok.mask_id is None else 0
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
         if cfg.task == "classify":
             self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
@@ -87,7 +88,7 @@ class Trainer(Checkpointing):
         self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
         self.feed = StepFeed(cfg, data, dist, device, self.pad_multiple,
                              self.model.mask_id if cfg.task == "mlm" else None)
-        self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.pad_id, device) \
+        self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.label_pad_id, device) \
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
         self._params = list(self.model.parameters())  # clipped every step (restore loads into them in place)
@@ -173,7 +174,7 @@ class Trainer(Checkpointing):
         cfg = self.cfg.train
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g.get("lr_ratio", 1.0)  # train.head_lr's groups: their share of the schedule
-        sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.pad_id,
+        sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.label_pad_id,
                                 max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
         params = self._params
         if self.scaler is None and is_fused(self.optimizer):

@@ -75,6 +75,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, smoothing: float, pad_id
     Shape: logits (B, T, V), target (B, T).
     """
     keep = target != pad_id                                             # (B, T)
+    target = target.masked_fill(~keep, 0)  # a pad label may be no id (IGNORE_LABEL): gather a real one
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.dtype in (torch.float16, torch.bfloat16):
         rows = rows.float()                                             # softmax in fp32 under autocast
@@ -236,6 +237,7 @@ def projected_label_smoothed_loss(hidden: Tensor, weight: Tensor, target: Tensor
     target (B, T), bias (V,) (``model.output_bias``) or None.
     """
     keep = target != pad_id                                             # (B, T)
+    target = target.masked_fill(~keep, 0)  # a pad label may be no id (IGNORE_LABEL): gather a real one
     rows = hidden.reshape(-1, hidden.shape[-1])
     dtype = autocast_dtype(rows.device)
     if chunk is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import load_tokenizer, tokenizer_exists
 from ..errors import CheckpointError, ConfigError
 from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -67,7 +67,7 @@ class Checkpointing:
 
     def _check_init_tokenizer(self, directory: Path, extend: bool) -> None:
         """The run's tokenizer must be the init model's, or with train.extend_vocab extend it."""
-        init = Tokenizer.load(directory) if Tokenizer.exists(directory) else None
+        init = load_tokenizer(directory) if tokenizer_exists(directory) else None
         if init is not None and extend and self.data.tokenizer.extends(init):
             return
         if init is None or init.digest() != self.data.tokenizer.digest():
@@ -97,7 +97,7 @@ class Checkpointing:
         """Continue from a checkpoint: weights, optimizer, RNG, data position and counters
         (``loaded``: what :func:`load_checkpoint` read from it, if done already)."""
         weights, trainer_state, info = loaded or load_checkpoint(path)
-        if Tokenizer.exists(path) and Tokenizer.load(path).digest() != self.data.tokenizer.digest():
+        if tokenizer_exists(path) and load_tokenizer(path).digest() != self.data.tokenizer.digest():
             raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
                                   "(resume with the data this run was trained on)")
         load_state_checked(self.model, weights, str(path))

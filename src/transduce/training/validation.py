@@ -36,10 +36,10 @@ def smoothed_batch_loss(model: torch.nn.Module, batch: Batch, smoothing: float) 
     (:data:`~transduce.evaluation.heldout.BatchLoss`): a masked LM's head on the selected
     positions only, else the output projection then :func:`~.loss.label_smoothed_loss`."""
     if model.config.arch == "encoder_only":
-        out = batch_loss(model, final_states(model, batch), batch, smoothing, model.config.pad_id)
+        out = batch_loss(model, final_states(model, batch), batch, smoothing, model.config.label_pad_id)
     else:
         logits = model.output_proj(final_states(model, batch))           # (B, T, V)
-        out = label_smoothed_loss(logits, batch.tgt_out, smoothing, model.config.pad_id)
+        out = label_smoothed_loss(logits, batch.tgt_out, smoothing, model.config.label_pad_id)
     return out.loss, out.nll, out.n_tokens
 
 
