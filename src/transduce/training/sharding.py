@@ -14,21 +14,29 @@ FSDP on another world size, and every other command reads its models unchanged.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..model.io import build_model, check_state
+
+# torch.distributed.fsdp, .tensor and .checkpoint take seconds to import: they are imported where
+# a model is sharded, and until then nothing can be a DTensor or a sharded module.
+
+
+def _is_dtensor(t: Any) -> bool:
+    tensor = sys.modules.get("torch.distributed.tensor")
+    return tensor is not None and isinstance(t, tensor.DTensor)
 
 
 def shard_model(model: torch.nn.Module, precision: str) -> None:
     """Shard ``model`` in place across the default process group: each encoder and decoder layer
     a unit of its own, then the root. With ``bf16`` the gathered parameters and the computation
     are bfloat16 and gradients are reduced in float32 (the sharded parameters stay float32)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
     for name in ("encoder_layers", "decoder_layers"):
@@ -39,7 +47,8 @@ def shard_model(model: torch.nn.Module, precision: str) -> None:
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model`` (or the model inside a ``torch.compile`` wrapper) is FSDP-sharded."""
-    return isinstance(getattr(model, "_orig_mod", model), FSDPModule)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(getattr(model, "_orig_mod", model), fsdp.FSDPModule)
 
 
 def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
@@ -51,7 +60,7 @@ def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
 def full_value(t: Tensor) -> Tensor:
     """``t`` as a plain tensor: a replicated DTensor (the gradient norm of sharded gradients)
     gathered, anything else as it is."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if _is_dtensor(t) else t
 
 
 def full_model(model: torch.nn.Module, everywhere: bool = False) -> torch.nn.Module | None:
@@ -59,6 +68,8 @@ def full_model(model: torch.nn.Module, everywhere: bool = False) -> torch.nn.Mod
     gathered weights. Every rank must call it; with ``everywhere`` every rank gets the copy, on
     the model's device (to validate, as every DDP rank validates its replica); otherwise rank 0
     gets it on the CPU (to save) and the others None."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     state = get_model_state_dict(model, options=options)
     if not state:
@@ -73,6 +84,8 @@ def full_model(model: torch.nn.Module, everywhere: bool = False) -> torch.nn.Mod
 def load_full_state(model: torch.nn.Module, state: dict[str, Tensor], source: str) -> None:
     """Load a full (unsharded) weights file's ``state`` into a sharded ``model``, checked as
     :func:`~transduce.model.io.load_state_checked` checks it; every rank holds ``state``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     expected = {n: tuple(p.shape) for n, p in model.named_parameters()}  # global shapes; tied once
     expected |= {n: tuple(t.shape) for n, t in model.state_dict().items() if n not in tied}  # buffers
@@ -83,8 +96,10 @@ def load_full_state(model: torch.nn.Module, state: dict[str, Tensor], source: st
 def sharded_like(full: Tensor, like: Tensor) -> Tensor:
     """``full`` sharded as ``like`` is, when ``like`` is a DTensor: this rank's part of it (every
     rank holds ``full``, so nothing is sent); ``full`` itself otherwise."""
-    if not isinstance(like, DTensor):
+    if not _is_dtensor(like):
         return full
+    from torch.distributed.tensor import distribute_tensor
+
     full = full.to(device=like.device, dtype=like.dtype)
     return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
 
@@ -97,7 +112,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool) -> dict[s
     saved = optimizer.state_dict()
     state = {}
     for index, per_param in saved["state"].items():  # a new dict: the optimizer's own are in there
-        state[index] = {k: full_value(v).cpu() if isinstance(v, DTensor) else v for k, v in per_param.items()}
+        state[index] = {k: full_value(v).cpu() if _is_dtensor(v) else v for k, v in per_param.items()}
     return {**saved, "state": state} if keep else None
 
 
@@ -107,6 +122,6 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     sharding)."""
     for p, per_param in optimizer.state.items():
         for k, v in per_param.items():
-            if isinstance(p, DTensor) and isinstance(v, Tensor) and not isinstance(v, DTensor) \
+            if _is_dtensor(p) and isinstance(v, Tensor) and not _is_dtensor(v) \
                     and v.shape == p.shape:
                 per_param[k] = sharded_like(v, p)
