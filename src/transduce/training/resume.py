@@ -4,7 +4,8 @@ position and counters).
 
 :class:`Checkpointing` is a part of :class:`~.loop.Trainer`; it uses the trainer's ``cfg``,
 ``run_dir``, ``data``, ``dist``, ``device``, ``model``, ``model_cfg``, ``optimizer``,
-``scaler``, ``graphed``, ``ema``, ``state`` and ``elapsed()``.
+``scaler``, ``graphed``, ``ema``, ``state``, ``sharded`` (``train.fsdp`` on several ranks: the
+checkpoint is gathered whole, see :mod:`.sharding`) and ``elapsed()``.
 """
 
 from __future__ import annotations
@@ -173,9 +174,9 @@ class Checkpointing:
         ema = None
         if self.ema is not None:
             with self.ema.applied():
-                averaged = full_model(self.model)
+                averaged = self.whole_model()
             ema = unique_state_dict(averaged) if averaged is not None else None
-        return full_model(self.model), full_optimizer_state(self.optimizer, self.dist.is_main), ema
+        return self.whole_model(), full_optimizer_state(self.optimizer, self.dist.is_main), ema
 
     def whole_model(self) -> torch.nn.Module | None:
         """The model as a model directory holds it (unsharded) on rank 0, None on the others;
