@@ -143,6 +143,9 @@ def test_a_checkpoint_of_another_optimizer_implementation_resumes():
     ({"cuda_graphs": True, "grad_accum": 2}, "train.cuda_graphs: needs train.grad_accum 1"),
     ({"cuda_graphs": True, "precision": "fp16"}, "train.cuda_graphs: needs train.precision"),
     ({"cuda_graphs": True, "compile": True}, "train.cuda_graphs: cannot be combined with train.compile"),
+    ({"fsdp": True, "cuda_graphs": True}, "train.fsdp: cannot be combined with train.cuda_graphs"),
+    ({"fsdp": True, "compile": True}, "train.fsdp: cannot be combined with train.compile"),
+    ({"fsdp": True, "precision": "fp16"}, "train.fsdp: needs train.precision fp32 or bf16"),
 ])
 def test_config_errors(train, match):
     with pytest.raises(ConfigError, match=match):

@@ -76,6 +76,10 @@ class TrainConfig:
     """Validation also decodes and scores BLEU (translation)."""
     tensorboard: bool = False
     """Also write metrics as TensorBoard events in RUN_DIR/tensorboard (extra 'tensorboard')."""
+    fsdp: bool = False
+    """Multi-process: shard parameters, gradients and optimizer state across the ranks (PyTorch
+    FSDP2, training/sharding.py) instead of replicating them (DDP); checkpoints stay unsharded.
+    In a single process there is nothing to shard: it trains as without."""
     dist_timeout_s: float = 600.0
     """Multi-process: collectives give up after this long (a stopped rank becomes an error)."""
     max_bad_steps: int = 10
@@ -161,3 +165,8 @@ class TrainConfig:
             check(self.precision != "fp16", "train.cuda_graphs",
                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
             check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
+        if self.fsdp:
+            check(not self.cuda_graphs, "train.fsdp", "cannot be combined with train.cuda_graphs (a single process)")
+            check(not self.compile, "train.fsdp", "cannot be combined with train.compile; choose one")
+            check(self.precision != "fp16", "train.fsdp",
+                  "needs train.precision fp32 or bf16 (bf16 needs no loss scaler)")

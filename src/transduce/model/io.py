@@ -159,7 +159,12 @@ def saved_model_settings(directory: str | os.PathLike) -> dict[str, Any] | None:
 
 def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """Load ``state`` into ``model`` after checking names and shapes; one-line errors."""
-    expected = unique_state_dict(model)
+    check_state({name: tuple(t.shape) for name, t in unique_state_dict(model).items()}, state, source)
+    model.load_state_dict(state, strict=False)
+
+
+def check_state(expected: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], source: str) -> None:
+    """A one-line CheckpointError unless ``state`` has exactly the ``expected`` names and shapes."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -169,11 +174,10 @@ def load_state_checked(model: torch.nn.Module, state: dict[str, torch.Tensor], s
         if unexpected:
             parts.append(f"unexpected {len(unexpected)} tensor(s) e.g. {unexpected[0]}")
         raise CheckpointError(f"{source}: does not match the model config: {'; '.join(parts)}")
-    for name, t in expected.items():
-        if tuple(state[name].shape) != tuple(t.shape):
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
             raise CheckpointError(f"{source}: {name} has shape {tuple(state[name].shape)}, "
-                                  f"the config expects {tuple(t.shape)}")
-    model.load_state_dict(state, strict=False)
+                                  f"the config expects {shape}")
 
 
 def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:

@@ -6,7 +6,8 @@ up as TensorFlow's ``ExponentialMovingAverage(num_updates=...)``: ``d = min(ema_
 (10 + n))`` at the ``n``-th update (counted from 0), so that a short run's average is not mostly
 the initial weights. The average is kept in float32 whatever the training precision (autocast
 leaves the parameters float32; a half-precision average would lose the small ``(1 - d)`` steps).
-Under DDP every rank holds the same weights, so every rank holds the same average.
+Under DDP every rank holds the same weights, so every rank holds the same average; under FSDP
+(``train.fsdp``) each rank averages its shard of them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..model.io import unique_state_dict
+from .sharding import sharded_like
 
 EMA_WEIGHTS = "ema.safetensors"  # beside model.safetensors in a checkpoint: a full state dict of the average
 
@@ -66,7 +68,7 @@ class WeightEMA:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Restore the average from :meth:`state_dict`'s output (bitwise)."""
         for name, avg in zip(self.names, self.shadow):
-            avg.copy_(state[name])
+            avg.copy_(sharded_like(state[name], avg))  # under train.fsdp, this rank's part of it
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:

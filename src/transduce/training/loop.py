@@ -44,6 +44,7 @@ from .graphs import GraphedStep
 from .report import MetricsLog
 from .resume import Checkpointing
 from .schedule import learning_rate
+from .sharding import full_model, full_value, shard_model
 from .state import StepData, TrainingError, TrainState
 from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
@@ -75,15 +76,18 @@ class Trainer(Checkpointing):
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         freeze_parameters(self.model, cfg.train.freeze)
+        self.sharded = cfg.train.fsdp and dist.enabled  # one process: nothing to shard
+        if self.sharded:
+            shard_model(self.model, cfg.train.precision)  # before the optimizer: it holds the shards
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         # S and T padded up to a multiple: few distinct shapes for CUDA graphs (a compiled model
         # takes any shape; on Multi30k, multiples of 8 would cost eager steps ~20% more positions)
         self.pad_multiple = cfg.train.pad_multiple or (8 if cfg.train.cuda_graphs else 1)
         wrapped: torch.nn.Module = self.model
-        if dist.enabled:
-            if cfg.train.cuda_graphs:
-                raise ConfigError(f"train.cuda_graphs: needs a single process; got world size {dist.world_size}")
+        if dist.enabled and cfg.train.cuda_graphs:
+            raise ConfigError(f"train.cuda_graphs: needs a single process; got world size {dist.world_size}")
+        if dist.enabled and not self.sharded:
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
         self.feed = StepFeed(cfg, data, dist, device, self.pad_multiple,
@@ -182,7 +186,7 @@ class Trainer(Checkpointing):
             return torch.cat([sums, norm.reshape(1), ok.reshape(1).float()]), False
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm or math.inf, foreach=True)
+        norm = full_value(torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm or math.inf, foreach=True))
         ok = torch.isfinite(sums[0])
         if self.scaler is None:  # with a scaler, non-finite gradients are its business (it skips and rescales)
             ok &= torch.isfinite(norm)
@@ -218,15 +222,16 @@ class Trainer(Checkpointing):
 
     def _validate(self) -> dict[str, float]:
         from .validation import validation_bleu, validation_classify, validation_loss
-        self.model.eval()
+        model = full_model(self.model, everywhere=True) if self.sharded else self.model  # every rank validates
+        model.eval()
         out: dict[str, float] = {}
         if len(self.valid_pairs) and self.cfg.task == "classify":
-            out.update(validation_classify(self.model, self.valid_pairs, self.cfg, self.device))
+            out.update(validation_classify(model, self.valid_pairs, self.cfg, self.device))
         elif len(self.valid_pairs):
-            loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device)
+            loss, nll = validation_loss(model, self.valid_pairs, self.cfg, self.device)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
-            out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
+            out["val_bleu"] = validation_bleu(model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
         return out
 
     def averaged(self) -> contextlib.AbstractContextManager:
@@ -306,9 +311,10 @@ class Trainer(Checkpointing):
         self.metrics.write({"step": self.state.step, "elapsed": self.elapsed(), **metrics})
         if self.dist.is_main:  # above the bar while one is drawn (transduce.progress)
             logger.info("step %d: %s", self.state.step, ", ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if self._improved(metrics) and self.dist.is_main:
+        if self._improved(metrics):
             with self.averaged():
-                save_model_dir(self.model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
+                if (model := self.whole_model()) is not None:
+                    save_model_dir(model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
         return metrics
 
     def preempted(self) -> dict[str, float]:
@@ -327,15 +333,16 @@ class Trainer(Checkpointing):
             metrics = self._evaluate_and_keep_best()
         if self.state.step % self.cfg.train.save_every:
             self.save()
-        if self.dist.is_main:
+        with self.averaged():
+            model = self.whole_model()  # every rank gathers under train.fsdp, rank 0 writes
             k = self.cfg.train.average_last
-            ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k else []
+            ckpts = list_checkpoints(self.run_dir / "checkpoints")[-k:] if k and model is not None else []
             if len(ckpts) > 1:
                 ema = self.ema is not None and all((c / EMA_WEIGHTS).is_file() for c in ckpts)
                 average_checkpoints(ckpts, self.run_dir / "model", EMA_WEIGHTS if ema else WEIGHTS)
-            else:
-                with self.averaged():
-                    save_model_dir(self.model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
+            elif model is not None:
+                save_model_dir(model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
+        if self.dist.is_main:
             logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
                         self.elapsed(), self.run_dir / "model")
         self.metrics.close()

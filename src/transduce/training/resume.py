@@ -4,7 +4,8 @@ position and counters).
 
 :class:`Checkpointing` is a part of :class:`~.loop.Trainer`; it uses the trainer's ``cfg``,
 ``run_dir``, ``data``, ``dist``, ``device``, ``model``, ``model_cfg``, ``optimizer``,
-``scaler``, ``graphed``, ``ema``, ``state`` and ``elapsed()``.
+``scaler``, ``graphed``, ``ema``, ``state``, ``sharded`` (``train.fsdp`` on several ranks: the
+checkpoint is gathered whole, see :mod:`.sharding`) and ``elapsed()``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weig
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from .ema import EMA_WEIGHTS
 from .distributed import all_gather_object, collective_failure, is_collective_error
+from .sharding import full_model, full_optimizer_state, load_full_state, shard_optimizer_state
 from .state import TrainingError, TrainState
 from .step import load_optimizer_state
 from .vocab import grow_vocab_rows
@@ -54,13 +56,15 @@ class Checkpointing:
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
                                   f"this run's is {getattr(self.model_cfg, f.name)}")
         state = read_weights(directory / WEIGHTS)
+        # the rows and heads initialised here, read whole (gathered under train.fsdp)
+        own = full_model(self.model, everywhere=True) if self.sharded and (extend or new_head) else self.model
         if extend:  # new rows for the new pieces; [MASK] stays the last id
-            state = grow_vocab_rows(state, self.model, 1 if saved.arch == "encoder_only" else 0)
+            state = grow_vocab_rows(state, own, 1 if saved.arch == "encoder_only" else 0)
         if new_head:
             state = {k: v for k, v in state.items() if not k.startswith(("mlm_head.", "nsp_head."))} | {
-                k: v for k, v in unique_state_dict(self.model).items() if k.startswith("cls_head.")} | {
+                k: v for k, v in unique_state_dict(own).items() if k.startswith("cls_head.")} | {
                 k.replace("nsp_head.", "cls_head."): v for k, v in state.items() if k.startswith("nsp_head.pooler.")}
-        load_state_checked(self.model, state, str(directory / WEIGHTS))
+        (load_full_state if self.sharded else load_state_checked)(self.model, state, str(directory / WEIGHTS))
         if self.ema is not None:
             self.ema.reset()  # the average starts from the weights trained on
         logger.info("initialised from %s%s", directory, " (a new classification head)" if new_head else "")
@@ -100,8 +104,10 @@ class Checkpointing:
         if tokenizer_exists(path) and load_tokenizer(path).digest() != self.data.tokenizer.digest():
             raise CheckpointError(f"{path}: its tokenizer is not the one {self.data.root} was prepared with "
                                   "(resume with the data this run was trained on)")
-        load_state_checked(self.model, weights, str(path))
+        (load_full_state if self.sharded else load_state_checked)(self.model, weights, str(path))
         load_optimizer_state(self.optimizer, trainer_state["optimizer"])
+        if self.sharded:
+            shard_optimizer_state(self.optimizer)
         if self.graphed is not None:
             self.graphed.reset()  # new optimizer state tensors: graphs captured before would miss them
         rng = {"cpu": trainer_state["rng_cpu"], "cuda": trainer_state.get("rng_cuda")}  # rank 0's
@@ -143,17 +149,39 @@ class Checkpointing:
                 raise
             raise TrainingError(collective_failure(self.dist, self.state.step, self.cfg.train.dist_timeout_s, e)) \
                 from None
-        if not self.dist.is_main:
+        model, optimizer, ema = self._whole_state()
+        if model is None:
             return None
-        trainer_state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng_cpu": rng["cpu"],
-                                         "rng_ranks": ranks}
+        trainer_state: dict[str, Any] = {"optimizer": optimizer, "rng_cpu": rng["cpu"], "rng_ranks": ranks}
         if self.device.type == "cuda":
             trainer_state["rng_cuda"] = rng["cuda"]
         if self.scaler is not None:
             trainer_state["scaler"] = self.scaler.state_dict()
         state = replace(self.state, elapsed=self.elapsed())
         info = {"train_state": asdict(state), "world_size": self.dist.world_size}
-        return save_checkpoint(self.run_dir / "checkpoints", self.state.step, self.model, self.data.tokenizer,
+        return save_checkpoint(self.run_dir / "checkpoints", self.state.step, model, self.data.tokenizer,
                                trainer_state, info, self.cfg.train.keep_last, self.cfg.decode,
-                               {EMA_WEIGHTS: self.ema.state_dict(self.model)} if self.ema is not None else None)
+                               {EMA_WEIGHTS: ema} if ema is not None else None)
+
+    def _whole_state(self) -> tuple[torch.nn.Module | None, dict[str, Any] | None, dict[str, torch.Tensor] | None]:
+        """The model, the optimizer's state and the weights' average (``train.ema_decay``, else
+        None) as a checkpoint holds them, whole, on rank 0; the others get Nones. Every rank calls
+        it: under ``train.fsdp`` they gather their shards."""
+        if not self.sharded:
+            if not self.dist.is_main:
+                return None, None, None
+            return self.model, self.optimizer.state_dict(), self.ema.state_dict(self.model) if self.ema else None
+        ema = None
+        if self.ema is not None:
+            with self.ema.applied():
+                averaged = self.whole_model()
+            ema = unique_state_dict(averaged) if averaged is not None else None
+        return self.whole_model(), full_optimizer_state(self.optimizer, self.dist.is_main), ema
+
+    def whole_model(self) -> torch.nn.Module | None:
+        """The model as a model directory holds it (unsharded) on rank 0, None on the others;
+        every rank calls it (under ``train.fsdp`` they gather their shards)."""
+        if self.sharded:
+            return full_model(self.model)
+        return self.model if self.dist.is_main else None
 

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..tracing import LOSS, scope
 from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
 from .loss import LossOutput, projected_label_smoothed_loss
+from .sharding import full_value, is_sharded, set_gradient_sync
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -78,9 +79,7 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
     """
     sums = torch.zeros(2, device=device)
     for i, batch in enumerate(batches):
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
-        with sync:
+        with gradient_sync(model, i == len(batches) - 1):
             with autocast_context(device, precision, "train.precision", cache=autocast_cache):
                 hidden = final_states(model, batch)                       # (B, T, D)
                 out = batch_loss(model, hidden, batch, smoothing, pad_id)
@@ -88,6 +87,15 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([out.loss.detach(), out.nll]).float()
     return sums
+
+
+def gradient_sync(model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """A block whose backward synchronises gradients across ranks only on a step's ``last``
+    micro-batch: DDP's ``no_sync`` on the others, FSDP's gradient sync switched off for them."""
+    if is_sharded(model):
+        set_gradient_sync(model, last)
+        return contextlib.nullcontext()
+    return contextlib.nullcontext() if last or not isinstance(model, DistributedDataParallel) else model.no_sync()
 
 
 def freeze_parameters(model: torch.nn.Module, prefixes: tuple[str, ...]) -> None:
@@ -177,7 +185,7 @@ def clip_and_step(optimizer: torch.optim.Optimizer, params: list[Tensor], loss_s
     Returns:
         The gradient norm before clipping and whether the step was applied (0-dim device tensors).
     """
-    norm = torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf, foreach=True)
+    norm = full_value(torch.nn.utils.clip_grad_norm_(params, clip_norm or math.inf, foreach=True))
     ok = torch.isfinite(loss_sum) & torch.isfinite(norm)
     found_inf.copy_(~ok)
     optimizer.found_inf = found_inf
