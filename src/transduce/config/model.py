@@ -98,6 +98,12 @@ class ModelConfig:
     """The beginning-of-sequence token's id."""
     eos_id: int = 2
     """The end-of-sequence token's id."""
+    bos_in_softmax: bool = True
+    """BOS is one of the output's classes: its logit counts in the softmax that decoding and
+    scoring normalise by. False: it is left out (-inf before the log-softmax), as in an imported
+    T5, whose decoder starts from PAD and has no BOS: our BOS is PAD's row again, and counting it
+    would lower every log-probability by log(1 + p(PAD)) against T5's. Training's loss still
+    counts it (a class that is never a target)."""
     embed_norm: bool = False
     """LayerNorm after the embedding sum, as BERT (encoder_only)."""
     type_vocab_size: int = 0
@@ -254,6 +260,8 @@ class ModelConfig:
             v = getattr(self, k)
             check(0 <= v < min(self.src_vocab_size, self.tgt_vocab_size), f"model.{k}",
                   f"must be a valid token id; got {v}")
+        check(self.bos_in_softmax or self.bos_id not in (self.pad_id, self.eos_id), "model.bos_in_softmax",
+              f"false needs a BOS of its own; got bos_id={self.bos_id}, pad_id={self.pad_id}, eos_id={self.eos_id}")
 
     @property
     def pad_shared(self) -> bool:

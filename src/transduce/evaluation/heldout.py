@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..config import TrainConfig, model_task
 from ..errors import ConfigError, DataError
+from ..inference.search.common import output_log_softmax
 from .metrics import classification_scores
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, T
     else:
         logits = model(batch.tgt_in) if cfg.arch == "decoder_only" else model(batch.src, batch.tgt_in)
         logits, labels = logits.flatten(0, 1), batch.tgt_out.flatten()  # (B * T, V), (B * T,)
+    if not cfg.bos_in_softmax:  # an imported T5: BOS (PAD's row again) is no class of its output
+        logits = output_log_softmax(logits.float(), cfg)
     nll = F.cross_entropy(logits.float(), labels, ignore_index=pad, reduction="sum")
     return nll, nll, (labels != pad).sum()
 

@@ -155,6 +155,10 @@ def transformer_spec(model: Transformer):
     if cfg.scale_output:  # T5's d_model^-0.5 before the tied output projection
         decoder.scale_outputs = np.float32(model.output_scale)
     _set_linear(decoder.projection, model.output_proj)
+    if not cfg.bos_in_softmax:  # BOS is no output class (an imported T5): a bias of -inf leaves it out
+        bias = np.zeros(cfg.tgt_vocab_size, dtype=np.float32)
+        bias[cfg.bos_id] = -np.inf
+        decoder.projection.bias = bias
     spec = ts.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec

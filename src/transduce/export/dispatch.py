@@ -43,9 +43,6 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if arch != "encoder_decoder" and fmt != "hf":
         raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
     t5 = cfg.positions == "relative"
-    if t5 and fmt == "onnx":
-        raise ExportError(f"--format {fmt}: relative position bias (model.positions=relative, T5) is not "
-                          "supported by this exporter; use --format hf or ctranslate2")
     with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "hf" and arch == "decoder_only":
             from .hf_gpt2 import export_hf_gpt2

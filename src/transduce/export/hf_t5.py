@@ -16,14 +16,17 @@ T5's reordered, ``order[i]`` being the T5 id of our id i::
     ours 0 <pad> = T5 pad     ours 1 <s> = T5 decoder start (its row; pad in T5 and mT5)
     ours 2 </s>  = T5 eos     ours 3 <unk> = T5 unk     ours 4.. = every other T5 id in order
 
-so a T5 whose decoder start is its pad gains one row. An exported model keeps our ids (its
-decoder start is our bos), so exporting and importing again gives the same ids.
+so a T5 whose decoder start is its pad gains one row, which the imported model leaves out of its
+softmax (``model.bos_in_softmax: false``: log-probabilities and beam search as T5's). Such a
+model exports in T5's ids again (the row dropped, decoding from pad); any other keeps our ids
+(its decoder start is our bos). Either way exporting and importing again gives the same ids.
 
 Legend: D d_model, H heads, V vocabulary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -105,9 +108,38 @@ def hf_t5_state_dict(model: Transformer) -> dict[str, Tensor]:
     """Our weights under T5's names, in our id order (the export's; T5 ties embed_tokens to shared)."""
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     state = {hf: ours[k].contiguous() for k, hf in name_map(model.config).items()}
-    state["shared.weight"] = ours["src_embed.tokens.weight"].contiguous()
-    state["lm_head.weight"] = ours["output_proj.weight"].clone()  # (a copy: safetensors stores no shared tensors)
+    rows = t5_rows(model.config)
+    state["shared.weight"] = ours["src_embed.tokens.weight"][rows].contiguous()
+    state["lm_head.weight"] = ours["output_proj.weight"][rows].clone()  # (a copy: safetensors stores no shared tensors)
     return state
+
+
+def t5_rows(cfg: ModelConfig) -> Tensor:
+    """Our ids in the exported model's order: all of them, or without bos where it is pad's row
+    again (``bos_in_softmax`` false: an imported T5, exported in T5's ids)."""
+    ids = torch.arange(cfg.tgt_vocab_size)
+    return ids if cfg.bos_in_softmax else ids[ids != cfg.bos_id]
+
+
+def t5_order(cfg: ModelConfig) -> Tensor:
+    """The exported model's id of each of our ids (bos: pad's, where it is not exported)."""
+    order = torch.empty(cfg.tgt_vocab_size, dtype=torch.long)
+    rows = t5_rows(cfg)
+    order[rows] = torch.arange(len(rows))
+    if not cfg.bos_in_softmax:
+        order[cfg.bos_id] = order[cfg.pad_id]
+    return order
+
+
+def t5_view(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with the exported model's vocabulary size and special ids (decoding from pad where
+    bos is not exported), for the config files."""
+    if cfg.bos_in_softmax:
+        return cfg
+    order = t5_order(cfg)
+    n = cfg.tgt_vocab_size - 1
+    return dataclasses.replace(cfg, src_vocab_size=n, tgt_vocab_size=n, pad_id=int(order[cfg.pad_id]),
+                               bos_id=int(order[cfg.pad_id]), eos_id=int(order[cfg.eos_id]), bos_in_softmax=True)
 
 
 def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor) -> dict[str, Tensor]:
@@ -153,30 +185,43 @@ def export_hf_t5(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
                           f"{cfg.tgt_vocab_size} ids; this one is {'joint' if tok.joint else 'separate'}, "
                           f"{model_type(proto)}, {tok.src_vocab_size} ids")
     save_file(hf_t5_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_t5_config(cfg), indent=1), encoding="utf-8")
-    generation_config(cfg).save_pretrained(out)
-    (out / "spiece.model").write_bytes(proto)
+    (out / "config.json").write_text(json.dumps(hf_t5_config(t5_view(cfg)), indent=1), encoding="utf-8")
+    generation_config(t5_view(cfg)).save_pretrained(out)
+    (out / "spiece.model").write_bytes(proto if cfg.bos_in_softmax else _without_bos(proto, cfg))
     sentinels = [p for p in tok.pieces(range(cfg.tgt_vocab_size)) if p.startswith("<extra_id_")]
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "T5Tokenizer", "extra_ids": 0, "additional_special_tokens": sentinels,
          "model_max_length": cfg.max_positions}, indent=1), encoding="utf-8")
     with no_progress_bars(transformers):
         hf = load_hf_model(transformers.T5ForConditionalGeneration, out)
-        ids = torch.arange(cfg.tgt_vocab_size)
-        checks = check_against_hf(model, hf, ids, ids)
+        order = t5_order(cfg)
+        checks = check_against_hf(model, hf, order, order)
         checks["tokenizer_differences"] = _tokenizer_differences(transformers.AutoTokenizer.from_pretrained(out),
-                                                                 tok, model)
+                                                                 tok, model, order)
     return checks
 
 
-def _tokenizer_differences(hf_tok, tok, model: Transformer) -> int:
+def _without_bos(proto: bytes, cfg: ModelConfig) -> bytes:
+    """Our SentencePiece model in T5's ids: bos's piece dropped, the special ids renumbered."""
+    pb = require("sentencepiece.sentencepiece_model_pb2", "export")
+    model = pb.ModelProto()
+    model.ParseFromString(proto)
+    del model.pieces[cfg.bos_id]
+    order, spec = t5_order(cfg), model.trainer_spec
+    unk = spec.unk_id
+    spec.pad_id, spec.eos_id, spec.bos_id = int(order[cfg.pad_id]), int(order[cfg.eos_id]), -1
+    spec.unk_id = int(order[unk])
+    return model.SerializeToString()
+
+
+def _tokenizer_differences(hf_tok, tok, model: Transformer, order: Tensor) -> int:
     """Texts (our decoding of the probe sources) that transformers' tokenizer reads into other ids
-    than ours (+ EOS); raises ExportError if it cannot read them at all."""
+    than ours (+ EOS; ``order``: the exported id of each of ours)."""
     from .verify import probe_sources
 
     differ = 0
     for row in probe_sources(model).tolist():
         text = tok.decode(row, "src")
-        if hf_tok(text)["input_ids"] != tok.encode(text, "src") + [model.config.eos_id]:
+        if hf_tok(text)["input_ids"] != order[tok.encode(text, "src") + [model.config.eos_id]].tolist():
             differ += 1
     return differ

@@ -65,8 +65,9 @@ class _T5Vocab:
                                   + [i for i in range(n_rows) if i not in specials])
 
 
-def _model_config(config: dict, where: Path, tied: bool, n_ids: int) -> ModelConfig:
-    """Our ModelConfig for a T5Config / MT5Config (as a dict)."""
+def _model_config(config: dict, where: Path, tied: bool, n_ids: int, start_is_pad: bool) -> ModelConfig:
+    """Our ModelConfig for a T5Config / MT5Config (as a dict); ``start_is_pad``: the decoder
+    starts from PAD, so our BOS is PAD's row again and no class of T5's output."""
     name = where / "config.json"
     proj = config.get("feed_forward_proj", "relu" if config["model_type"] == "t5" else "gated-gelu")
     if proj not in ACTIVATIONS:
@@ -87,7 +88,8 @@ def _model_config(config: dict, where: Path, tied: bool, n_ids: int) -> ModelCon
             relative_buckets=int(config.get("relative_attention_num_buckets", 32)),
             relative_max_distance=int(config.get("relative_attention_max_distance", 128)), max_positions=512,
             bias=False, share_embeddings=True, tie_output=tied, scale_embeddings=False, scale_attention=False,
-            scale_output=scale, layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-6)))
+            scale_output=scale, bos_in_softmax=not start_is_pad,
+            layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-6)))
     except KeyError as e:
         raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
     except (ConfigError, TypeError, ValueError) as e:
@@ -121,7 +123,7 @@ def import_t5(where: Path, config: dict, out, force: bool = False) -> dict[str, 
     if "vocab_size" not in config:
         raise HFImportError(f"{where / 'config.json'}: missing key 'vocab_size'")
     vocab = _T5Vocab(config, where, int(config["vocab_size"]))
-    cfg = _model_config(config, where, _is_tied(state), len(vocab.order))
+    cfg = _model_config(config, where, _is_tied(state), len(vocab.order), vocab.start == vocab.pad)
     model = Transformer(cfg)
     try:
         ours = our_t5_state(state, cfg, vocab.order)

@@ -9,7 +9,9 @@ Batch, source length and cache length are dynamic axes (up to the model's ``max_
 whose position table is baked into the graphs); the first step passes a cache of length 0.
 :class:`OnnxGreedy` is the small numpy + onnxruntime loop that decodes with them.
 The graphs come from ``torch.onnx.export(dynamo=True)`` (torch.export), which traces the
-cache length as a symbolic size so positions and masks stay correct at every step.
+cache length as a symbolic size so positions, masks and T5's relative position bias (a gather
+from its buckets x heads table by bucket indices computed from positions) stay correct at every
+step.
 
 Legend: B batch, S source length, t cached target positions, H heads, Dh head dim, V vocabulary.
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
@@ -85,7 +88,11 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
     """torch.onnx.export with the dynamo exporter, quietly; ExportError with a one-line reason."""
     require("onnxscript", "export")
     try:
-        with warnings.catch_warnings(), quiet_loggers("onnxscript", "onnx_ir", "torch.onnx", "torch.export"):
+        # traced on SDPA's math kernel: the layout of its output is the one the exporter's
+        # decomposition produces (on the CPU flash kernel's, a float mask such as T5's position
+        # bias left a view of the heads' transposed output that the decomposition cannot take)
+        with warnings.catch_warnings(), quiet_loggers("onnxscript", "onnx_ir", "torch.onnx", "torch.export"), \
+                sdpa_kernel([SDPBackend.MATH]):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(module, args, dynamo=True, input_names=inputs, output_names=outputs,
                                         dynamic_shapes=dynamic_shapes, opset_version=OPSET, verbose=False)

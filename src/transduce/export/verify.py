@@ -18,6 +18,7 @@ import logging
 import torch
 from torch import Tensor
 
+from ..inference.search.common import output_log_softmax
 from ..model import Transformer
 from .base import ExportError
 
@@ -79,7 +80,7 @@ def sequence_log_prob(model: Transformer, src_row: Tensor, tokens: list[int]) ->
     cfg = model.config
     src = src_row[src_row != cfg.pad_id][None]                           # (1, S')
     tgt = torch.tensor([[cfg.bos_id] + tokens[:-1]]) if tokens else torch.tensor([[cfg.bos_id]])
-    logp = torch.log_softmax(model(src, tgt).float(), dim=-1)[0]         # (T, V)
+    logp = output_log_softmax(model(src, tgt).float(), cfg)[0]            # (T, V)
     return float(logp.gather(1, torch.tensor(tokens)[:, None]).sum()) if tokens else 0.0
 
 

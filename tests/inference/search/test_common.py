@@ -95,3 +95,45 @@ def test_scoring_in_row_blocks_changes_nothing(model, monkeypatch, rows):
     torch.testing.assert_close(values, ref.values)
     assert torch.equal(tokens, ref.indices)
     assert bool((tokens != model.config.eos_id).all())  # min_len forbids EOS at step 0
+
+
+def test_a_model_without_bos_in_its_softmax_normalises_over_the_other_ids():
+    """model.bos_in_softmax false (an imported T5, whose BOS is PAD's row again): forced
+    decoding, the shortlist and ensembles read log-probs normalised without BOS's logit, equal to
+    a log-softmax over the other ids; true (every other model): exactly torch's log-softmax."""
+    import transduce.inference.search.common as common
+    from transduce.inference.search.ensemble import Ensemble
+    from transduce.inference.search.forced import force_decode
+
+    without = tiny_transformer(bos_in_softmax=False)
+    bos = without.config.bos_id
+    keep = torch.tensor([i for i in range(without.config.tgt_vocab_size) if i != bos])
+    logits = without.output_proj(torch.randn(6, without.config.d_model)).detach()
+    got = common.output_log_softmax(logits, without.config)
+    torch.testing.assert_close(got[:, keep], torch.log_softmax(logits[:, keep], dim=-1))
+    assert bool((got[:, bos] == -math.inf).all())
+    assert torch.equal(common.output_log_softmax(logits, tiny_transformer().config), torch.log_softmax(logits, -1))
+
+    src, tgt = random_sources([5, 3, 7]), random_sources([4, 6, 2], seed=1)
+    with torch.no_grad():
+        full = without(src, torch.cat([torch.full((3, 1), bos), tgt[:, :-1]], dim=1))   # (B, T, V)
+    want = torch.log_softmax(full[..., keep], dim=-1).gather(2, (tgt - (tgt > bos).long())[..., None])[..., 0]
+    torch.testing.assert_close(force_decode(without, src, tgt).token_log_probs, want.masked_fill(tgt == PAD, 0.0))
+
+    states = torch.randn(5, without.config.d_model)
+    vocab = common.BatchVocab.restrict(without.output_proj, torch.arange(without.config.tgt_vocab_size),
+                                       without.config)
+    with torch.no_grad():
+        ref = common.best_tokens(without, states, without.config, step=1, min_len=0, k=3)
+        short = common.best_tokens(without, states, without.config, step=1, min_len=0, k=3, vocab=vocab)
+        torch.testing.assert_close(short[0], ref[0])
+        torch.testing.assert_close(Ensemble([without]).output_proj(states),
+                                   common.output_log_softmax(without.output_proj(states), without.config))
+
+
+def test_bos_in_softmax_false_needs_a_bos_of_its_own():
+    from transduce.config import model_preset
+    from transduce.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model\.bos_in_softmax: false needs a BOS of its own"):
+        model_preset("tiny", src_vocab_size=40, tgt_vocab_size=40, bos_in_softmax=False, bos_id=2)

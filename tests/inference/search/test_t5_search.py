@@ -16,9 +16,9 @@ T5 = dict(norm="pre", norm_kind="rms", positions="relative", relative_buckets=8,
           bias=False, scale_embeddings=False, scale_attention=False, layer_norm_eps=1e-6, max_positions=64)
 
 
-def _model(seed: int, activation: str):
+def _model(seed: int, activation: str, **overrides):
     tied = activation == "relu"
-    model = tiny_transformer(seed=seed, activation=activation, tie_output=tied, scale_output=tied, **T5)
+    model = tiny_transformer(seed=seed, activation=activation, tie_output=tied, scale_output=tied, **T5, **overrides)
     with torch.no_grad():  # end some hypotheses early (tied: the EOS embedding row too)
         model.output_proj.weight[EOS] *= 2.0
     return model
@@ -42,8 +42,9 @@ def test_cached_greedy_equals_rerunning_the_prefix(activation):
 
 @pytest.mark.parametrize("activation", ["relu", "geglu"])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_static_search_equals_eager(activation, beam):
-    model = _model(1, activation)
+@pytest.mark.parametrize("bos_in_softmax", [True, False])  # (false: an imported T5's)
+def test_static_search_equals_eager(activation, beam, bos_in_softmax):
+    model = _model(1, activation, bos_in_softmax=bos_in_softmax)
     src = random_sources(LENGTHS, seed=2)
     decode = DecodeConfig(beam=beam, max_len_a=1.0, max_len_b=6)
     with torch.inference_mode():

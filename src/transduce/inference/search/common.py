@@ -108,12 +108,21 @@ def max_lengths(src: Tensor, config: object, max_len_a: float, max_len_b: int) -
     return limit
 
 
+def output_log_softmax(logits: Tensor, config: object) -> Tensor:
+    """Log-softmax of ``logits`` (..., V) over the output's classes: every id, BOS's logit set to
+    -inf first where ``config.bos_in_softmax`` is false (an imported T5: ModelConfig.bos_in_softmax)."""
+    if not getattr(config, "bos_in_softmax", True):
+        logits = logits.clone()
+        logits[..., config.bos_id] = -math.inf
+    return torch.log_softmax(logits, dim=-1)
+
+
 def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int,
                    forced: Tensor | None = None, repeat: Repetition | None = None) -> Tensor:
-    """Log-softmax over the vocabulary, then forbid PAD, BOS and (before ``min_len``) EOS; rows
-    with a ``forced`` token (N,) (-1: none) may only take that one (prefix decoding). With
-    ``repeat``, its penalty applies to the logits and its n-gram blocking to the log-probs
-    (:mod:`.repetition`): every search applies them here.
+    """Log-softmax over the output's classes (:func:`output_log_softmax`), then forbid PAD, BOS and
+    (before ``min_len``) EOS; rows with a ``forced`` token (N,) (-1: none) may only take that one
+    (prefix decoding). With ``repeat``, its penalty applies to the logits and its n-gram blocking
+    to the log-probs (:mod:`.repetition`): every search applies them here.
 
     Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
     ``step`` may be a 0-dim device tensor (static decoding), which the host never reads.
@@ -123,7 +132,7 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     logits = logits.float()
     if repeat is not None:
         logits = repeat.penalise(logits)
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = output_log_softmax(logits, config)
     if repeat is not None:
         logp = repeat.block(logp)
     for never in never_generated(config.pad_id, config.bos_id, config.eos_id):  # not one that is EOS too (GPT-2)
@@ -160,6 +169,7 @@ class _Specials:
     pad_id: int
     bos_id: int
     eos_id: int
+    bos_in_softmax: bool = True
 
 
 @dataclass(frozen=True)
@@ -180,7 +190,8 @@ class BatchVocab:
             return None
         ids = ids.to(weight.device)
         col = {int(i): j for j, i in enumerate(ids.tolist())}
-        specials = _Specials(col[config.pad_id], col[config.bos_id], col[config.eos_id])
+        specials = _Specials(col[config.pad_id], col[config.bos_id], col[config.eos_id],
+                             getattr(config, "bos_in_softmax", True))
         return cls(ids, weight.index_select(0, ids), None if bias is None else bias.index_select(0, ids), specials)
 
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ...errors import ConfigError
 from ...model.transformer import DecoderOutput
 from ..speed import new_cache
+from .common import output_log_softmax
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Ensemble(nn.Module):
     def output_proj(self, states: Tensor) -> Tensor:
         """The members' mean log-softmax over the vocabulary. (..., sum D) -> (..., V) float32."""
         parts = states.split(self._widths, dim=-1)
-        logp = [torch.log_softmax(m.output_proj(s).float(), dim=-1) for m, s in zip(self.members, parts)]
+        logp = [output_log_softmax(m.output_proj(s).float(), m.config) for m, s in zip(self.members, parts)]
         return torch.stack(logp).mean(dim=0)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
