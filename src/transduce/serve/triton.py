@@ -1,7 +1,7 @@
 """``transduce serve --engine triton``: a real Triton Inference Server on a model directory.
 
 pytriton (the ``triton`` extra) starts the ``tritonserver`` binary it bundles, which runs on a
-CPU too, and binds one model, ``translate`` (:mod:`.triton_rows`), whose requests Triton's
+CPU too, and binds one model, ``translate`` (:mod:`~transduce.inference.triton_rows`), whose requests Triton's
 dynamic batcher gathers (``max_queue_delay`` = ``ServeConfig.batch_wait_ms``, preferred batch
 sizes up to ``max_sentences``). HTTP (KServe v2) listens on ``ServeConfig.port``, gRPC on
 ``grpc_port`` (default: the port + 1). Decoding runs in this process, through the one front door
@@ -20,8 +20,9 @@ from typing import Any, Iterator
 
 from ..config import ServeConfig
 from ..errors import TransduceError, require
+from ..export.triton import preferred_batch_sizes
 from ..inference.runtime import ModelDirs, Runtime, load
-from .triton_rows import PARAMETERS, Rows, TritonTranslate
+from ..inference.triton_rows import PARAMETERS, Rows, TritonTranslate
 
 logger = logging.getLogger(__name__)
 MODEL_NAME = "translate"
@@ -42,12 +43,6 @@ def require_triton():
 def grpc_port(cfg: ServeConfig) -> int:
     """The gRPC port: ``cfg.grpc_port``, else the HTTP port + 1."""
     return cfg.grpc_port if cfg.grpc_port is not None else cfg.port + 1
-
-
-def preferred_batch_sizes(max_batch: int) -> list[int]:
-    """Powers of two from 4 up to ``max_batch`` (and it): the batch sizes Triton waits to fill."""
-    sizes = [n for n in (4, 8, 16, 32, 64, 128, 256) if n < max_batch]
-    return sizes + [max_batch]
 
 
 def infer_function(model: TritonTranslate):

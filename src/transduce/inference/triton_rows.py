@@ -1,6 +1,6 @@
 """The ``translate`` model that Triton serves, without Triton: requests of BYTES rows in, rows of
 translations, scores and errors out. Both ways of running it call :class:`TritonTranslate`: the
-server that ``transduce serve --engine triton`` starts (:mod:`.triton`, through pytriton) and the
+server that ``transduce serve --engine triton`` starts (:mod:`transduce.serve.triton`, through pytriton) and the
 Python-backend ``model.py`` of a repository that ``transduce export --format triton`` writes.
 
 A request is ``text`` (BYTES, one sentence per row) with optional request parameters (the
