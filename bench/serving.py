@@ -1,17 +1,20 @@
 """transduce's own server vs Triton, side by side: the same model, the same machine, locust as the load.
 
-For each engine (``transduce serve MODEL`` and ``transduce serve MODEL --engine triton``, each a
-child process on loopback with ``--threads``), and each number of concurrent users (``--users``,
-default 1, 8, 32), runs locust headless (``bench/serving_locust.py``; real HTTP, one sentence
-per request, no think time) for ``--seconds``, and reports sentences/s, p50/p95/p99 latency,
-failures, and the server's resident memory (the process and its children: Triton's server and
-its Python backend stub) sampled every second. Prints one JSON object.
+Engines (``--engines``), each a child process on loopback with ``--threads`` torch threads:
+``transduce`` (``transduce serve MODEL``), ``triton`` (``transduce serve MODEL --engine triton``,
+pytriton) and ``triton-repo`` (the repository ``export --format triton`` writes, run by pytriton's
+bundled ``tritonserver``: Triton's Python backend running transduce). For each, and each number
+of concurrent users (``--users``, default 1, 8, 32), locust runs headless
+(``bench/serving_locust.py``; real HTTP, one sentence per request, no think time) for
+``--seconds``; the report gives sentences/s, p50/p95/p99 latency, failures, and the server's
+resident memory (the process and its children: Triton's server, its Python backend stub) sampled
+every second. Prints one JSON object.
 
-Sentences: Multi30k test2016 English (``--sentences FILE``), else the demo's toy pairs. Model:
-``--model DIR`` (e.g. runs/demo/model); without it a random-weight model of the demo's shape with
-outputs cut at ``--max-len-b`` tokens. ``--dry``: a tiny run (1 and 2 users, 3 s, outputs of 8
-tokens at most) for CI; the
-Triton engine is skipped, with the reason, where the ``triton`` extra is absent.
+Sentences: ``--sentences FILE`` (e.g. Multi30k test2016 English), else the demo's toy pairs. Model:
+``--model DIR`` (e.g. runs/demo/model); without it a random-weight model of the demo's shape.
+Every request asks for ``--beam`` and ``--max-len-b``. ``--dry``: a tiny run for CI (1 and 2
+users, 3 s, outputs of 8 tokens at most); the Triton engines are skipped, with the reason, where
+the ``triton`` extra is absent.
 
 Usage:
     python bench/serving.py --model runs/demo/model --seconds 60
@@ -54,16 +57,23 @@ def triton_absent() -> str | None:
     return None
 
 
-def start(engine: str, model_dir: Path, threads: int, max_len_b: int) -> tuple[subprocess.Popen, str]:
-    """The engine's server on a free port, answering: (process, base URL)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port), "--threads",
-           str(threads), "--max-len-b", str(max_len_b)]
+def start(engine: str, model_dir: Path, threads: int, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """The engine's server on a free port, answering: (process, base URL). ``triton-repo``: the
+    repository ``export --format triton`` writes, run by pytriton's bundled tritonserver."""
+    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port), "--threads", str(threads)]
     if engine == "triton":
         cmd += ["--engine", "triton", "--grpc-port", str(free_port())]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if engine == "triton-repo":
+        from transduce.export import export_model
+        from transduce.export.triton import tritonserver_command
+        export_model(model_dir, "triton", workdir / "repo", force=True)
+        cmd, env = tritonserver_command(workdir / "repo", port, free_port(), workdir)
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the stub imports transduce as this does
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
-    ready = url + ("/v2/models/translate/ready" if engine == "triton" else "/health")
+    ready = url + ("/health" if engine == "transduce" else "/v2/models/translate/ready")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -121,7 +131,7 @@ def _ms(value: str) -> float | None:
 
 def run_engine(engine: str, model_dir: Path, args, env: dict, workdir: Path) -> dict:
     """Every --users load on one server of ``engine`` (warmed up first), with its RSS over time."""
-    proc, url = start(engine, model_dir, args.threads, args.max_len_b)
+    proc, url = start(engine, model_dir, args.threads, workdir)
     out: dict = {}
     try:
         locust(engine, url, 2, 5, env, workdir / "warm")
@@ -160,7 +170,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model directory (default: a random-weight one)")
     ap.add_argument("--sentences", default=None, help="a file of source sentences, one per line")
-    ap.add_argument("--engines", default="transduce,triton")
+    ap.add_argument("--engines", default="transduce,triton,triton-repo",
+                    help="transduce (its server), triton (serve --engine triton), triton-repo (export --format "
+                         "triton run by tritonserver)")
     ap.add_argument("--users", default="1,8,32", help="comma-separated numbers of concurrent users")
     ap.add_argument("--seconds", type=float, default=60.0, help="each locust run's length")
     ap.add_argument("--beam", type=int, default=4)
@@ -176,14 +188,15 @@ def main() -> int:
         workdir = Path(tmp)
         (workdir / "warm").mkdir()
         path, source = sentences_file(args, workdir)
-        env = {**os.environ, "SERVING_SENTENCES": str(path), "SERVING_BEAM": str(args.beam)}
+        env = {**os.environ, "SERVING_SENTENCES": str(path), "SERVING_BEAM": str(args.beam),
+               "SERVING_MAX_LEN_B": str(args.max_len_b)}
         if args.model:
             model_dir = Path(args.model)
         else:
             from export_speed import random_model_dir
             model_dir = random_model_dir(workdir / "random", path.read_text(encoding="utf-8").splitlines()[:500])
         for engine in args.engines.split(","):
-            absent = triton_absent() if engine == "triton" else None
+            absent = triton_absent() if engine.startswith("triton") else None
             results[engine] = {"skipped": absent} if absent else run_engine(engine, model_dir, args, env, workdir)
     print(json.dumps({
         "benchmark": "serving", "date": datetime.date.today().isoformat(), "machine": machine(),
