@@ -49,3 +49,10 @@ def test_average_rejects_foreign_dir(tmp_path):
     done = _run("average", str(tmp_path), "--out", str(tmp_path / "avg"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert not (tmp_path / "avg").exists()
+
+
+@pytest.mark.parametrize("args, key", [(("--grpc-port", "9001"), "--grpc-port"),
+                                       (("--engine", "triton", "--max-per-client", "2"), "--max-per-client")])
+def test_serve_options_of_the_other_engine(tmp_path, args, key):
+    done = _run("serve", str(tmp_path), *args)
+    assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr

@@ -18,10 +18,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a model to Hugging Face (Marian; GPT-2 for a language model), "
-                       "CTranslate2 or ONNX (verified)")
+                       "CTranslate2 or ONNX (verified), or a Triton model repository")
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
-    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx"], help="target format")
-    p.add_argument("--out", required=True, help="directory to write (written atomically)")
+    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx", "triton"],
+                   help="target format")
+    p.add_argument("--out", required=True, help="directory to write (written atomically); --format triton: the "
+                                                "model repository (created, or added to)")
+    p.add_argument("--name", default=None, help="--format triton: the model's name in the repository (default: "
+                                                "translate)")
     p.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (ctranslate2 only)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_export)
@@ -29,7 +33,10 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from ..export import export_model
-    report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force)
+    if args.name is not None and args.format != "triton":
+        raise ConfigError("--name: is for --format triton")
+    report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force,
+                          args.name or "translate")
     print(report.summary())
     return 0
 

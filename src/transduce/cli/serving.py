@@ -20,6 +20,11 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     add_model_dirs(p, "model directory (config.yaml, model.safetensors, tokenizer)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--engine", choices=("transduce", "triton"), default="transduce",
+                   help="transduce: this package's FastAPI server (the 'serve' extra); triton: a Triton Inference "
+                        "Server with a model 'translate', KServe v2 HTTP on --port and gRPC on --grpc-port "
+                        "(the 'triton' extra; docs/guides/triton.md)")
+    p.add_argument("--grpc-port", type=int, default=None, help="--engine triton: the gRPC port (default: --port + 1)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long to gather concurrent requests into one batch (default: 5)")
     p.add_argument("--no-batching", action="store_true", help="run each request on its own")
@@ -49,10 +54,25 @@ def _api_key(path: str | None) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from ..serve import ServeConfig, serve
+    from ..serve import ServeConfig, serve, serve_triton
     check_worker_timeout(args)
+    _check_engine(args)
     cfg = ServeConfig(host=args.host, port=args.port, batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
-                      api_key=_api_key(args.api_key_file), max_per_client=args.max_per_client)
-    serve([args.model_dir, *args.ensemble], cfg, runtime_of(args), args.draft, decode_overrides(args))
+                      api_key=_api_key(args.api_key_file), max_per_client=args.max_per_client,
+                      grpc_port=args.grpc_port)
+    run = serve_triton if args.engine == "triton" else serve
+    run([args.model_dir, *args.ensemble], cfg, runtime_of(args), args.draft, decode_overrides(args))
     return 0
+
+
+def _check_engine(args: argparse.Namespace) -> None:
+    """The options of one engine are an error with the other."""
+    if args.engine == "triton":
+        for flag, given in (("--api-key-file", args.api_key_file is not None),
+                            ("--max-per-client", args.max_per_client is not None)):
+            if given:
+                raise ConfigError(f"{flag}: is for --engine transduce (Triton has no API key or per-client limit; "
+                                  "put it behind your gateway)")
+    elif args.grpc_port is not None:
+        raise ConfigError("--grpc-port: is for --engine triton")
 

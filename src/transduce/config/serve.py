@@ -33,6 +33,8 @@ class ServeConfig:
     """Required as ``Authorization: Bearer KEY`` by the POST routes (401 otherwise); never logged."""
     max_per_client: int | None = None
     """Requests one client address may have in flight (429 beyond); None: no limit."""
+    grpc_port: int | None = None
+    """The Triton engine's gRPC port; None: ``port`` + 1."""
 
     def __post_init__(self) -> None:
         typecheck(self, "serve")
@@ -40,5 +42,7 @@ class ServeConfig:
         positive(self, "serve", ("max_per_client", "max_body_bytes", "max_sentences", "max_sentence_chars",
                                  "max_queued"))
         check(0 <= self.port <= 65535, "serve.port", f"must be in [0, 65535]; got {self.port}")
+        check(self.grpc_port is None or 0 <= self.grpc_port <= 65535, "serve.grpc_port",
+              f"must be in [0, 65535]; got {self.grpc_port}")
         check(self.batch_wait_ms >= 0, "serve.batch_wait_ms", f"must be >= 0; got {self.batch_wait_ms}")
         positive(self, "serve", ("request_timeout_s",))

@@ -11,25 +11,23 @@ from .base import ExportError, ExportReport, staging_dir, torch_threads
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("hf", "ctranslate2", "onnx")
+FORMATS = ("hf", "ctranslate2", "onnx", "triton")
 QUANTIZATIONS = ("int8",)
 
 
 def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
-                 quantization: str | None = None, force: bool = False) -> ExportReport:
-    """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified.
+                 quantization: str | None = None, force: bool = False, name: str = "translate") -> ExportReport:
+    """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified: an
+    :class:`ExportReport` of the verification's measurements.
 
     Args:
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
         fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
             GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
-            for an encoder_only one), "ctranslate2" or "onnx".
-        out: destination directory (must not exist unless ``force``).
+            for an encoder_only one), "ctranslate2", "onnx" or "triton" (:mod:`~transduce.export.triton`).
+        out: destination directory (must not exist unless ``force``); "triton": the repository.
         quantization: None or "int8" (CTranslate2 only).
-        force: replace an existing ``out``.
-
-    Returns:
-        An :class:`ExportReport` with the verification measurements.
+        force: replace an existing ``out`` (a Triton repository's model ``name``).
 
     Raises:
         ExportError: unsupported format/option, missing package, or a failed verification.
@@ -42,6 +40,9 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     arch = cfg.arch
     if arch != "encoder_decoder" and fmt != "hf":
         raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
+    if fmt == "triton":
+        from .triton import export_triton
+        return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
     t5 = cfg.positions == "relative"
     with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "hf" and arch == "decoder_only":
