@@ -53,6 +53,10 @@ class DataConfig:
     """Sentence pairs in the toy test split."""
     vocab_size: int = 8000
     """Pieces in each tokenizer model trained (at least 8)."""
+    sentinels: int = 0
+    """T5's sentinels ``<extra_id_N>`` reserved at the end of each tokenizer model trained (within
+    ``vocab_size``; ``<extra_id_0>`` is the last id, as in T5), which ``train.task: span``
+    replaces dropped spans with: at least as many as a sentence of ``max_len`` has spans."""
     tokenizer_type: str = "bpe"
     """The sentencepiece model type: ``bpe`` or ``unigram``."""
     joint_vocab: bool = True
@@ -91,6 +95,8 @@ class DataConfig:
         positive(self, "data", ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len",
                                 "max_tokens", "tokenizer_sentences"))
         check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
+        check(0 <= self.sentinels <= self.vocab_size - 8, "data.sentinels",
+              f"must be in [0, data.vocab_size - 8]; got {self.sentinels}")
         check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
         check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", f"must be in [0, 1); got {self.bpe_dropout}")
         one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))

@@ -155,7 +155,7 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
     logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
                 "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
     return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
-                           seed=seed)
+                           seed=seed, sentinels=cfg.sentinels)
 
 
 def tokenizer_sample(cfg: DataConfig, train: SplitSource, seed: int) -> tuple[list[str], list[str], int]:

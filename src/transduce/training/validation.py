@@ -5,6 +5,7 @@ label-smoothed loss they are given is training's."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -22,12 +23,13 @@ from .loss import label_smoothed_loss
 from .step import batch_loss, final_states
 
 
-def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
-                    device: torch.device) -> tuple[float, float]:
+def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig, device: torch.device,
+                    sentinels: Sequence[int] = ()) -> tuple[float, float]:
     """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout); for a masked LM
-    per selected token, under one fixed masking of each sentence (the same at every validation)."""
+    per selected token, under one fixed masking of each sentence (the same at every validation);
+    for span corruption (with ``sentinels``) likewise under one fixed corruption."""
     loss, nll, n = heldout_loss(model, pairs, cfg.task, cfg.data.max_tokens, cfg.train.seed, device,
-                                partial(smoothed_batch_loss, smoothing=cfg.train.label_smoothing))
+                                partial(smoothed_batch_loss, smoothing=cfg.train.label_smoothing), sentinels)
     return loss / max(n, 1), nll / max(n, 1)
 
 
