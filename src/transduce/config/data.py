@@ -20,8 +20,11 @@ class DataConfig:
     corpus: str = "toy"
     """``toy`` (the embedded generated pair, no download); ``multi30k`` (raw files under ``root``);
     ``multi30k_tok`` (the same corpus's lowercased, Moses-tokenized text in ``root/tok/``, which
-    published Multi30k systems train on; the model then writes lowercased tokenized text); or
-    ``files`` (the ``train_src``/``train_tgt``/... paths)."""
+    published Multi30k systems train on; the model then writes lowercased tokenized text);
+    ``files`` (the ``train_src``/``train_tgt``/... paths); or ``tsv`` (text-to-text, T5's
+    multi-task fine-tuning: the ``*_src`` files hold ``input<TAB>target`` lines, each input
+    starting with its task's prefix, e.g. ``translate English to German: ...``; validation then
+    scores each task, see :mod:`transduce.evaluation.text2text`; ``max_ratio`` does not apply)."""
     root: str | None = None
     """The Multi30k directory; None: $TRANSDUCE_MULTI30K."""
     src_lang: str = "en"
@@ -90,7 +93,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         typecheck(self, "data")
-        one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files"))
+        one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files", "tsv"))
         one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
         positive(self, "data", ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len",
                                 "max_tokens", "tokenizer_sentences"))
@@ -102,10 +105,25 @@ class DataConfig:
         one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
         check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
               "needs data.tokenizer_type=bpe")
+        if self.corpus == "tsv":
+            self._check_tsv()
         if self.corpus == "files" and self.prepared is None:
             check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                   "is required when data.corpus=files (with data.train_src, except for a language model's "
                   "monolingual text; train.task classify reads data.train_src alone)")
+
+    def _check_tsv(self) -> None:
+        check(self.train_src is not None or self.prepared is not None, "data.train_src",
+              "is required when data.corpus=tsv (input<TAB>target lines)")
+        check(all(getattr(self, f"{k}_tgt") is None for k in ("train", "valid", "test")), "data.train_tgt",
+              "data.corpus=tsv reads input and target from the data.*_src files (input<TAB>target); set no *_tgt")
+        check(not self.reverse, "data.reverse", "does not apply to data.corpus=tsv (its lines say which side is which)")
+
+    @property
+    def ratio_limit(self) -> float:
+        """The length ratio above which a training pair is dropped: ``max_ratio``, or none for
+        text-to-text (a classification target is a word or two)."""
+        return float("inf") if self.corpus == "tsv" else self.max_ratio
 
     @property
     def labelled(self) -> bool:

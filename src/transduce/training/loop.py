@@ -213,8 +213,8 @@ class Trainer(Checkpointing):
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split; a
-        classifier's loss and accuracy."""
+        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split
+        (text-to-text data: each task's BLEU or accuracy); a classifier's loss and accuracy."""
         with self.averaged():
             return self._validate()
 
@@ -228,7 +228,7 @@ class Trainer(Checkpointing):
             loss, nll = validation_loss(self.model, self.valid_pairs, self.cfg, self.device, self.sentinels)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
-            out["val_bleu"] = validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
+            out.update(validation_bleu(self.model, self.data.tokenizer, self.valid_texts, self.cfg, self.device))
         return out
 
     def averaged(self) -> contextlib.AbstractContextManager:
