@@ -2,13 +2,14 @@
 such a file, and a T5 fine-tuned on two tasks whose validation scores each task."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from transduce.cli import main
 from transduce.config import DataConfig, RunConfig
 from transduce.data.corpus import read_tsv_chunks
-from transduce.data.prepare import prepare_dataset
+from transduce.data.prepare import check_matches, prepare_dataset
 from transduce.errors import ConfigError, DataError
 from transduce.evaluation.text2text import task_scores
 
@@ -91,3 +92,16 @@ def test_fine_tuning_validates_each_task(tmp_path, one_thread):
     record = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line][-1]
     assert 0 <= record["val_acc/classify"] <= 1 and 0 <= record["val_bleu/translate English to German"] <= 100
     assert "val_bleu" not in record
+
+
+def test_data_prepared_before_a_setting_existed_matches_its_default(tmp_path):
+    cfg = DataConfig(corpus="tsv", train_src=str(_tsv(tmp_path / "train.tsv", LINES * 5)), vocab_size=40,
+                     tokenizer_type="unigram")
+    prepare_dataset(cfg, tmp_path / "prep", workers=1)
+    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    del manifest["data"]["sentinels"]  # as data prepared before data.sentinels was written
+    (tmp_path / "prep" / "manifest.json").chmod(0o644)
+    (tmp_path / "prep" / "manifest.json").write_text(json.dumps(manifest))
+    check_matches(tmp_path / "prep", cfg)
+    with pytest.raises(DataError, match="data.sentinels is 4"):
+        check_matches(tmp_path / "prep", replace(cfg, sentinels=4))

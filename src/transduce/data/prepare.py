@@ -418,7 +418,7 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
             if value is not None and Path(value).resolve() not in recorded:
                 raise DataError(f"data.{key}: {value} is not a file {root} was prepared from (start a new run "
                                 "with --out, or prepare again)")
-        elif have.get(key) != value:
+        elif have.get(key, getattr(DataConfig, key, None)) != value:  # a key newer than the data: its default
             raise DataError(f"data.{key} is {value!r} but {root} was prepared with {have.get(key)!r} "
                             "(start a new run with --out, or prepare again)")
     for item in manifest["inputs"]:
