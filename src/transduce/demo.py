@@ -115,7 +115,7 @@ DEMO_CONFIGS = {"translation": "demo.yaml", "lm": "demo_lm.yaml", "mlm": "demo_m
 LABELLED_SENTENCES = 2000  # the classify demo's labelled training set: the first of the toy training split
 
 
-def _shipped(name: str) -> dict:
+def shipped_config(name: str) -> dict:
     return yaml.safe_load(resources.files("transduce").joinpath(name).read_text(encoding="utf-8"))
 
 
@@ -132,12 +132,12 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
     """
     from .model.io import saved_model_settings
 
-    d = _shipped(DEMO_CONFIGS[task])
+    d = shipped_config(DEMO_CONFIGS[task])
     if nsp:
         d["model"].update(nsp=True, type_vocab_size=2)
         d["data"] = {**{k: v for k, v in d["data"].items() if k != "corpus"}, "corpus": "files", **(data or {})}
     if task == "classify":
-        changes, d = d, _shipped(DEMO_CONFIGS["mlm"])
+        changes, d = d, shipped_config(DEMO_CONFIGS["mlm"])
         shape = saved_model_settings(init_from) if init_from is not None else None
         # a new classification head: the starting model's own head or next-sentence head is not kept
         d["model"] = {**(shape or d["model"]), **changes["model"], "labels": [], "nsp": False}

@@ -92,13 +92,14 @@ def train_main(config_path: str | None, overrides: list[str], out: str | None, r
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train and evaluate on the embedded toy language pair (no download)")
-    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm", "classify"],
+    p.add_argument("--task", default="translation", choices=["translation", "lm", "mlm", "classify", "t5"],
                    help="translation (en->de), lm: a small GPT on the German side, mlm: a small BERT on the "
-                        "English side, or classify: that BERT fine-tuned to tell the tense of a sentence, against "
-                        "the same classifier from scratch (default: translation)")
+                        "English side, classify: that BERT fine-tuned to tell the tense of a sentence, against "
+                        "the same classifier from scratch, or t5: a small T5 pretrained by span corruption, then "
+                        "fine-tuned text-to-text to translate and to tell the tense (default: translation)")
     p.add_argument("--out", default=None, help="run directory (default: runs/demo, or runs/demo_TASK)")
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps (default: the demo's own); for classify, of each of its runs")
+                   help="training steps (default: the demo's own); for classify and t5, of each of their runs")
     p.add_argument("--init-from", default=None, metavar="MODEL_DIR",
                    help="classify: fine-tune this masked LM (a finished `demo --task mlm` model) instead of "
                         "training one into OUT/mlm")
@@ -114,7 +115,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--init-from: only demo --task classify starts from a trained model")
     if args.nsp and args.task != "mlm":
         raise ConfigError("--nsp: next-sentence prediction is an option of demo --task mlm")
-    if args.task == "classify":
+    if args.task == "t5":
+        from ..demo_t5 import run_t5_demo
+        result = run_t5_demo(args.out or "runs/demo_t5", steps=args.steps)
+    elif args.task == "classify":
         result = run_classify_demo(args.out or "runs/demo_classify", steps=args.steps, init_from=args.init_from)
     elif args.task == "lm":
         result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)

@@ -20,8 +20,11 @@ class DataConfig:
     corpus: str = "toy"
     """``toy`` (the embedded generated pair, no download); ``multi30k`` (raw files under ``root``);
     ``multi30k_tok`` (the same corpus's lowercased, Moses-tokenized text in ``root/tok/``, which
-    published Multi30k systems train on; the model then writes lowercased tokenized text); or
-    ``files`` (the ``train_src``/``train_tgt``/... paths)."""
+    published Multi30k systems train on; the model then writes lowercased tokenized text);
+    ``files`` (the ``train_src``/``train_tgt``/... paths); or ``tsv`` (text-to-text, T5's
+    multi-task fine-tuning: the ``*_src`` files hold ``input<TAB>target`` lines, each input
+    starting with its task's prefix, e.g. ``translate English to German: ...``; validation then
+    scores each task, see :mod:`transduce.evaluation.text2text`; ``max_ratio`` does not apply)."""
     root: str | None = None
     """The Multi30k directory; None: $TRANSDUCE_MULTI30K."""
     src_lang: str = "en"
@@ -53,6 +56,10 @@ class DataConfig:
     """Sentence pairs in the toy test split."""
     vocab_size: int = 8000
     """Pieces in each tokenizer model trained (at least 8)."""
+    sentinels: int = 0
+    """T5's sentinels ``<extra_id_N>`` reserved at the end of each tokenizer model trained (within
+    ``vocab_size``; ``<extra_id_0>`` is the last id, as in T5), which ``train.task: span``
+    replaces dropped spans with: at least as many as a sentence of ``max_len`` has spans."""
     tokenizer_type: str = "bpe"
     """The sentencepiece model type: ``bpe`` or ``unigram``."""
     joint_vocab: bool = True
@@ -86,20 +93,37 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         typecheck(self, "data")
-        one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files"))
+        one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files", "tsv"))
         one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
         positive(self, "data", ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len",
                                 "max_tokens", "tokenizer_sentences"))
         check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
+        check(0 <= self.sentinels <= self.vocab_size - 8, "data.sentinels",
+              f"must be in [0, data.vocab_size - 8]; got {self.sentinels}")
         check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
         check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", f"must be in [0, 1); got {self.bpe_dropout}")
         one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
         check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
               "needs data.tokenizer_type=bpe")
+        if self.corpus == "tsv":
+            self._check_tsv()
         if self.corpus == "files" and self.prepared is None:
             check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                   "is required when data.corpus=files (with data.train_src, except for a language model's "
                   "monolingual text; train.task classify reads data.train_src alone)")
+
+    def _check_tsv(self) -> None:
+        check(self.train_src is not None or self.prepared is not None, "data.train_src",
+              "is required when data.corpus=tsv (input<TAB>target lines)")
+        check(all(getattr(self, f"{k}_tgt") is None for k in ("train", "valid", "test")), "data.train_tgt",
+              "data.corpus=tsv reads input and target from the data.*_src files (input<TAB>target); set no *_tgt")
+        check(not self.reverse, "data.reverse", "does not apply to data.corpus=tsv (its lines say which side is which)")
+
+    @property
+    def ratio_limit(self) -> float:
+        """The length ratio above which a training pair is dropped: ``max_ratio``, or none for
+        text-to-text (a classification target is a word or two)."""
+        return float("inf") if self.corpus == "tsv" else self.max_ratio
 
     @property
     def labelled(self) -> bool:

@@ -8,8 +8,9 @@ from typing import Any
 from .base import check, non_negative, one_of, positive, typecheck
 
 ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
-TASKS = ("translation", "lm", "mlm", "classify")
-# encoder_only trains "classify" instead when model.n_classes >= 2 (model_task)
+TASKS = ("translation", "lm", "mlm", "classify", "span")
+# encoder_only trains "classify" instead when model.n_classes >= 2 (model_task); an encoder_decoder
+# may pretrain by T5's span corruption ("span") before it translates
 TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
 
 

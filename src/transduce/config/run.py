@@ -16,7 +16,8 @@ from .train import TrainConfig
 
 # Tokens a task adds to a sentence of data.max_len: translation reads tokens + EOS (source) and
 # BOS + tokens (target), an LM BOS + tokens, a masked LM or classifier BOS + tokens + EOS.
-_ADDED_TOKENS = {"translation": 1, "lm": 1, "mlm": 2, "classify": 2}
+# Span corruption's input is at most the sentence + EOS.
+_ADDED_TOKENS = {"translation": 1, "lm": 1, "mlm": 2, "classify": 2, "span": 1}
 
 
 @dataclass(frozen=True)
@@ -34,15 +35,18 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         arch, task = self.model.arch, model_task(self.model)
-        check(self.train.task in (None, task), "train.task", f"{self.train.task} does not fit model.arch={arch}"
+        pretraining = self.train.task == "span" and task == "translation"  # T5's, of an encoder_decoder
+        check(self.train.task in (None, task) or pretraining, "train.task",
+              f"{self.train.task} does not fit model.arch={arch}"
               + (f" with model.n_classes={self.model.n_classes}" if arch == "encoder_only" else "")
               + f" (it trains {task})")
         if task == "classify":
             self._check_classify()
         elif self.data.corpus == "files" and self.data.prepared is None:
             check(self.data.train_tgt is not None, "data.train_tgt", "is required when data.corpus=files")
-            check(task != "translation" or self.data.train_src is not None, "data.train_src", "is required when "
-                  "data.corpus=files (only a language model or masked LM trains on data.train_tgt alone)")
+            check(task != "translation" or self.task == "span" or self.data.train_src is not None, "data.train_src",
+                  "is required when data.corpus=files (only a language model, masked LM or span corruption "
+                  "trains on data.train_tgt alone)")
         self._check_positions()
         check(self.task == "translation" or not self.train.cuda_graphs, "train.cuda_graphs",
               f"is for translation training; use train.compile for train.task {self.task}")

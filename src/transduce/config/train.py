@@ -87,8 +87,9 @@ class TrainConfig:
     num_threads: int | None = None
     """CPU threads for torch; None: torch's default."""
     task: str | None = None
-    """``translation``, ``lm``, ``mlm`` or ``classify``; None: the one the model is for
-    (:attr:`RunConfig.task`)."""
+    """``translation``, ``lm``, ``mlm``, ``classify`` or ``span`` (T5's span-corruption
+    pretraining of an encoder-decoder, :mod:`transduce.data.span_corruption`); None: the one the
+    model is for (:attr:`RunConfig.task`)."""
     init_from: str | None = None
     """A trained model directory to start from: its weights and, unless ``data.tokenizer`` or
     ``data.prepared`` say otherwise, its tokenizer. The model section must describe the same model

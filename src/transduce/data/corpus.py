@@ -147,6 +147,35 @@ def read_parallel_chunks(src_path: str | os.PathLike, tgt_path: str | os.PathLik
     return _read_chunks(paths, [is_gzip(p) for p in paths], size)
 
 
+def read_tsv_chunks(path: str | os.PathLike, size: int = 20_000) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """A text-to-text file's ``input<TAB>target`` lines (``data.corpus: tsv``; T5, Raffel et al.,
+    2020, Sec. 2.4) as aligned chunks of ``size`` raw (input, target) lines, as
+    :func:`read_parallel_chunks` gives two files'. Each line is checked as it is read: invalid
+    UTF-8, a NUL byte, other than one TAB or an empty side is a DataError naming ``path:line``."""
+    path = Path(path)
+    return _tsv_chunks(path, is_gzip(path), size)
+
+
+def _tsv_chunks(path: Path, gzipped: bool, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    with _open(path, gzipped) as handle:
+        n = 0
+        while raws := _take(handle, size, path, n):
+            pairs = [split_tsv_line(raw, path, n + i + 1) for i, raw in enumerate(raws)]
+            yield [f"{s}\n".encode() for s, _ in pairs], [f"{t}\n".encode() for _, t in pairs]
+            n += len(raws)
+
+
+def split_tsv_line(raw: bytes, path: str | os.PathLike, lineno: int) -> tuple[str, str]:
+    """One ``input<TAB>target`` line's two sides, or a DataError naming ``path:lineno``."""
+    fields = decode_line(raw, path, lineno).split("\t")
+    if len(fields) != 2:
+        raise DataError(f"{path}:{lineno}: expected input<TAB>target (one TAB); got {len(fields) - 1} TABs")
+    for side, text in zip(("input", "target"), fields):
+        if not text.strip():
+            raise DataError(f"{path}:{lineno}: expected input<TAB>target; the {side} is empty")
+    return fields[0], fields[1]
+
+
 def _read_chunks(paths: tuple[Path, Path], gzipped: list[bool], size: int
                  ) -> Iterator[tuple[list[bytes], list[bytes]]]:
     with _open(paths[0], gzipped[0]) as src, _open(paths[1], gzipped[1]) as tgt:

@@ -35,7 +35,7 @@ from transduce.config import DataConfig
 from transduce.checksums import sha256_file
 from transduce.data import toy
 from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, encode_chunk, is_gzip,
-                                   read_parallel_chunks)
+                                   read_parallel_chunks, read_tsv_chunks)
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
@@ -57,15 +57,15 @@ TextPair = tuple[str, str]
 
 @dataclass
 class SplitSource:
-    """One split's aligned lines: a pair of files, or generated text (the toy corpus).
-
-    ``expect``: the official line count, checked once the files end (Multi30k).
-    """
+    """One split's aligned lines: a pair of files, or generated text (the toy corpus). ``expect``:
+    the official line count, checked once the files end (Multi30k); ``tsv``: the files are one
+    file of input<TAB>target lines, twice (data.corpus tsv)."""
 
     names: tuple[str, str]
     files: tuple[Path, Path] | None = None
     generated: list[TextPair] | None = None
     expect: int | None = None
+    tsv: bool = False
 
     def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
@@ -74,7 +74,8 @@ class SplitSource:
             lines = [[f"{p[k]}\n".encode("utf-8") for p in self.generated or ()] for k in (0, 1)]
             chunks = ((lines[0][i:i + CHUNK], lines[1][i:i + CHUNK]) for i in range(0, len(lines[0]), CHUNK))
         else:
-            chunks = self._counted(read_parallel_chunks(*self.files, CHUNK))
+            chunks = self._counted(read_tsv_chunks(self.files[0], CHUNK) if self.tsv else
+                                   read_parallel_chunks(*self.files, CHUNK))
         return chunks
 
     def text_pairs(self) -> Iterator[TextPair]:
@@ -123,8 +124,9 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
     for name in SPLITS:
         tgt = getattr(cfg, f"{name}_tgt")
         src = tgt if monolingual else getattr(cfg, f"{name}_src")
+        tgt = src if cfg.corpus == "tsv" else tgt  # one file of input<TAB>target lines
         files = (Path(src), Path(tgt)) if src is not None and tgt is not None else None
-        out[name] = SplitSource((str(src), str(tgt)), files, generated=None if files else [])
+        out[name] = SplitSource((str(src), str(tgt)), files, generated=None if files else [], tsv=cfg.corpus == "tsv")
     return out
 
 
@@ -155,7 +157,7 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
     logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
                 "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
     return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
-                           seed=seed)
+                           seed=seed, sentinels=cfg.sentinels)
 
 
 def tokenizer_sample(cfg: DataConfig, train: SplitSource, seed: int) -> tuple[list[str], list[str], int]:
@@ -242,7 +244,7 @@ class _Encoder:
         if self.workers <= 1 or len(head) < 2:  # one chunk: not worth starting processes
             for src, tgt, first in chain(head, chunks):
                 add(encode_chunk(src, tgt, first, source.names, self.tokenizer, self.cfg.max_len,
-                                 self.cfg.max_ratio, self.dtype, texts, threads=max(self.workers, 1)))
+                                 self.cfg.ratio_limit, self.dtype, texts, threads=max(self.workers, 1)))
             return
         pool = self._pool()
         pending: deque = deque()
@@ -262,7 +264,7 @@ class _Encoder:
         if self.pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
             self.pool = ctx.Pool(self.workers, _init_worker,
-                                 (self.tokenizer, self.cfg.max_len, self.cfg.max_ratio, self.dtype))
+                                 (self.tokenizer, self.cfg.max_len, self.cfg.ratio_limit, self.dtype))
         return self.pool
 
 
@@ -416,7 +418,7 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
             if value is not None and Path(value).resolve() not in recorded:
                 raise DataError(f"data.{key}: {value} is not a file {root} was prepared from (start a new run "
                                 "with --out, or prepare again)")
-        elif have.get(key) != value:
+        elif have.get(key, getattr(DataConfig, key, None)) != value:  # a key newer than the data: its default
             raise DataError(f"data.{key} is {value!r} but {root} was prepared with {have.get(key)!r} "
                             "(start a new run with --out, or prepare again)")
     for item in manifest["inputs"]:

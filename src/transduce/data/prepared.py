@@ -237,10 +237,11 @@ class TokenPairs:
 
     def task_lengths(self, task: str) -> tuple[np.ndarray, np.ndarray]:
         """The (source, target) lengths that size a ``train.task``'s batches: an LM reads only the
-        target side, a masked LM or a classifier only the source side, translation both."""
+        target side, a masked LM, a classifier or span corruption only the source side (a span
+        batch's target is shorter than its input), translation both."""
         if task == "lm":
             return self.tgt_lens, self.tgt_lens
-        if task in ("mlm", "classify"):
+        if task in ("mlm", "classify", "span"):
             return self.src_lens, self.src_lens
         return self.src_lens, self.tgt_lens
 

@@ -119,11 +119,29 @@ def model_type(proto: bytes) -> str:
     return _SPM_TYPES[code]
 
 
-def _piece_entry(piece: str, score: float) -> bytes:
-    """One serialized ``ModelProto.pieces`` entry: a NORMAL piece (protobuf's default type)."""
+_USER_DEFINED = 4  # SentencePiece.Type: a piece segmentation always produces whole
+
+
+def _piece_entry(piece: str, score: float, kind: int | None = None) -> bytes:
+    """One serialized ``ModelProto.pieces`` entry: a NORMAL piece (protobuf's default type), or
+    of type ``kind``."""
     text = piece.encode("utf-8")
     body = b"\x0a" + _varint(len(text)) + text + b"\x15" + struct.pack("<f", score)
+    if kind is not None:
+        body += b"\x18" + _varint(kind)
     return b"\x0a" + _varint(len(body)) + body
+
+
+def sentinel_piece(n: int) -> str:
+    """T5's n-th sentinel, the piece that stands for the n-th dropped span in span corruption."""
+    return f"<extra_id_{n}>"
+
+
+def add_sentinels(proto: bytes, count: int) -> bytes:
+    """``proto`` with ``count`` sentinels ``<extra_id_N>`` appended as user-defined pieces, in
+    T5's order: the last ids of the vocabulary counting down (``<extra_id_0>`` is the last id),
+    as T5's tokenizer has them (and as :mod:`transduce.export.hf_t5_import` keeps them)."""
+    return proto + b"".join(_piece_entry(sentinel_piece(n), 0.0, _USER_DEFINED) for n in range(count - 1, -1, -1))
 
 
 def _normal_pieces(sp: spm.SentencePieceProcessor) -> list[tuple[str, float]]:

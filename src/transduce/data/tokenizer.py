@@ -38,7 +38,8 @@ import yaml
 from transduce.atomic import atomic_write_bytes
 from transduce.checksums import record, verify
 from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION_RULE, NUM_THREADS, PAD_ID,
-                                      SPECIAL_PIECES, UNK_ID as UNK_ID, extend_proto, load_proto, train_proto)
+                                      SPECIAL_PIECES, UNK_ID as UNK_ID, add_sentinels, extend_proto, load_proto,
+                                      train_proto)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
@@ -91,6 +92,7 @@ class Tokenizer:
         character_coverage: float = 1.0,
         max_sentences: int | None = None,
         seed: int = 0,
+        sentinels: int = 0,
     ) -> "Tokenizer":
         """Train SentencePiece model(s) in memory, save them into ``out_dir`` and return them.
 
@@ -108,19 +110,21 @@ class Tokenizer:
             max_sentences: if set, train on at most this many lines *per side*, sampled with
                 ``seed``.
             seed: seeds the sentence sample and SentencePiece's own generator.
+            sentinels: T5's ``<extra_id_N>`` pieces reserved at the end of each model (within
+                ``vocab_size``; :func:`~transduce.data.spm_model.add_sentinels`).
         """
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"model_type: expected one of {MODEL_TYPES}, got {model_type!r}")
-        if vocab_size <= len(SPECIAL_PIECES):
-            raise ConfigError(f"vocab_size: must be greater than 4, got {vocab_size}")
+        if vocab_size - sentinels <= len(SPECIAL_PIECES):
+            raise ConfigError(f"vocab_size: must be greater than 4 + {sentinels} sentinels, got {vocab_size}")
         src = _sample_lines(src_lines, max_sentences, seed)
         tgt = _sample_lines(tgt_lines, max_sentences, seed + 1)
-        options = dict(vocab_size=vocab_size, model_type=model_type,
+        options = dict(vocab_size=vocab_size - sentinels, model_type=model_type,
                        character_coverage=character_coverage, seed=seed)
-        if joint:
-            tok = cls(train_proto(src + tgt, **options), name="joint")
-        else:
-            tok = cls(train_proto(src, **options), train_proto(tgt, **options), name="separate")
+
+        def trained(lines: list[str]) -> bytes:
+            return add_sentinels(train_proto(lines, **options), sentinels)
+        tok = cls(trained(src + tgt), name="joint") if joint else cls(trained(src), trained(tgt), name="separate")
         tok.save(out_dir)
         logger.info("trained %s %s tokenizer (vocab src %d, tgt %d) into %s",
                     "joint" if joint else "separate", model_type,

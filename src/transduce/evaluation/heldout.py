@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -65,23 +65,26 @@ def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, T
 
 @torch.no_grad()
 def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tokens: int, seed: int,
-                 device: torch.device, batch_loss: BatchLoss = batch_nll) -> tuple[float, float, int]:
+                 device: torch.device, batch_loss: BatchLoss = batch_nll,
+                 sentinels: Sequence[int] = ()) -> tuple[float, float, int]:
     """Summed loss and NLL of held-out ``pairs`` and the token count they are over, batched by
     ``max_tokens``; batching does not change the sums (up to float rounding).
 
     Args:
         model: a plain (not DDP or compiled) model in eval mode.
         pairs: the held-out pairs (an LM reads their target side, a masked LM their source side).
-        task: ``train.task``, translation, lm or mlm (mlm: sentence ``j`` masked by the key
-            (seed, VALID_STREAM, 0, j), the same at every call).
+        task: ``train.task``, translation, lm, mlm or span (mlm: sentence ``j`` masked by the key
+            (seed, VALID_STREAM, 0, j), the same at every call; span: corrupted likewise).
         max_tokens: the token budget of a batch.
         seed: the masked LM's masking.
         device: where the model is.
         batch_loss: one batch's sums (:data:`BatchLoss`); the plain NLL by default.
+        sentinels: span corruption's sentinel ids (task span).
     """
     from ..data.batch import Specials
     from ..data.batching import token_budget_batches
     from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator
+    from ..data.span_corruption import span_batch, span_generator
 
     plan = token_budget_batches(*pairs.task_lengths(task), max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
@@ -91,6 +94,9 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
         if task == "mlm":
             keys = [masking_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
             batch = masked_batch(batch, model.mask_id, keys)
+        elif task == "span":
+            rngs = [span_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
+            batch = span_batch(pairs.rows(0, plan[i]), sentinels, rngs)
         batch_sum, batch_nll_sum, count = batch_loss(model, batch.to(device))
         loss, nll, n = loss + batch_sum.item(), nll + batch_nll_sum.item(), n + int(count)
     return loss, nll, n

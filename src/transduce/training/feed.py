@@ -7,6 +7,8 @@ resume on another world size; nothing here moves the :class:`~.state.TrainState`
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..config import RunConfig
@@ -16,6 +18,7 @@ from ..data.corpus import sample_tokens
 from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
                                    next_sentence_batch)
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
+from ..data.span_corruption import span_batch, span_generator
 from ..errors import ConfigError
 from .distributed import DistInfo
 from .state import EpochData, StepData
@@ -31,12 +34,13 @@ class StepFeed:
         device: where the batches go.
         pad_multiple: S and T are padded up to a multiple of it (few shapes for CUDA graphs).
         mask_id: the [MASK] id, for ``task`` mlm (None otherwise).
+        sentinels: the ids of ``<extra_id_0>``..., for ``task`` span.
     """
 
     def __init__(self, cfg: RunConfig, data: PreparedData, dist: DistInfo, device: torch.device,
-                 pad_multiple: int, mask_id: int | None):
+                 pad_multiple: int, mask_id: int | None, sentinels: Sequence[int] = ()):
         self.cfg, self.data, self.dist, self.device = cfg, data, dist, device
-        self.pad_multiple, self.mask_id = pad_multiple, mask_id
+        self.pad_multiple, self.mask_id, self.sentinels = pad_multiple, mask_id, sentinels
         self.specials = Specials.of(cfg.model)  # the model's ids: an imported GPT-2's are not ours
         self.train_pairs = data.split("train")
         self._epoch: EpochData | None = None
@@ -91,21 +95,24 @@ class StepFeed:
         if self.cfg.task == "classify":
             tokens = sum(len(b) for b in group)  # the loss is per sentence
             batches = [self._device_batch(classification_batch(data.pairs.batch(b))) for b in group[mine]]
-        elif self.cfg.task == "mlm":  # every rank masks the whole step: the normaliser counts all its selected tokens
-            masked = [self._masked(data.pairs, b, masking_generator(self.cfg.train.seed, TRAIN_STREAM, epoch,
-                                                                    offset + j))
-                      for j, b in enumerate(group)]
-            tokens = sum(b.n_tgt_tokens for b in masked)
-            batches = [self._device_batch(b) for b in masked[mine]]
+        elif self.cfg.task in ("mlm", "span"):  # every rank makes the whole step: the normaliser counts all of it
+            made = [self._masked(data.pairs, b, (self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
+                    for j, b in enumerate(group)]
+            tokens = sum(b.n_tgt_tokens for b in made)
+            batches = [self._device_batch(b) for b in made[mine]]
         else:
             tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
             batches = [self._device_batch(data.pairs.batch(b, self.specials)) for b in group[mine]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
 
-    def _masked(self, pairs: TokenPairs, indices, generator: torch.Generator) -> Batch:
-        """A masked-LM batch of lines ``indices``; for a model with ``model.nsp``, of each line
-        and the next (or a random) one, with next-sentence labels."""
+    def _masked(self, pairs: TokenPairs, indices, key: tuple[int, ...]) -> Batch:
+        """A masked-LM batch of lines ``indices`` (for a model with ``model.nsp``, of each line
+        and the next (or a random) one, with next-sentence labels), or a span-corruption batch;
+        its randomness from ``key``."""
+        if self.cfg.task == "span":
+            return span_batch(pairs.rows(0, indices), self.sentinels, span_generator(*key))
+        generator = masking_generator(*key)
         if self.cfg.model.nsp:
             return next_sentence_batch(pairs, indices, self.cfg.model.max_positions - 2, self.mask_id, generator)
         return masked_batch(pairs.batch(indices), self.mask_id, generator)

@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..config import RunConfig, save_yaml, with_vocab
 from ..data.prepare import input_path, prepared_for_run
 from ..data.prepared import PreparedData
+from ..data.span_corruption import span_sentinels
 from ..device import resolve_device
 from ..errors import ConfigError
 from ..model.io import WEIGHTS, build_model
@@ -90,8 +91,10 @@ class Trainer(Checkpointing):
         if dist.enabled and not self.sharded:
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
+        self.sentinels = span_sentinels(tok, data.split("train").src_lens, self.valid_pairs.src_lens) \
+            if cfg.task == "span" else ()
         self.feed = StepFeed(cfg, data, dist, device, self.pad_multiple,
-                             self.model.mask_id if cfg.task == "mlm" else None)
+                             self.model.mask_id if cfg.task == "mlm" else None, self.sentinels)
         self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.label_pad_id, device) \
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
@@ -215,8 +218,8 @@ class Trainer(Checkpointing):
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split; a
-        classifier's loss and accuracy."""
+        """Validation loss/perplexity and, for translation, (greedy) BLEU on the validation split
+        (text-to-text data: each task's BLEU or accuracy); a classifier's loss and accuracy."""
         with self.averaged():
             return self._validate()
 
@@ -228,10 +231,10 @@ class Trainer(Checkpointing):
         if len(self.valid_pairs) and self.cfg.task == "classify":
             out.update(validation_classify(model, self.valid_pairs, self.cfg, self.device))
         elif len(self.valid_pairs):
-            loss, nll = validation_loss(model, self.valid_pairs, self.cfg, self.device)
+            loss, nll = validation_loss(model, self.valid_pairs, self.cfg, self.device, self.sentinels)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
         if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
-            out["val_bleu"] = validation_bleu(model, self.data.tokenizer, self.valid_texts, self.cfg, self.device)
+            out.update(validation_bleu(model, self.data.tokenizer, self.valid_texts, self.cfg, self.device))
         return out
 
     def averaged(self) -> contextlib.AbstractContextManager:

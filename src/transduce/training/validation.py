@@ -5,6 +5,7 @@ label-smoothed loss they are given is training's."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -16,18 +17,20 @@ from ..data.encoder_inputs import classification_batch
 from ..data.prepared import TokenPairs
 from ..evaluation.heldout import heldout_loss
 from ..evaluation.metrics import corpus_bleu
+from ..evaluation.text2text import flat_scores, task_scores
 from ..model.transformer import Transformer
 from .encoder_tasks import classification_loss
 from .loss import label_smoothed_loss
 from .step import batch_loss, final_states
 
 
-def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig,
-                    device: torch.device) -> tuple[float, float]:
+def validation_loss(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfig, device: torch.device,
+                    sentinels: Sequence[int] = ()) -> tuple[float, float]:
     """Per-token smoothed loss and NLL over ``pairs`` (eval mode, no dropout); for a masked LM
-    per selected token, under one fixed masking of each sentence (the same at every validation)."""
+    per selected token, under one fixed masking of each sentence (the same at every validation);
+    for span corruption (with ``sentinels``) likewise under one fixed corruption."""
     loss, nll, n = heldout_loss(model, pairs, cfg.task, cfg.data.max_tokens, cfg.train.seed, device,
-                                partial(smoothed_batch_loss, smoothing=cfg.train.label_smoothing))
+                                partial(smoothed_batch_loss, smoothing=cfg.train.label_smoothing), sentinels)
     return loss / max(n, 1), nll / max(n, 1)
 
 
@@ -60,11 +63,15 @@ def validation_classify(model: torch.nn.Module, pairs: TokenPairs, cfg: RunConfi
 
 @torch.no_grad()
 def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]], cfg: RunConfig,
-                    device: torch.device) -> float:
-    """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``."""
+                    device: torch.device) -> dict[str, float]:
+    """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``
+    (``val_bleu``); for text-to-text data (``data.corpus: tsv``) each task's BLEU or accuracy
+    instead (:func:`~transduce.evaluation.text2text.task_scores`: ``val_bleu/TASK``, ``val_acc/TASK``)."""
     from ..inference import Runtime, Translator
     # (the block's end gives the training model back as it was)
     with Translator(model, tokenizer, Runtime(device=str(device))) as translator:
         hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,
                                     max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
-    return corpus_bleu(hyps, [t for _, t in texts])
+    if cfg.data.corpus == "tsv":
+        return flat_scores(task_scores([s for s, _ in texts], hyps, [t for _, t in texts]))
+    return {"val_bleu": corpus_bleu(hyps, [t for _, t in texts])}
