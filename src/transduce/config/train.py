@@ -99,6 +99,10 @@ class TrainConfig:
     extend_vocab: int | None = None
     """With ``init_from``: append up to this many pieces of the new training text to the model's
     tokenizer, growing its embeddings (training/vocab.py)."""
+    qat: bool = False
+    """Quantisation-aware training: the linear layers compute with their weights and inputs rounded
+    to int8 as ``transduce quantize`` (static int8) will round them (training/qat.py); usually a
+    short fine-tune from ``init_from``. The saved model is a float model for ``transduce quantize``."""
 
     def __post_init__(self) -> None:
         for key in ("betas", "freeze"):
@@ -161,3 +165,4 @@ class TrainConfig:
             check(self.precision != "fp16", "train.cuda_graphs",
                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
             check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
+            check(not self.qat, "train.cuda_graphs", "cannot be combined with train.qat; choose one")

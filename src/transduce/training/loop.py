@@ -45,6 +45,7 @@ from .report import MetricsLog
 from .resume import Checkpointing
 from .schedule import learning_rate
 from .state import StepData, TrainingError, TrainState
+from .qat import prepare_qat
 from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
 
@@ -74,6 +75,8 @@ class Trainer(Checkpointing):
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         freeze_parameters(self.model, cfg.train.freeze)
+        if cfg.train.qat:
+            prepare_qat(self.model)
         self.optimizer = build_optimizer(self.model, cfg.train)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         # S and T padded up to a multiple: few distinct shapes for CUDA graphs (a compiled model
