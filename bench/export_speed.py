@@ -38,6 +38,7 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
 from transduce.export import export_model
 from transduce.inference import Runtime, Translator
+from transduce.model.io import load_model_config
 
 SEED = 20240601  # the sentences: toy pairs never drawn by the demo's own splits (seed 0)
 CALIBRATION_SEED = 20240602  # the static int8 models' calibration sample (200 other toy sentences)
@@ -120,14 +121,14 @@ def disk_mb(path: Path) -> float:
 
 
 def ctranslate2_runtime(ct2_dir: Path, tok: Tokenizer, threads: int, out_len: int | None, batch_size: int,
-                        beam: int = 1):
+                        beam: int = 1, max_positions: int = 1024):
     import ctranslate2
 
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads, inter_threads=1)
 
     def run(texts: list[str]) -> list[str]:
         pieces = [tok.pieces(tok.encode(t, "src"), "src") for t in texts]
-        max_len = out_len if out_len is not None else max(len(p) for p in pieces) + 51
+        max_len = out_len if out_len is not None else min(max(len(p) for p in pieces) + 51, max_positions - 1)
         results = translator.translate_batch(
             pieces, beam_size=beam, max_batch_size=batch_size, batch_type="examples", max_decoding_length=max_len,
             min_decoding_length=out_len or 0, suppress_sequences=[["<pad>"], ["<s>"]])
@@ -171,7 +172,9 @@ def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len:
     if name in ("ct2_fp32", "ct2_int8"):
         quantization = "int8" if name == "ct2_int8" else None
         out = export_model(model_dir, "ctranslate2", tmp / name, quantization=quantization).out
-        return out, lambda: ctranslate2_runtime(out, tok, args.threads, out_len, args.batch_size, args.beam)
+        positions = load_model_config(model_dir).max_positions  # CT2 has no position past the model's
+        return out, lambda: ctranslate2_runtime(out, tok, args.threads, out_len, args.batch_size, args.beam,
+                                                positions)
     raise SystemExit(f"--systems: unknown system {name!r}")
 
 
