@@ -57,11 +57,15 @@ def random_model_dir(out: Path, sentences: list[str]) -> Path:
     return out
 
 
-def timed(fn, warmup: list[str], texts: list[str]) -> tuple[list[str], float]:
+def timed(fn, warmup: list[str], texts: list[str], runs: int = 1) -> tuple[list[str], float]:
+    """The outputs, and the median seconds of ``runs`` timed runs after a warm-up."""
     fn(warmup)
-    start = time.perf_counter()
-    out = fn(texts)
-    return out, time.perf_counter() - start
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = fn(texts)
+        seconds.append(time.perf_counter() - start)
+    return out, float(np.median(seconds))
 
 
 def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, beam: int = 1):
@@ -188,6 +192,7 @@ def main() -> int:
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8",
                     help="comma-separated; also eager_static_int8, and eager_qat_int8 with --qat")
+    ap.add_argument("--runs", type=int, default=1, help="timed runs per system; the median is reported")
     ap.add_argument("--beam", type=int, default=1, help="beam size (1: greedy; ONNX Runtime is greedy only)")
     ap.add_argument("--qat", default=None, help="a train.qat model directory fine-tuned from --model")
     ap.add_argument("--src", default=None, help="test sources, one a line (default: toy sentences)")
@@ -213,7 +218,7 @@ def main() -> int:
         results, outputs = {}, {}
         for name in args.systems.split(","):
             loaded, make = system(name, model_dir, tmp, tok, args, out_len, batch_tokens)
-            outputs[name], seconds = timed(make(), texts[:32], texts)
+            outputs[name], seconds = timed(make(), texts[:32], texts, args.runs)
             results[name] = {"sentences_per_s": round(len(texts) / seconds, 1), "seconds": round(seconds, 2),
                              "disk_mb": disk_mb(loaded)}
             if model:
@@ -228,7 +233,7 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "export_speed", "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "torch": torch.__version__, "threads": args.threads, "model": model or "random (demo shape), forced length",
+        "torch": torch.__version__, "threads": args.threads, "runs": args.runs, "model": model or "random (demo shape), forced length",
         "sentences": len(texts), "search": "greedy" if args.beam == 1 else f"beam {args.beam}",
         "batch_size": args.batch_size, "results": results,
     }, indent=2))
