@@ -233,7 +233,8 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "export_speed", "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "torch": torch.__version__, "threads": args.threads, "runs": args.runs, "model": model or "random (demo shape), forced length",
+        "torch": torch.__version__, "threads": args.threads, "runs": args.runs,
+        "model": model or "random (demo shape), forced length",
         "sentences": len(texts), "search": "greedy" if args.beam == 1 else f"beam {args.beam}",
         "batch_size": args.batch_size, "results": results,
     }, indent=2))
