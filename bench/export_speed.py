@@ -108,7 +108,7 @@ def onnx_runtime(onnx_dir: Path, tok: Tokenizer, threads: int, out_len: int | No
 def static_int8_dir(model_dir: Path, out: Path, calibration: str | None) -> Path:
     """``transduce quantize`` of ``model_dir`` into ``out``, calibrated on ``calibration`` (a file)
     or on 200 other toy sentences."""
-    from transduce.inference.speed.static import quantize_directory
+    from transduce.inference.quantize import quantize_directory
 
     sample = Path(calibration) if calibration else out.parent / "calibration.en"
     if not calibration:

@@ -92,7 +92,8 @@ def _add_quantize(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from ..inference.speed.static import FILE, quantize_directory
+    from ..inference.quantize import quantize_directory
+    from ..inference.speed.static import FILE
     absmax = quantize_directory(args.model_dir, args.calibrate, args.out)
     print(f"wrote {args.out}: {len(absmax)} linear layers in static int8 ({FILE}); translate it like any model")
     return 0

@@ -12,7 +12,8 @@ from transduce.cli import main
 from transduce.config import Runtime
 from transduce.errors import ConfigError
 from transduce.inference import Translator, load
-from transduce.inference.speed.static import FILE, StaticInt8Linear, calibrate, quantize_static
+from transduce.inference.quantize import calibrate
+from transduce.inference.speed.static import FILE, StaticInt8Linear, quantize_static
 
 need_extra("quant", "torchao")
 
