@@ -1,8 +1,12 @@
-"""Translation speed and BLEU of the shipped runtimes: eager float32 / int8, ONNX Runtime, CTranslate2.
+"""Translation speed and BLEU of the shipped runtimes: eager float32 / dynamic int8 / static int8
+(``transduce quantize``, and of a ``train.qat`` model), ONNX Runtime, CTranslate2.
 
-Every system translates the same sentences with greedy search (the ONNX runner is greedy only)
-and the same thread count, after a warm-up; the script prints one JSON object with
-sentences/s, and, when references exist, BLEU and its change from eager float32.
+Every system translates the same sentences with greedy search, or beam search with ``--beam``
+(the ONNX runner is greedy only), and the same thread count, after a warm-up; the script prints
+one JSON object with sentences/s, the size on disk of what each system loads, and, when
+references exist, BLEU and its change from eager float32. The static int8 models are calibrated
+on 200 other toy sentences (``--calibrate-seed``); ``--qat DIR`` names a model fine-tuned with
+``train.qat: true`` from ``--model``, quantised the same way (``eager_qat_int8``).
 
 With ``--model DIR`` (a trained model directory, e.g. ``runs/demo/model`` from ``transduce
 demo``) the sentences are the toy corpus generator's (``transduce.data.toy``, a fixed seed,
@@ -11,7 +15,8 @@ is used on the same sentences and every system is forced to produce ``--out-len`
 forbidden until then), so all do the same work; BLEU is then meaningless and omitted.
 
 Needs the ``export`` extra. Usage:
-    python bench/export_speed.py [--model runs/demo/model] [--sentences 1000] [--threads 1]
+    python bench/export_speed.py [--model runs/demo/model] [--sentences 1000] [--threads 1] [--beam 4]
+        [--qat QAT_MODEL] [--systems eager_fp32,eager_int8,eager_static_int8,...]
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
 from transduce.export import export_model
 from transduce.inference import Runtime, Translator
+from transduce.model.io import load_model_config
 
 SEED = 20240601  # the sentences: toy pairs never drawn by the demo's own splits (seed 0)
+CALIBRATION_SEED = 20240602  # the static int8 models' calibration sample (200 other toy sentences)
 
 
 def random_model_dir(out: Path, sentences: list[str]) -> Path:
@@ -50,20 +57,24 @@ def random_model_dir(out: Path, sentences: list[str]) -> Path:
     return out
 
 
-def timed(fn, warmup: list[str], texts: list[str]) -> tuple[list[str], float]:
+def timed(fn, warmup: list[str], texts: list[str], runs: int = 1) -> tuple[list[str], float]:
+    """The outputs, and the median seconds of ``runs`` timed runs after a warm-up."""
     fn(warmup)
-    start = time.perf_counter()
-    out = fn(texts)
-    return out, time.perf_counter() - start
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        out = fn(texts)
+        seconds.append(time.perf_counter() - start)
+    return out, float(np.median(seconds))
 
 
-def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int):
+def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, beam: int = 1):
     tr = Translator.load(model_dir, Runtime(device="cpu", int8=int8))
 
     def run(texts: list[str]) -> list[str]:
         if out_len is None:
-            return tr.translate(texts, beam=1, batch_tokens=batch_tokens)
-        res = tr.translate_detailed(texts, beam=1, max_len_a=0.0, max_len_b=out_len, min_len=out_len,
+            return tr.translate(texts, beam=beam, batch_tokens=batch_tokens)
+        res = tr.translate_detailed(texts, beam=beam, max_len_a=0.0, max_len_b=out_len, min_len=out_len,
                                     batch_tokens=batch_tokens)
         return [r.best.text for r in res]
     return run
@@ -94,16 +105,36 @@ def onnx_runtime(onnx_dir: Path, tok: Tokenizer, threads: int, out_len: int | No
     return run
 
 
-def ctranslate2_runtime(ct2_dir: Path, tok: Tokenizer, threads: int, out_len: int | None, batch_size: int):
+def static_int8_dir(model_dir: Path, out: Path, calibration: str | None) -> Path:
+    """``transduce quantize`` of ``model_dir`` into ``out``, calibrated on ``calibration`` (a file)
+    or on 200 other toy sentences."""
+    from transduce.inference.quantize import quantize_directory
+
+    sample = Path(calibration) if calibration else out.parent / "calibration.en"
+    if not calibration:
+        sample.parent.mkdir(parents=True, exist_ok=True)
+        sample.write_text("\n".join(s for s, _ in generate_pairs(200, CALIBRATION_SEED)) + "\n", encoding="utf-8")
+    quantize_directory(str(model_dir), str(sample), str(out))
+    return out
+
+
+def disk_mb(path: Path) -> float:
+    """Size on disk of the weights a system loads (its directory's ``*.safetensors``, CT2's ``model.bin``)."""
+    files = [f for f in path.iterdir() if f.suffix in (".safetensors", ".bin")]
+    return round(sum(f.stat().st_size for f in files) / 2**20, 2)
+
+
+def ctranslate2_runtime(ct2_dir: Path, tok: Tokenizer, threads: int, out_len: int | None, batch_size: int,
+                        beam: int = 1, max_positions: int = 1024):
     import ctranslate2
 
     translator = ctranslate2.Translator(str(ct2_dir), device="cpu", intra_threads=threads, inter_threads=1)
 
     def run(texts: list[str]) -> list[str]:
         pieces = [tok.pieces(tok.encode(t, "src"), "src") for t in texts]
-        max_len = out_len if out_len is not None else max(len(p) for p in pieces) + 51
+        max_len = out_len if out_len is not None else min(max(len(p) for p in pieces) + 51, max_positions - 1)
         results = translator.translate_batch(
-            pieces, beam_size=1, max_batch_size=batch_size, batch_type="examples", max_decoding_length=max_len,
+            pieces, beam_size=beam, max_batch_size=batch_size, batch_type="examples", max_decoding_length=max_len,
             min_decoding_length=out_len or 0, suppress_sequences=[["<pad>"], ["<s>"]])
         return [tok._side("tgt").decode(r.hypotheses[0]) for r in results]
     return run
@@ -126,6 +157,31 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} CPUs, {platform.system()}"
 
 
+def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len: int | None,
+           batch_tokens: int):
+    """(the directory system ``name`` loads, a function building its runner)."""
+    if name in ("eager_fp32", "eager_int8"):
+        return model_dir, lambda: eager(model_dir, name == "eager_int8", out_len, batch_tokens, args.beam)
+    if name in ("eager_static_int8", "eager_qat_int8"):
+        if name == "eager_qat_int8" and args.qat is None:
+            raise SystemExit("eager_qat_int8: give the train.qat model directory with --qat")
+        source = model_dir if name == "eager_static_int8" else Path(args.qat)
+        quantized = static_int8_dir(source, tmp / name / "model", args.calibrate)
+        return quantized, lambda: eager(quantized, False, out_len, batch_tokens, args.beam)
+    if name == "onnxruntime":
+        if args.beam != 1:
+            raise SystemExit("onnxruntime: the ONNX runner is greedy only; drop it from --systems with --beam")
+        out = export_model(model_dir, "onnx", tmp / "onnx").out
+        return out, lambda: onnx_runtime(out, tok, args.threads, out_len, args.batch_size)
+    if name in ("ct2_fp32", "ct2_int8"):
+        quantization = "int8" if name == "ct2_int8" else None
+        out = export_model(model_dir, "ctranslate2", tmp / name, quantization=quantization).out
+        positions = load_model_config(model_dir).max_positions  # CT2 has no position past the model's
+        return out, lambda: ctranslate2_runtime(out, tok, args.threads, out_len, args.batch_size, args.beam,
+                                                positions)
+    raise SystemExit(f"--systems: unknown system {name!r}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="trained model directory (default: runs/demo/model if present)")
@@ -134,11 +190,23 @@ def main() -> int:
                     help="threads per system (more threads are slower on a busy 2-core machine)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences per batch for ONNX / CTranslate2")
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
-    ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8")
+    ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8",
+                    help="comma-separated; also eager_static_int8, and eager_qat_int8 with --qat")
+    ap.add_argument("--runs", type=int, default=1, help="timed runs per system; the median is reported")
+    ap.add_argument("--beam", type=int, default=1, help="beam size (1: greedy; ONNX Runtime is greedy only)")
+    ap.add_argument("--qat", default=None, help="a train.qat model directory fine-tuned from --model")
+    ap.add_argument("--src", default=None, help="test sources, one a line (default: toy sentences)")
+    ap.add_argument("--ref", default=None, help="their references (with --src); also the static int8 "
+                    "models' calibration sample comes from --calibrate")
+    ap.add_argument("--calibrate", default=None, help="calibration sources for the static int8 models")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    pairs = generate_pairs(args.sentences, SEED)
-    texts, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    if args.src:
+        texts = Path(args.src).read_text(encoding="utf-8").splitlines()[:args.sentences]
+        refs = Path(args.ref).read_text(encoding="utf-8").splitlines()[:args.sentences]
+    else:
+        pairs = generate_pairs(args.sentences, SEED)
+        texts, refs = [s for s, _ in pairs], [t for _, t in pairs]
     model = args.model or ("runs/demo/model" if Path("runs/demo/model/config.yaml").is_file() else None)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -147,21 +215,12 @@ def main() -> int:
         tok = Tokenizer.load(model_dir)
         # eager batches hold about batch_size sentences of average length, like the others
         batch_tokens = int(args.batch_size * np.mean([len(tok.encode(t, "src")) + 1 for t in texts]))
-        systems = {
-            "eager_fp32": lambda: eager(model_dir, False, out_len, batch_tokens),
-            "eager_int8": lambda: eager(model_dir, True, out_len, batch_tokens),
-            "onnxruntime": lambda: onnx_runtime(export_model(model_dir, "onnx", tmp / "onnx").out, tok,
-                                                args.threads, out_len, args.batch_size),
-            "ct2_fp32": lambda: ctranslate2_runtime(export_model(model_dir, "ctranslate2", tmp / "ct2").out, tok,
-                                                    args.threads, out_len, args.batch_size),
-            "ct2_int8": lambda: ctranslate2_runtime(
-                export_model(model_dir, "ctranslate2", tmp / "ct2_int8", quantization="int8").out, tok,
-                args.threads, out_len, args.batch_size),
-        }
         results, outputs = {}, {}
         for name in args.systems.split(","):
-            outputs[name], seconds = timed(systems[name](), texts[:32], texts)
-            results[name] = {"sentences_per_s": round(len(texts) / seconds, 1), "seconds": round(seconds, 2)}
+            loaded, make = system(name, model_dir, tmp, tok, args, out_len, batch_tokens)
+            outputs[name], seconds = timed(make(), texts[:32], texts, args.runs)
+            results[name] = {"sentences_per_s": round(len(texts) / seconds, 1), "seconds": round(seconds, 2),
+                             "disk_mb": disk_mb(loaded)}
             if model:
                 results[name]["bleu"] = bleu(outputs[name], refs)
             print(f"{name}: {results[name]}", file=sys.stderr)
@@ -174,8 +233,10 @@ def main() -> int:
     print(json.dumps({
         "benchmark": "export_speed", "date": datetime.date.today().isoformat(),
         "machine": machine(),
-        "torch": torch.__version__, "threads": args.threads, "model": model or "random (demo shape), forced length",
-        "sentences": len(texts), "search": "greedy", "batch_size": args.batch_size, "results": results,
+        "torch": torch.__version__, "threads": args.threads, "runs": args.runs,
+        "model": model or "random (demo shape), forced length",
+        "sentences": len(texts), "search": "greedy" if args.beam == 1 else f"beam {args.beam}",
+        "batch_size": args.batch_size, "results": results,
     }, indent=2))
     return 0
 

@@ -1,4 +1,5 @@
-"""Commands about speed: profile (where the time goes), shortlist (a smaller output layer)."""
+"""Commands about speed: profile (where the time goes), shortlist (a smaller output layer),
+quantize (static int8)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Adds this module's commands, in the order ``--help`` lists them."""
     _add_profile(sub)
     _add_shortlist(sub)
+    _add_quantize(sub)
 
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:
@@ -76,4 +78,22 @@ def _cmd_shortlist(args: argparse.Namespace) -> int:
     listed = int((shortlist.table >= 0).any(dim=1).sum())
     print(f"wrote {Path(args.model_dir) / FILE}: up to {args.k} target tokens for each of {listed} source tokens, "
           f"{len(shortlist.frequent)} frequent ones; decode with --shortlist")
+    return 0
+
+
+def _add_quantize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("quantize", help="static int8 of a translation model's linear layers (torchao), calibrated "
+                       "on a sample of source text: a model directory that translate, evaluate and serve load")
+    p.add_argument("model_dir", help="the float model directory (a trained or QAT-trained model)")
+    p.add_argument("--calibrate", required=True, metavar="FILE",
+                   help="source sentences, one per line (a few hundred like the text to translate)")
+    p.add_argument("--out", required=True, help="the static int8 model directory to write (atomically)")
+    p.set_defaults(func=_cmd_quantize)
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from ..inference.quantize import quantize_directory
+    from ..inference.speed.static import FILE
+    absmax = quantize_directory(args.model_dir, args.calibrate, args.out)
+    print(f"wrote {args.out}: {len(absmax)} linear layers in static int8 ({FILE}); translate it like any model")
     return 0

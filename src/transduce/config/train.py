@@ -104,6 +104,10 @@ class TrainConfig:
     extend_vocab: int | None = None
     """With ``init_from``: append up to this many pieces of the new training text to the model's
     tokenizer, growing its embeddings (training/vocab.py)."""
+    qat: bool = False
+    """Quantisation-aware training: the linear layers compute with their weights and inputs rounded
+    to int8 as ``transduce quantize`` (static int8) will round them (training/qat.py); usually a
+    short fine-tune from ``init_from``. The saved model is a float model for ``transduce quantize``."""
 
     def __post_init__(self) -> None:
         for key in ("betas", "freeze"):
@@ -166,8 +170,10 @@ class TrainConfig:
             check(self.precision != "fp16", "train.cuda_graphs",
                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
             check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
+            check(not self.qat, "train.cuda_graphs", "cannot be combined with train.qat; choose one")
         if self.fsdp:
             check(not self.cuda_graphs, "train.fsdp", "cannot be combined with train.cuda_graphs (a single process)")
             check(not self.compile, "train.fsdp", "cannot be combined with train.compile; choose one")
             check(self.precision != "fp16", "train.fsdp",
                   "needs train.precision fp32 or bf16 (bf16 needs no loss scaler)")
+            check(not self.qat, "train.fsdp", "cannot be combined with train.qat (not tried together); choose one")

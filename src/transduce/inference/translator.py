@@ -394,8 +394,12 @@ def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, devi
     """The model a search runs on, from directories checked by :func:`shared_tokenizer`: one
     model, or the :class:`~transduce.inference.search.ensemble.Ensemble` of several; and the
     draft model's :class:`~transduce.inference.search.speculative.Speculation`, if any."""
-    from ..model.io import load_model
+    from ..model.io import load_model as load_float
     from .search.ensemble import Ensemble
+    from .speed.static import apply_saved
+
+    def load_model(directory: str | os.PathLike, device: torch.device) -> torch.nn.Module:
+        return apply_saved(load_float(directory, device), directory)  # static int8 if it was quantised
 
     if draft is not None and len(dirs) > 1:
         raise ConfigError("draft: speculative decoding checks one model's proposals; give one model directory")

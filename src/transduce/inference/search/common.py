@@ -184,9 +184,11 @@ class BatchVocab:
 
     @classmethod
     def restrict(cls, proj: object, ids: Tensor, config: object) -> "BatchVocab | None":
-        """``proj``'s rows of ``ids``; None unless ``proj`` holds a plain weight matrix."""
+        """``proj``'s rows of ``ids``; None unless ``proj`` holds a plain weight matrix (not a
+        dynamic int8 layer's packed one, nor a static int8 layer's tensor subclass)."""
         weight, bias = getattr(proj, "weight", None), getattr(proj, "bias", None)
-        if not isinstance(weight, Tensor) or (bias is not None and not isinstance(bias, Tensor)):
+        if not isinstance(weight, Tensor) or type(weight.data) is not Tensor \
+                or (bias is not None and not isinstance(bias, Tensor)):
             return None
         ids = ids.to(weight.device)
         col = {int(i): j for j, i in enumerate(ids.tolist())}

@@ -30,12 +30,14 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from ...errors import ConfigError
 from ...model.attention import KVCache, MultiHeadAttention
 from ...model.layers import FeedForward
 from .attention import FastAttention, FastFeedForward
 from .cache import PooledKVCache
 from .cast import CastLinear
 from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
+from .static import is_quantized
 
 _FAST = {MultiHeadAttention: FastAttention, FeedForward: FastFeedForward}
 _PLAIN = {fast: plain for plain, fast in _FAST.items()}
@@ -55,6 +57,9 @@ def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = Fa
             (instead of oneDNN's; ignored with ``int8``).
     """
     if int8:
+        if any(is_quantized(m) for m in model.modules()):
+            raise ConfigError("runtime.int8: this model is already static int8 (quant.safetensors); "
+                              "dynamic int8 is for float models")
         quantize_dynamic_int8(model, inplace=True)
     switch_linears = onednn and not int8 and onednn_available()
     for module in model.modules():

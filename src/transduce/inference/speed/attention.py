@@ -19,6 +19,7 @@ from ...model.masks import apply_mask
 from ...model.layers import FeedForward
 from .cast import CastLinear
 from .cpu import OneDNNLinear
+from .static import is_quantized
 
 # Up to this many queries per row, CPU attention runs as two batched matmuls (_few_queries).
 FEW_QUERIES = 8
@@ -124,7 +125,7 @@ class FastAttention(MultiHeadAttention):
         Quantised layers are not fused.
         """
         mods = [getattr(self, n) for n in names]
-        if not all(isinstance(m, nn.Linear) for m in mods):
+        if not all(isinstance(m, nn.Linear) and not is_quantized(m) for m in mods):
             return None
         params = [m.weight for m in mods] + [m.bias for m in mods if m.bias is not None]
 

@@ -98,11 +98,12 @@ class OneDNNLinear(nn.Linear):
 
 
 def plain_linears(model: nn.Module) -> None:
-    """Turn ``nn.Linear`` subclasses that only change ``forward`` (such as :class:`OneDNNLinear`)
-    back into ``nn.Linear``, in place."""
+    """Turn this package's ``nn.Linear`` subclasses, which only change ``forward``
+    (:class:`OneDNNLinear`, :class:`~.cast.CastLinear`), back into ``nn.Linear``, in place.
+    Other subclasses (a quantisation-aware training layer, a static int8 one) stay as they are."""
+    from .cast import CastLinear
     for module in model.modules():
-        if isinstance(module, nn.Linear) and type(module) is not nn.Linear \
-                and set(module.state_dict()) <= {"weight", "bias"}:
+        if type(module) in (OneDNNLinear, CastLinear):
             module.__class__ = nn.Linear
             module.__dict__.pop("_packed", None)
 

@@ -1,0 +1,103 @@
+"""``transduce quantize``: calibrate a translation model on a sample of source text and write its
+static int8 model directory (:mod:`~transduce.inference.speed.static`).
+
+Calibration (:func:`calibrate`) translates the sample greedily, then runs the model once over
+the sample and its own translations (teacher-forced), recording each linear layer's largest
+absolute input: the decoder sees what it sees when it decodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..config import Runtime, model_task
+from ..errors import ConfigError, DataError
+from .speed.static import FILE, SCHEME, linear_names, read_scales, torchao_quantization
+from .translator import Translator
+
+logger = logging.getLogger(__name__)
+
+# Sentences per calibration batch (greedy translation, then one teacher-forced forward).
+CALIBRATION_BATCH = 32
+
+
+def _keep(absmax: dict[str, float], name: str, x: Tensor) -> None:
+    absmax[name] = max(absmax.get(name, 0.0), float(x.detach().abs().max()))
+
+
+@contextlib.contextmanager
+def _recording(model: nn.Module, absmax: dict[str, float]) -> Iterator[None]:
+    """Hooks keeping, in ``absmax``, each linear layer's largest absolute input. The attention
+    projections run as one matmul over their weights side by side (``MultiHeadAttention.project``),
+    so theirs are read at the attention module: the query for Q (and K, V in self-attention),
+    ``key_value`` for K and V."""
+    from ..model.attention import MultiHeadAttention
+
+    def linear_hook(name: str):
+        return lambda _module, args: _keep(absmax, name, args[0])
+
+    def attention_hook(name: str):
+        def record(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+            query = args[0]
+            key_value = args[1] if len(args) > 1 else kwargs.get("key_value")
+            _keep(absmax, f"{name}.q_proj", query)
+            if (args[4] if len(args) > 4 else kwargs.get("kv")) is None:
+                for proj in ("k_proj", "v_proj"):
+                    _keep(absmax, f"{name}.{proj}", query if key_value is None else key_value)
+        return record
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(linear_hook(n)) for n in linear_names(model)]
+    handles += [m.register_forward_pre_hook(attention_hook(n), with_kwargs=True)
+                for n, m in model.named_modules() if isinstance(m, MultiHeadAttention)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def calibrate(translator, lines: list[str]) -> dict[str, float]:
+    """Each linear layer's largest absolute input over ``lines`` (source sentences) and the
+    model's greedy translations of them; ``translator`` a plain (float) one-model Translator."""
+    from ..data.batch import collate
+    model, tokenizer = translator.model, translator.tokenizer
+    absmax: dict[str, float] = {}
+    for i in range(0, len(lines), CALIBRATION_BATCH):
+        chunk = lines[i:i + CALIBRATION_BATCH]
+        outputs = translator.translate(chunk, beam=1)
+        translator.close()  # the plain model again: hooks on its own linear layers see every call
+        batch = collate([(tokenizer.encode(s, side="src"), tokenizer.encode(t, side="tgt"))
+                         for s, t in zip(chunk, outputs)])
+        with torch.inference_mode(), _recording(model, absmax):
+            model(batch.src.to(translator.device), batch.tgt_in.to(translator.device))
+    return absmax
+
+
+def quantize_directory(model_dir: str, calibration: str, out: str) -> dict[str, float]:
+    """Calibrate ``model_dir`` on the source sentences in ``calibration`` and write the static
+    int8 model directory ``out`` (atomically); returns the calibrated maxima."""
+    from ..atomic import atomic_dir
+    from ..data.corpus import read_lines
+    from ..model.io import load_model_config, save_weights
+    if read_scales(model_dir) is not None:
+        raise ConfigError(f"{model_dir}: already a static int8 model (it has {FILE}); quantize its float model")
+    task = model_task(load_model_config(model_dir))
+    if task != "translation":
+        raise ConfigError(f"{model_dir}: static int8 is for translation models; this is a train.task {task} model")
+    torchao_quantization()
+    lines = [line for line in read_lines(calibration) if line.strip()]
+    if not lines:
+        raise DataError(f"--calibrate: {calibration} has no sentences to calibrate on")
+    with Translator.load(model_dir, Runtime(device="cpu")) as translator:
+        absmax = calibrate(translator, lines)
+    with atomic_dir(out) as tmp:
+        shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
+        save_weights({name: torch.tensor(v) for name, v in absmax.items()}, tmp / FILE, {"scheme": SCHEME})
+    logger.info("calibrated %d linear layers on %d sentences", len(absmax), len(lines))
+    return absmax

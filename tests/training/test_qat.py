@@ -1,0 +1,64 @@
+"""Quantisation-aware training (``train.qat``): the fake-quantised layers compute what the static
+int8 model computes, a run trains through them, and its model converts with ``transduce quantize``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from extra_helpers import need_extra
+from transduce.cli import main
+from transduce.config import RunConfig
+from transduce.inference import load
+from transduce.model import load_model
+from transduce.training.loop import run_training
+from transduce.training.qat import FakeQuantAttention, FakeQuantLinear, prepare_qat
+
+MODEL = {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
+         "max_positions": 64, "dropout": 0.0}
+TRAIN = {"max_steps": 40, "save_every": 40, "eval_every": 40, "log_every": 1, "warmup_steps": 5,
+         "num_threads": 1, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3, "qat": True}
+TOY = {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 10,
+       "vocab_size": 120, "max_tokens": 400, "max_len": 60}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread(one_thread):
+    yield
+
+
+def test_fake_quant_linear_computes_the_static_int8_layer():
+    need_extra("quant", "torchao")
+    from transduce.inference.speed.static import quantize_static
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16)
+    plain = nn.Sequential(nn.Linear(16, 8))
+    fake = nn.Sequential(nn.Linear(16, 8))
+    fake.load_state_dict(plain.state_dict())
+    prepare_qat(fake)
+    assert type(fake[0]) is FakeQuantLinear and set(fake.state_dict()) == set(plain.state_dict())
+    quantize_static(plain, {"0": float(x.abs().max())})  # calibrated on this very input
+    with torch.no_grad():
+        want, got = plain(x), fake(x)
+    # the same integers; the int8 kernel sums them exactly and scales once, fake-quant in fp32
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item(), rtol=0)
+
+
+def test_a_qat_run_trains_and_quantizes(tmp_path):
+    need_extra("quant", "torchao")
+    out = tmp_path / "run"
+    cfg = RunConfig.from_dict({"model": MODEL, "data": TOY, "train": TRAIN})
+    trainer, _ = run_training(cfg, out)
+    assert any(type(m) is FakeQuantAttention for m in trainer.model.modules())
+    losses = [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    # from ln(120) ~ 4.8: a model that learns nothing through the rounding stays there
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0
+    load_model(out / "model")  # a float model directory
+    sample = out / "sample.en"
+    sample.write_text("the red dog sleeps\na big cat runs\n", encoding="utf-8")
+    assert main(["quantize", str(out / "model"), "--calibrate", str(sample), "--out", str(tmp_path / "int8")]) == 0
+    with load(tmp_path / "int8") as tr:
+        assert len(tr.translate(["the red dog sleeps"], beam=2)) == 1
