@@ -35,3 +35,16 @@ def multi30k_dir() -> Path:
     the repository (never copied into it). It may not exist: callers skip then."""
     env = os.environ.get("TRANSDUCE_MULTI30K", "").strip()
     return Path(env) if env else (Path(__file__).resolve().parents[1] / "../shared/data/multi30k").resolve()
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now (for servers a test starts: Triton's HTTP and gRPC)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from extra_helpers import need_extra
+from extra_helpers import free_ports, need_extra
 from toy_model import toy_pairs
 from transduce.errors import TransduceError
 from transduce.export import export_model
@@ -63,17 +63,6 @@ def test_config_pbtxt_is_a_triton_model_config(repo):
     assert config.dynamic_batching.max_queue_delay_microseconds > 0
 
 
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
 
 @pytest.mark.slow
 def test_tritonserver_serves_the_repository(repo, trained_dir, tmp_path):
@@ -86,7 +75,7 @@ def test_tritonserver_serves_the_repository(repo, trained_dir, tmp_path):
     from transduce.inference import load
 
     (repo / "toy-b").rename(tmp_path / "toy-b")  # one model: each loads torch in its own stub process
-    http_port, grpc_port = _free_ports(2)
+    http_port, grpc_port = free_ports(2)
     command, env = tritonserver_command(repo, http_port, grpc_port, tmp_path)
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONPATH"] = ":".join(p for p in sys.path if p)  # the stub imports transduce as this test does

@@ -15,20 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from extra_helpers import need_extra
+from extra_helpers import free_ports, need_extra
 from toy_model import toy_pairs
 
 SENTENCES = [s for s, _ in toy_pairs(10, seed=11)]
 
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> None:
@@ -55,7 +46,7 @@ def server(trained_dir, tmp_path_factory):
     if int(np.__version__.split(".")[0]) >= 2:
         pytest.skip(f"needs the 'triton' extra: pip install 'transduce[triton]' (pytriton needs numpy < 2; "
                     f"found {np.__version__})")
-    http_port, grpc_port = _free_ports(2)
+    http_port, grpc_port = free_ports(2)
     log = (tmp_path_factory.mktemp("triton") / "serve.log").open("w")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "transduce", "serve", str(trained_dir), "--engine", "triton",
