@@ -37,6 +37,7 @@ def test_invalid_model_values_name_the_key(kwargs, key):
 
 @pytest.mark.parametrize("cls,kwargs,key", [
     (TrainConfig, dict(precision="fp8"), "train.precision"),
+    (TrainConfig, dict(lr=1e-3), "train.lr"),  # noam (the default) would ignore it silently
     (TrainConfig, dict(label_smoothing=1.5), "train.label_smoothing"),
     (TrainConfig, dict(schedule="cosine"), "train.lr"),
     (TrainConfig, dict(grad_accum=0), "train.grad_accum"),

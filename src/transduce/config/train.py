@@ -40,7 +40,8 @@ class TrainConfig:
     warmup_steps: int = 4000
     """Steps of learning-rate warmup (Sec. 5.3)."""
     lr: float | None = None
-    """The peak learning rate; required by every schedule but ``noam``."""
+    """The peak learning rate; required by every schedule but ``noam``, which refuses it (its rate is
+    Eq. 3's, scaled by ``lr_scale``: a ``lr`` there would be silently ignored)."""
     lr_scale: float = 1.0
     """Multiplies the ``noam`` schedule's learning rate."""
     min_lr: float = 0.0
@@ -147,6 +148,9 @@ class TrainConfig:
               f"must be between 1 and train.keep_last ({self.keep_last})")
         check(self.schedule == "noam" or self.lr is not None, "train.lr",
               f"is required by train.schedule={self.schedule}")
+        check(self.schedule != "noam" or self.lr is None, "train.lr",
+              "is not used by train.schedule=noam (the paper's Eq. 3, scaled by train.lr_scale): set train.schedule "
+              "to inverse_sqrt, cosine, linear or constant, or leave train.lr out")
 
     def _check_fine_tuning(self) -> None:
         check(all(isinstance(p, str) and p for p in self.freeze), "train.freeze",
