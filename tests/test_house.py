@@ -49,3 +49,11 @@ def test_data_tables_hold_only_data():
         code = [node.name for node in ast.walk(ast.parse(modules[name]))
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
         assert not code, f"{name} is allowed to be long as a data table, but defines {code}"
+
+
+def test_test_modules_have_unique_names():
+    # the tests import by basename (no packages): two test_x.py in different folders break collection
+    from collections import Counter
+
+    names = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
+    assert [n for n, k in names.items() if k > 1] == []
