@@ -36,8 +36,12 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-import psutil
+try:
+    import httpx
+    import psutil  # locust's dependency: RSS of the servers over time
+except ImportError as err:
+    raise SystemExit(f"bench/serving.py: needs the 'triton' and 'web-test' extras: pip install "
+                     f"'transduce[triton,web-test]' ({err.name} is missing)") from None
 
 sys.path.insert(0, str(Path(__file__).parent))
 from serve_load import SEED, free_port, machine  # noqa: E402
