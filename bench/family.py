@@ -21,7 +21,8 @@ so the weights are identical; each section first prints the largest logit differ
 (and, for sampling, whether greedy continuations agree) to show the race is fair.
 
 A training step is what each side's user runs: forward, loss, backward, gradient clipping to 1.0,
-Adam (``foreach``, as our CPU trainer builds it), in float32. Ours is the trainer's own path
+Adam (torch's fused kernel, as our CPU trainer builds it and Hugging Face's Trainer defaults
+to from torch 2.8 on; ``foreach`` on torch < 2.4), in float32. Ours is the trainer's own path
 (``training/step.py``: ``forward_backward`` with the output projection fused into the loss for
 the LM, the masked-LM head on the selected positions only for the MLM, then the CPU branch of
 ``Trainer._queue_step``: clip, one host read of the step's metrics, step). Hugging Face's is
@@ -70,7 +71,7 @@ from transduce.inference.search.lm import generate_ids
 from transduce.inference.translator import Translator
 from transduce.model import DecoderOnlyLM, EncoderOnly, Transformer
 from transduce.progress import progress_bar
-from transduce.training.step import build_optimizer, forward_backward
+from transduce.training.step import FUSED_CPU, build_optimizer, forward_backward
 
 PAD, BOS, EOS, FIRST_ORDINARY = 0, 1, 2, 4
 CLIP = 1.0
@@ -160,7 +161,8 @@ def our_step(model: torch.nn.Module, batch: Batch) -> Callable[[], None]:
 def hf_step(model: torch.nn.Module, inputs: dict) -> Callable[[], None]:
     """One training step as a Hugging Face user writes it (what its Trainer does in fp32)."""
     cfg = train_config()
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, foreach=True)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                 **({"fused": True} if FUSED_CPU else {"foreach": True}))  # HF Trainer's default
     model.train()
 
     def step() -> None:
@@ -398,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
            "cpus": os.cpu_count(), "threads": args.threads, "torch": torch.__version__,
            "transformers": transformers.__version__, "python": sys.version.split()[0],
-           "shape": {**shape, "optimizer": "Adam (foreach), clip 1.0", "precision": "fp32"},
+           "shape": {**shape, "optimizer": f"Adam ({'fused' if FUSED_CPU else 'foreach'}), clip 1.0",
+                     "precision": "fp32"},
            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)], "results": results}
     print(json.dumps(out, indent=1))
     return 0

@@ -112,6 +112,8 @@ def freeze_parameters(model: torch.nn.Module, prefixes: tuple[str, ...]) -> None
             p.requires_grad_(False)
 
 
+# torch's fused Adam/AdamW kernel for CPU tensors arrived in 2.4 (the package allows 2.3)
+FUSED_CPU = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 4)
 HEAD_PREFIXES = ("cls_head.", "mlm_head.", "nsp_head.", "output_proj.")  # what train.head_lr trains
 
 
@@ -119,8 +121,9 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices.
 
     Fused (one kernel for all parameters, and able to skip a step on the device, see
-    :func:`clip_and_step`) when every parameter is on CUDA or ``cfg.cuda_graphs`` asks for the
-    graphed step (which runs eagerly on a CPU); ``foreach`` otherwise. ``lr`` may be a 0-dim
+    :func:`clip_and_step`) wherever torch has the kernel: CUDA, and the CPU from torch 2.4 (2-3x
+    faster than ``foreach`` there, the same update within float rounding; Hugging Face's Trainer
+    defaults to it too); ``foreach`` on older torch and other devices. ``lr`` may be a 0-dim
     device tensor (the graphed step changes it in place); ``capturable`` (which a CUDA graph
     capture of ``step()`` requires) with ``cfg.cuda_graphs``. Frozen parameters (``requires_grad``
     off, ``train.freeze``) are left out. With ``cfg.head_lr`` the heads' parameters get groups of
@@ -128,7 +131,7 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
-    fused = cfg.cuda_graphs or all(p.is_cuda for p in params)
+    fused = cfg.cuda_graphs or all(p.is_cuda or (p.device.type == "cpu" and FUSED_CPU) for p in params)
     kwargs: dict[str, Any] = dict(lr=lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused,
                                   foreach=None if fused else True, capturable=cfg.cuda_graphs)
     parts = [(params, 1.0)]
