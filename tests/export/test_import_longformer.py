@@ -131,3 +131,25 @@ def test_cli_imports_a_longformer_directory(tmp_path, capsys, roberta_tokenizer)
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["max_logit_diff_global_2"] < 1e-4 and load_model(tmp_path / "ours").config.attention_windows == (2, 4)
+
+
+def test_fine_tuning_an_import_with_a_global_token(tmp_path, roberta_tokenizer):
+    """`train --init-from IMPORTED --set model.global_tokens=1`: masked-LM training starts from the
+    imported weights with <s> global (Longformer's fine-tuning setting; the import has none)."""
+    from toy_model import toy_pairs
+
+    build_longformer(tmp_path / "hf", "LongformerForMaskedLM", roberta_tokenizer)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    for name, seed in (("train", 1), ("valid", 2)):
+        (tmp_path / f"{name}.txt").write_text("".join(f"{en}\n" for en, _ in toy_pairs(40, seed)))
+    (tmp_path / "run.yaml").write_text(json.dumps({
+        "data": {"corpus": "files", "train_tgt": str(tmp_path / "train.txt"), "valid_tgt": str(tmp_path / "valid.txt"),
+                 "max_tokens": 512, "max_len": 38},
+        "train": {"max_steps": 1, "eval_every": 1, "save_every": 1, "lr": 1e-6, "schedule": "constant"}}))
+    assert main(["train", str(tmp_path / "run.yaml"), "--init-from", str(tmp_path / "ours"), "--set",
+                 "model.global_tokens=1", "--out", str(tmp_path / "run")]) == 0
+    start, tuned = load_model(tmp_path / "ours"), load_model(tmp_path / "run" / "model")
+    assert (start.config.global_tokens, tuned.config.global_tokens) == (0, 1)
+    assert replace(tuned.config, global_tokens=0) == start.config
+    for (name, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4, msg=name)  # one step at lr 1e-6 from the import
