@@ -142,6 +142,15 @@ class ModelConfig:
     global_tokens: int = 0
     """With local self-attention: the first G positions, which every query sees and which see
     every position."""
+    global_projections: bool = False
+    """With local self-attention: the global tokens' rows use projections of their own
+    (``q_global_proj``, ``k_global_proj``, ``v_global_proj``) over every position, as Longformer's
+    ``query_global`` / ``key_global`` / ``value_global`` (Sec. 3.1, "Linear Projections for
+    Global Attention"); the other rows, and the global tokens as their keys, keep q/k/v_proj.
+    Unused while ``global_tokens`` is 0 (encoder_only, not with rope)."""
+    attention_windows: tuple = ()
+    """Local attention's window for each encoder layer, one per layer (Longformer's per-layer
+    ``attention_window``, halved); empty: ``attention_window`` in every layer (encoder_only)."""
     linformer_k: int = 256
     """Rows linformer projects keys and values to, at most ``max_positions``."""
     attention_block: int = 64
@@ -158,8 +167,9 @@ class ModelConfig:
     index), so the same pattern is used in training, decoding and after loading."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.labels, list):
-            object.__setattr__(self, "labels", tuple(self.labels))
+        for key in ("labels", "attention_windows"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
         typecheck(self, "model")
         self._check_shape()
         self._check_choices()
@@ -215,6 +225,23 @@ class ModelConfig:
             check(not (self.attention == kind and self.arch == "decoder_only"), "model.attention",
                   f"{kind} applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
         self._check_sparse_attention()
+        self._check_longformer()
+
+    def _check_longformer(self) -> None:
+        """Longformer's options: its own projections for the global rows, a window per layer."""
+        for key in ("global_projections", "attention_windows"):
+            if getattr(self, key):
+                check(self.attention == "local" and self.arch == "encoder_only", f"model.{key}",
+                      f"needs model.attention=local and model.arch=encoder_only; got attention={self.attention}, "
+                      f"arch={self.arch}")
+        check(not self.global_projections or self.positions != "rope", "model.global_projections",
+              "does not rotate its projections: use learned or sinusoidal positions, not rope")
+        windows = self.attention_windows
+        if windows:
+            check(len(windows) == self.n_encoder_layers, "model.attention_windows",
+                  f"needs one window per encoder layer ({self.n_encoder_layers}); got {len(windows)}")
+            check(all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in windows),
+                  "model.attention_windows", f"must be integers >= 1; got {list(windows)}")
 
     def _check_sparse_attention(self) -> None:
         check(self.attention_block >= 1, "model.attention_block", f"must be >= 1; got {self.attention_block}")

@@ -66,6 +66,12 @@ LAYER_NAMES = {"self_attn.q_proj": "attention.self.query", "self_attn.k_proj": "
                "self_attn.v_proj": "attention.self.value", "self_attn.out_proj": "attention.output.dense",
                "norm1": "attention.output.LayerNorm", "ffn.fc1": "intermediate.dense", "ffn.fc2": "output.dense",
                "norm2": "output.LayerNorm"}
+# Longformer's projections for the global tokens' rows (``model.global_projections``).
+GLOBAL_NAMES = {"self_attn.q_global_proj": "attention.self.query_global",
+                "self_attn.k_global_proj": "attention.self.key_global",
+                "self_attn.v_global_proj": "attention.self.value_global"}
+# The families whose heads are RoBERTa's (lm_head, classifier.dense + out_proj).
+ROBERTA_HEADS = ("roberta", "longformer")
 
 
 def _pair(ours: str, theirs: str) -> dict[str, str]:
@@ -76,8 +82,10 @@ def _pair(ours: str, theirs: str) -> dict[str, str]:
 def bert_names(cfg: ModelConfig, family: str = "bert") -> dict[str, str]:
     """Our parameter names -> transformers' for an encoder_only model of ``cfg``: BertForMaskedLM,
     BertForPreTraining (``nsp``), BertForSequenceClassification (``n_classes``), or with
-    ``family="roberta"`` RobertaForMaskedLM / RobertaForSequenceClassification. The export and
-    the import (:mod:`~transduce.export.hf_bert_import`) both read this one table."""
+    ``family="roberta"`` RobertaForMaskedLM / RobertaForSequenceClassification, with
+    ``family="longformer"`` LongformerForMaskedLM. The export and the imports
+    (:mod:`~transduce.export.hf_bert_import`, :mod:`~transduce.export.hf_longformer_import`) read
+    this one table."""
     p = family
     names = {"embed.tokens.weight": f"{p}.embeddings.word_embeddings.weight",
              "embed.positions.weight": f"{p}.embeddings.position_embeddings.weight",
@@ -85,7 +93,7 @@ def bert_names(cfg: ModelConfig, family: str = "bert") -> dict[str, str]:
     if cfg.type_vocab_size:
         names["embed.token_types.weight"] = f"{p}.embeddings.token_type_embeddings.weight"
     for i in range(cfg.n_encoder_layers):
-        for ours, theirs in LAYER_NAMES.items():
+        for ours, theirs in {**LAYER_NAMES, **(GLOBAL_NAMES if cfg.global_projections else {})}.items():
             names.update(_pair(f"layers.{i}.{ours}", f"{p}.encoder.layer.{i}.{theirs}"))
     return {**names, **_head_names(cfg, family)}
 
@@ -93,7 +101,7 @@ def bert_names(cfg: ModelConfig, family: str = "bert") -> dict[str, str]:
 def _head_names(cfg: ModelConfig, family: str) -> dict[str, str]:
     """The heads' names: BERT's pooler + classifier (RoBERTa's classifier.dense + out_proj: the
     same arithmetic, dropout aside), the masked-LM head, the next-sentence head."""
-    roberta = family == "roberta"
+    roberta = family in ROBERTA_HEADS
     if cfg.n_classes:
         pooler, classifier = ("classifier.dense", "classifier.out_proj") if roberta else ("bert.pooler.dense",
                                                                                           "classifier")
@@ -146,10 +154,11 @@ def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]
         return checks
 
 
-def probe_inputs(cfg: ModelConfig, seed: int = 0) -> tuple[Tensor, Tensor | None]:
-    """BOS + random tokens + EOS of several lengths, right-padded, some tokens [MASK]; random
+def probe_inputs(cfg: ModelConfig, seed: int = 0, lengths: tuple[int, ...] = (7, 3, 11, 1, 5, 9)
+                 ) -> tuple[Tensor, Tensor | None]:
+    """BOS + random tokens + EOS of several ``lengths``, right-padded, some tokens [MASK]; random
     token types (None without them). -> (B, T) ids, (B, T) types."""
-    lengths = tuple(min(n, cfg.max_positions - 2) for n in (7, 3, 11, 1, 5, 9))  # BOS and EOS fit too
+    lengths = tuple(min(n, cfg.max_positions - 2) for n in lengths)  # BOS and EOS fit too
     ids = probe_batch(cfg.src_vocab_size - 1, cfg.pad_id, cfg.eos_id, lengths, seed)
     ids = torch.cat([torch.full((ids.shape[0], 1), cfg.bos_id), ids], dim=1)  # (B, T)
     g = torch.Generator().manual_seed(seed + 1)

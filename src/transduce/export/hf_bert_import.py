@@ -48,7 +48,7 @@ from ..errors import ConfigError, one_line, require
 from ..model import EncoderOnly, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
-from .hf_bert import bert_names, probe_inputs
+from .hf_bert import ROBERTA_HEADS, bert_names, probe_inputs
 from .hf_read import HFImportError, load_hf_model, read_weights, refuse_unsupported
 from .verify import check_close
 
@@ -118,13 +118,14 @@ def _renumber_processor(proc, new: list[int]) -> None:
         _renumber_processor(inner, new)
 
 
-def _model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
-    """Our ModelConfig for a BertConfig / RobertaConfig (as a dict), and the first position row."""
+def bert_model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
+    """Our ModelConfig for a BertConfig / RobertaConfig / LongformerConfig (as a dict), full
+    attention, and the first position row."""
     name = where / "config.json"
     refuse_unsupported(config, name, {"hidden_act": "gelu", "position_embedding_type": "absolute",
                                       "is_decoder": False}, "transduce maps")
     try:
-        offset = int(config["pad_token_id"]) + 1 if family == "roberta" else 0
+        offset = int(config["pad_token_id"]) + 1 if family in ROBERTA_HEADS else 0
         labels = ()
         if head == "classify":
             id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
@@ -146,11 +147,11 @@ def _model_config(config: dict, where: Path, family: str, head: str, tied: bool)
         raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
 
 
-def _is_tied(state: dict[str, Tensor], family: str, head: str) -> bool:
+def is_tied(state: dict[str, Tensor], family: str, head: str) -> bool:
     """Whether the masked-LM decoder is the token embedding: absent, or equal."""
     if head == "classify":
         return True
-    decoder = state.get("lm_head.decoder.weight" if family == "roberta" else "cls.predictions.decoder.weight")
+    decoder = state.get("lm_head.decoder.weight" if family in ROBERTA_HEADS else "cls.predictions.decoder.weight")
     embedding = state.get(f"{family}.embeddings.word_embeddings.weight")
     return decoder is None or (embedding is not None and torch.equal(decoder, embedding))
 
@@ -182,15 +183,10 @@ def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, orde
 def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
     """:func:`~transduce.export.hf_import.import_hf` for a BERT or RoBERTa directory ``where``
     whose config.json holds ``config``."""
-    from ..data.hf_tokenizer import HFTokenizer
-
     arch, family, head = bert_architecture(config, where)
     state = read_weights(where)
-    cfg, offset = _model_config(config, where, family, head, _is_tied(state, family, head))
-    original = HFTokenizer.from_hf_dir(where)
-    order = vocab_order(original, cfg.src_vocab_size, where)
-    tokenizer = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
-                            str(where / "tokenizer.json"))
+    cfg, offset = bert_model_config(config, where, family, head, is_tied(state, family, head))
+    original, tokenizer, order = imported_tokenizer(where, cfg.src_vocab_size)
     model = EncoderOnly(cfg)
     load_state_checked(model, our_bert_state(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
     model.eval()
@@ -202,6 +198,17 @@ def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str
         tokenizer.save(tmp)
     logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
     return checks
+
+
+def imported_tokenizer(where: Path, n_rows: int) -> tuple["HFTokenizer", "HFTokenizer", Tensor]:
+    """The directory's tokenizer, the same renumbered to our ids, and :func:`vocab_order`."""
+    from ..data.hf_tokenizer import HFTokenizer
+
+    original = HFTokenizer.from_hf_dir(where)
+    order = vocab_order(original, n_rows, where)
+    ours = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
+                       str(where / "tokenizer.json"))
+    return original, ours, order
 
 
 PROBE_TEXTS = ("A man in an orange hat starring at something.", "Zwei Männer stehen am Herd.", "",

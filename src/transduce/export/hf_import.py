@@ -2,7 +2,8 @@
 transduce model directory: the inverse of :mod:`transduce.export.hf`. A T5 or mT5 directory
 (``model_type`` t5 or mt5) is handed to :mod:`transduce.export.hf_t5_import`, a GPT-2 one
 (``gpt2``) to :mod:`transduce.export.hf_gpt2_import`, a BERT or RoBERTa one (``bert``,
-``roberta``) to :mod:`transduce.export.hf_bert_import`.
+``roberta``) to :mod:`transduce.export.hf_bert_import`, a Longformer one (``longformer``) to
+:mod:`transduce.export.hf_longformer_import`.
 
 Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
 permutation ``P`` of :func:`~transduce.export.hf.residual_permutation` (Marian's position table
@@ -87,6 +88,9 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
     if config.get("model_type") in ("bert", "roberta"):
         from .hf_bert_import import import_bert
         return import_bert(where, config, out, force)
+    if config.get("model_type") == "longformer":
+        from .hf_longformer_import import import_longformer
+        return import_longformer(where, config, out, force)
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
     load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),

@@ -42,7 +42,7 @@ def read_json(path: Path) -> dict:
     if not path.is_file():
         raise HFImportError(f"{path}: not found (a MarianMTModel directory holds config.json, weights, "
                             "source.spm, target.spm and vocab.json; a T5 one config.json, weights, spiece.model; "
-                            "a BERT or RoBERTa one config.json, weights and a vocabulary)")
+                            "a BERT, RoBERTa or Longformer one config.json, weights and a vocabulary)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

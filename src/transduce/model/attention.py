@@ -101,7 +101,8 @@ class AttentionPattern:
     window, global and ``n_random`` random blocks, :class:`~transduce.model.bigbird.BigBirdAttention`)
     or "lsh" (``n_hashes`` rounds into ``n_buckets`` buckets, chunks of ``block``,
     :class:`~transduce.model.lsh.LSHAttention`); ``seed`` draws bigbird's random blocks and
-    lsh's rotations (one per layer)."""
+    lsh's rotations (one per layer). ``global_projections`` (local only): the global tokens' rows
+    use projections of their own, as Longformer's (:meth:`MultiHeadAttention.with_global_rows`)."""
 
     kind: str = "full"
     window: int = 0
@@ -113,6 +114,7 @@ class AttentionPattern:
     n_hashes: int = 0
     n_buckets: int = 0
     seed: int = 0
+    global_projections: bool = False
 
 
 @dataclass
@@ -207,6 +209,12 @@ class MultiHeadAttention(nn.Module):
     def _kernel(self, pattern: AttentionPattern) -> Kernel:
         """The attention this module runs, chosen once: the one place that asks the kind."""
         if pattern.kind == "local":
+            if pattern.global_projections:  # Longformer's query/key/value_global, parameters of this module
+                width = self.n_heads * self.head_dim
+                d_model, bias = self.q_proj.in_features, self.q_proj.bias is not None
+                self.q_global_proj = nn.Linear(d_model, width, bias=bias)
+                self.k_global_proj = nn.Linear(d_model, width, bias=bias)
+                self.v_global_proj = nn.Linear(d_model, width, bias=bias)
             return LocalAttention(pattern.window, pattern.n_global)
         if pattern.kind == "bigbird":
             return BigBirdAttention(pattern.block, pattern.n_random, pattern.seed)
@@ -262,12 +270,29 @@ class MultiHeadAttention(nn.Module):
         """
         if kv is None and key_value is query:  # self-attention
             q, k, v = self.project_qkv(query, start)                     # (B, H, T, Dh)
+            if self.pattern.global_projections and self.pattern.n_global and not need_weights:
+                return self.with_global_rows(query, q, k, v, mask), None
         else:
             q = self.split_heads(self.q_proj(query))                     # (B, H, Tq, Dh)
             if self.rope is not None:
                 q = self.rope(q, start)
             k, v = kv if kv is not None else self.project_kv(key_value, start)
         return self.attend(q, k, v, mask, is_causal, need_weights, start)
+
+    def with_global_rows(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Longformer's self-attention (Beltagy et al., 2020, Sec. 3.1) of x (B, T, D) with its
+        local heads q, k, v (B, H, T, Dh): the G global tokens' rows are full attention (Eq. 1)
+        of their own projections (``q_global_proj``, ...) over every position; the other rows are
+        this module's local kernel over q, k, v, the global tokens among its keys. -> (B, T, D)."""
+        n = min(self.pattern.n_global, x.shape[1])
+        qg = self.split_heads(self.q_global_proj(x[:, :n]))               # (B, H, n, Dh)
+        kg, vg = self.split_heads(self.k_global_proj(x)), self.split_heads(self.v_global_proj(x))  # (B, H, T, Dh)
+        rows = scaled_dot_product_attention(qg, kg, vg, mask, self.dropout if self.training else 0.0)[0]
+        rows = self.out_proj(rows.transpose(1, 2).reshape(x.shape[0], n, -1))  # (B, n, D)
+        if n == x.shape[1]:
+            return rows
+        band, _ = self.attend(q[:, :, n:], k, v, mask, start=n)           # (B, T - n, D)
+        return torch.cat([rows, band], dim=1)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
                need_weights: bool = False, start: int = 0) -> tuple[Tensor, Tensor | None]:

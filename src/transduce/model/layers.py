@@ -69,13 +69,15 @@ def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> N
 
 def attention_pattern(cfg: ModelConfig, kind: str, layer: int = 0) -> AttentionPattern:
     """The :class:`AttentionPattern` of one attention block of kind ``cfg.attention`` (or
-    ``cfg.cross_attention``) in layer ``layer`` of the model (its random pattern's seed);
-    Linformer's projections span ``cfg.max_positions`` positions."""
+    ``cfg.cross_attention``) in layer ``layer`` of the model (its random pattern's seed, its
+    window when ``cfg.attention_windows`` gives one per layer); Linformer's projections span
+    ``cfg.max_positions`` positions."""
     if kind == "full":
         return AttentionPattern()
-    return AttentionPattern(kind, cfg.attention_window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions,
+    window = cfg.attention_windows[layer] if cfg.attention_windows and kind == "local" else cfg.attention_window
+    return AttentionPattern(kind, window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions,
                             cfg.attention_block, cfg.random_blocks, cfg.lsh_hashes, cfg.lsh_buckets,
-                            cfg.attention_seed * 10_000 + layer)
+                            cfg.attention_seed * 10_000 + layer, cfg.global_projections and kind == "local")
 
 
 def decoder_self_attention(cfg: ModelConfig) -> str:

@@ -30,7 +30,8 @@ from .vocab import grow_vocab_rows
 
 logger = logging.getLogger("transduce.training")
 
-DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change,
+GLOBALS = ("global_tokens",)  # ... which leading tokens local attention makes global (no weight depends on it)
 VOCAB_SIZES = ("src_vocab_size", "tgt_vocab_size")  # ... and, with train.extend_vocab, these
 
 
@@ -39,7 +40,8 @@ class Checkpointing:
 
     def init_from(self, directory: Path) -> None:
         """Start from a trained model's weights (``train.init_from``): the same model (every
-        ``model`` key but the dropouts), trained with the same tokenizer; a fresh optimizer. A
+        ``model`` key but the dropouts and ``global_tokens``: Longformer is fine-tuned with global
+        tokens it was pretrained without), trained with the same tokenizer; a fresh optimizer. A
         classifier may start from a masked LM: its encoder and embeddings carried over, the
         masked-LM head dropped and the classification head as initialised here (but for the
         pooler of a next-sentence head, carried over as BERT's fine-tuning does)."""
@@ -50,7 +52,8 @@ class Checkpointing:
             raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
                               f"this run trains model.arch={self.model_cfg.arch}")
         self._check_init_tokenizer(directory, extend)
-        free = DROPOUTS + (("n_classes", "labels", "nsp") if new_head else ()) + (VOCAB_SIZES if extend else ())
+        free = (DROPOUTS + GLOBALS + (("n_classes", "labels", "nsp") if new_head else ())
+                + (VOCAB_SIZES if extend else ()))
         for f in fields(saved):
             if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
