@@ -38,8 +38,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
     cfg = load_model_config(model_dir)
     arch = cfg.arch
-    if arch != "encoder_decoder" and fmt != "hf":
-        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
+    if arch != "encoder_decoder" and fmt == "triton":
+        raise ExportError(f"--format triton: exports encoder_decoder models; this one is {arch} (use --format hf, "
+                          "onnx or ctranslate2)")
+    if arch != "encoder_decoder" and quantization is not None:
+        raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
     if fmt == "triton":
         from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
@@ -57,6 +60,12 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         elif fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)
+        elif fmt == "onnx" and arch != "encoder_decoder":
+            from .onnx_family import export_onnx_family
+            checks = export_onnx_family(model_dir, tmp)
+        elif fmt == "ctranslate2" and arch != "encoder_decoder":
+            from .ct2_family import export_ct2_family
+            checks = export_ct2_family(model_dir, tmp)
         elif fmt == "ctranslate2":
             from .ct2 import export_ctranslate2
             checks = export_ctranslate2(model_dir, tmp, quantization)
