@@ -24,9 +24,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
         fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
             GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
-            for an encoder_only one), "ctranslate2", "onnx" or "triton" (:mod:`~transduce.export.triton`).
+            for an encoder_only one), "ctranslate2", "onnx" (both also for decoder_only and encoder_only
+            models: :mod:`~transduce.export.ct2_family`, :mod:`~transduce.export.onnx_family`) or "triton"
+            (:mod:`~transduce.export.triton`, translation models only).
         out: destination directory (must not exist unless ``force``); "triton": the repository.
-        quantization: None or "int8" (CTranslate2 only).
+        quantization: None or "int8" (CTranslate2, translation models only).
         force: replace an existing ``out`` (a Triton repository's model ``name``).
 
     Raises:
