@@ -1,6 +1,7 @@
 """``transduce demo --task classify --init-from IMPORTED``: the classify demo fine-tunes an imported
 BERT or RoBERTa (random tiny ones, with WordPiece and byte-level BPE tokenizers) in the starting
-model's shape and with its tokenizer, and the classifier exports as a transformers
+model's shape and with its tokenizer (an imported classifier of other classes with a new last layer,
+said in one warning line), and the classifier exports as a transformers
 BertForSequenceClassification (RoBERTa's too: there is no RobertaForSequenceClassification export)
 that gives the same logits on the same text."""
 
@@ -32,12 +33,18 @@ def tokenizer_dirs(tmp_path_factory):
 
 
 @pytest.mark.slow  # a whole demo (as tests/test_demo.py's are): two short runs on 2,000 labelled sentences
-@pytest.mark.parametrize("case", ["BertForPreTraining", "RobertaForMaskedLM"])  # WordPiece + NSP; byte-level BPE
-def test_classify_demo_fine_tunes_an_import_in_its_shape(tmp_path, tokenizer_dirs, case):
+# WordPiece + NSP; byte-level BPE; a classifier of 3 classes (the demo's 4 get a new last layer)
+@pytest.mark.parametrize("case", ["BertForPreTraining", "RobertaForMaskedLM", "BertForSequenceClassification"])
+def test_classify_demo_fine_tunes_an_import_in_its_shape(tmp_path, tokenizer_dirs, case, caplog):
     build_hf(tmp_path / "hf", case, tokenizer_dirs)
     import_hf(tmp_path / "hf", tmp_path / "imported")
-    assert main(["demo", "--task", "classify", "--init-from", str(tmp_path / "imported"), "--steps", "3",
-                 "--out", str(tmp_path / "demo")]) == 0
+    with caplog.at_level("WARNING", logger="transduce.training"):
+        assert main(["demo", "--task", "classify", "--init-from", str(tmp_path / "imported"), "--steps", "3",
+                     "--out", str(tmp_path / "demo")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "classifier of" in r.getMessage()]
+    assert warned == ([f"train.init_from: {tmp_path / 'imported'} is a classifier of 3 classes (neg, neu, pos); "
+                       "this run's 4 classes (future, modal, perfect, present) get a new classification layer "
+                       "(the encoder and pooler kept)"] if case.endswith("Classification") else [])
     summary = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert set(summary["test_accuracy"]) == {"pretrained", "scratch"}
     assert all(0.0 <= a <= 1.0 for a in summary["test_accuracy"].values())

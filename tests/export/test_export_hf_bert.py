@@ -94,11 +94,10 @@ def test_options_bert_lacks_are_refused(tmp_path, options, named):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "ctranslate2"])
-def test_other_formats_refuse_an_encoder(tmp_path, fmt):
+def test_triton_refuses_an_encoder(tmp_path):  # onnx and ctranslate2 take it: test_export_family_formats.py
     model_dir, _ = _model_dir(tmp_path)
     with pytest.raises(ExportError, match="exports encoder_decoder models; this one is encoder_only"):
-        export_model(model_dir, fmt, tmp_path / "out")
+        export_model(model_dir, "triton", tmp_path / "out")
 
 
 def test_cli(tmp_path, capsys):

@@ -89,4 +89,4 @@ def test_incompatible_options_and_formats(tmp_path, lm_dir):
     with pytest.raises(ExportError, match=r"model\.head_dim=4 \(GPT-2's heads are d_model / n_heads = 8 wide\)"):
         export_model(tmp_path / "narrow", "hf", tmp_path / "out")
     with pytest.raises(ExportError, match="decoder_only"):
-        export_model(lm_dir, "onnx", tmp_path / "onnx")
+        export_model(lm_dir, "triton", tmp_path / "triton")

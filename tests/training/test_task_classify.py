@@ -133,13 +133,24 @@ def test_a_classifier_fine_tunes_from_the_masked_lm(corpus, tuned):
                                                       .state_dict().values()))
 
 
-def test_a_classifier_does_not_start_from_a_classifier_with_other_labels(corpus, tmp_path):
+def test_a_classifier_starts_from_a_classifier_of_other_classes_with_a_new_last_layer(corpus, tmp_path, caplog):
     run_training(_cfg(corpus, max_steps=1, init_from=str(corpus / "mlm" / "model")), tmp_path / "a")
     (tmp_path / "two.tsv").write_text("the dog sees the ball\tdog\nthe cat sees the ball\tcat\n" * 20)
     cfg = _cfg(corpus, model={"n_classes": 2}, data={"train_src": str(tmp_path / "two.tsv"), "valid_src": None},
-               init_from=str(tmp_path / "a" / "model"))
-    with pytest.raises(ConfigError, match="^train.init_from: .* model.n_classes=3; this run's is 2$"):
-        run_training(cfg, tmp_path / "b")
+               init_from=str(tmp_path / "a" / "model"), max_steps=1)
+    with caplog.at_level("WARNING", logger="transduce.training"):
+        trainer, _ = run_training(cfg, tmp_path / "b")
+    warned = [r.getMessage() for r in caplog.records if "classifier of" in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and warned[0].endswith(
+        "is a classifier of 3 classes (bird, cat, dog); this run's 2 classes (cat, dog) get a new classification "
+        "layer (the encoder and pooler kept)")
+    assert load_model(tmp_path / "b" / "model").config.labels == ("cat", "dog")
+    own = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.init_from(tmp_path / "a" / "model")  # again: the encoder and pooler read, the last layer left as it is
+    start, state = load_model(tmp_path / "a" / "model").state_dict(), trainer.model.state_dict()
+    assert state["cls_head.classifier.weight"].shape == (2, MODEL["d_model"])
+    assert all(torch.equal(state[k], v) for k, v in start.items() if not k.startswith("cls_head.classifier."))
+    assert all(torch.equal(state[k], own[k]) for k in own if k.startswith("cls_head.classifier."))
 
 
 def test_classify_command_labels_text_and_scores_a_labelled_file(corpus, tuned, monkeypatch, capsys):

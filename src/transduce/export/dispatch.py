@@ -24,9 +24,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         model_dir: a directory written by ``save_model`` (+ tokenizer files).
         fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
             GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
-            for an encoder_only one), "ctranslate2", "onnx" or "triton" (:mod:`~transduce.export.triton`).
+            for an encoder_only one), "ctranslate2", "onnx" (both also for decoder_only and encoder_only
+            models: :mod:`~transduce.export.ct2_family`, :mod:`~transduce.export.onnx_family`) or "triton"
+            (:mod:`~transduce.export.triton`, translation models only).
         out: destination directory (must not exist unless ``force``); "triton": the repository.
-        quantization: None or "int8" (CTranslate2 only).
+        quantization: None or "int8" (CTranslate2, translation models only).
         force: replace an existing ``out`` (a Triton repository's model ``name``).
 
     Raises:
@@ -38,8 +40,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
     cfg = load_model_config(model_dir)
     arch = cfg.arch
-    if arch != "encoder_decoder" and fmt != "hf":
-        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf)")
+    if arch != "encoder_decoder" and fmt == "triton":
+        raise ExportError(f"--format triton: exports encoder_decoder models; this one is {arch} (use --format hf, "
+                          "onnx or ctranslate2)")
+    if arch != "encoder_decoder" and quantization is not None:
+        raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
     if fmt == "triton":
         from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
@@ -57,6 +62,12 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         elif fmt == "hf":
             from .hf import export_hf
             checks = export_hf(model_dir, tmp)
+        elif fmt == "onnx" and arch != "encoder_decoder":
+            from .onnx_family import export_onnx_family
+            checks = export_onnx_family(model_dir, tmp)
+        elif fmt == "ctranslate2" and arch != "encoder_decoder":
+            from .ct2_family import export_ct2_family
+            checks = export_ct2_family(model_dir, tmp)
         elif fmt == "ctranslate2":
             from .ct2 import export_ctranslate2
             checks = export_ctranslate2(model_dir, tmp, quantization)

@@ -35,6 +35,22 @@ GLOBALS = ("global_tokens",)  # ... which leading tokens local attention makes g
 VOCAB_SIZES = ("src_vocab_size", "tgt_vocab_size")  # ... and, with train.extend_vocab, these
 
 
+def new_classifier_layer(state: dict[str, torch.Tensor], own: torch.nn.Module, directory: Path, saved,
+                         cfg) -> dict[str, torch.Tensor]:
+    """``state`` (a classifier's) with the last layer of its classification head replaced by
+    ``own``'s, as initialised: the classes differ (``saved`` and ``cfg`` are the two model
+    configs); a warning line names both."""
+    def classes(c) -> str:
+        names = ", ".join(c.labels[:6]) + (", ..." if len(c.labels) > 6 else "")
+        return f"{c.n_classes} classes" + (f" ({names})" if names else "")
+
+    logger.warning("train.init_from: %s is a classifier of %s; this run's %s get a new classification "
+                   "layer (the encoder and pooler kept)", directory, classes(saved), classes(cfg))
+    head = "cls_head.classifier."
+    return {k: v for k, v in state.items() if not k.startswith(head)} | {
+        k: v for k, v in unique_state_dict(own).items() if k.startswith(head)}
+
+
 class Checkpointing:
     """The Trainer's checkpoint and resume methods."""
 
@@ -44,29 +60,37 @@ class Checkpointing:
         tokens it was pretrained without), trained with the same tokenizer; a fresh optimizer. A
         classifier may start from a masked LM: its encoder and embeddings carried over, the
         masked-LM head dropped and the classification head as initialised here (but for the
-        pooler of a next-sentence head, carried over as BERT's fine-tuning does)."""
+        pooler of a next-sentence head, carried over as BERT's fine-tuning does). A classifier may
+        start from a classifier of other classes (an imported BertForSequenceClassification, say):
+        its encoder and pooler carried over, the last layer new, as transformers'
+        ``ignore_mismatched_sizes=True``; a warning line says so."""
         saved = load_model_config(directory)
         new_head = saved.n_classes == 0 and self.model_cfg.n_classes > 0
+        new_classes = 0 < saved.n_classes and 0 < self.model_cfg.n_classes and \
+            (saved.n_classes, saved.labels) != (self.model_cfg.n_classes, self.model_cfg.labels)
         extend = self.cfg.train.extend_vocab is not None
         if saved.arch != self.model_cfg.arch:
             raise ConfigError(f"train.init_from: {directory} holds a model.arch={saved.arch} model; "
                               f"this run trains model.arch={self.model_cfg.arch}")
         self._check_init_tokenizer(directory, extend)
         free = (DROPOUTS + GLOBALS + (("n_classes", "labels", "nsp") if new_head else ())
-                + (VOCAB_SIZES if extend else ()))
+                + (VOCAB_SIZES if extend else ()) + (("n_classes", "labels") if new_classes else ()))
         for f in fields(saved):
             if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
                 raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
                                   f"this run's is {getattr(self.model_cfg, f.name)}")
         state = read_weights(directory / WEIGHTS)
         # the rows and heads initialised here, read whole (gathered under train.fsdp)
-        own = full_model(self.model, everywhere=True) if self.sharded and (extend or new_head) else self.model
+        own = full_model(self.model, everywhere=True) if self.sharded and (extend or new_head or new_classes) \
+            else self.model
         if extend:  # new rows for the new pieces; [MASK] stays the last id
             state = grow_vocab_rows(state, own, 1 if saved.arch == "encoder_only" else 0)
         if new_head:
             state = {k: v for k, v in state.items() if not k.startswith(("mlm_head.", "nsp_head."))} | {
                 k: v for k, v in unique_state_dict(own).items() if k.startswith("cls_head.")} | {
                 k.replace("nsp_head.", "cls_head."): v for k, v in state.items() if k.startswith("nsp_head.pooler.")}
+        if new_classes:
+            state = new_classifier_layer(state, own, directory, saved, self.model_cfg)
         (load_full_state if self.sharded else load_state_checked)(self.model, state, str(directory / WEIGHTS))
         if self.ema is not None:
             self.ema.reset()  # the average starts from the weights trained on
