@@ -11,7 +11,8 @@ on 200 other toy sentences (``--calibrate-seed``); ``--qat DIR`` names a model f
 With ``--model DIR`` (a trained model directory, e.g. ``runs/demo/model`` from ``transduce
 demo``) the sentences are the toy corpus generator's (``transduce.data.toy``, a fixed seed,
 the demo's domain) with references. Without it, a fixed random-weight model of the demo's shape
-is used on the same sentences and every system is forced to produce ``--out-len`` tokens (EOS
+(``--shape toy``: the test suite's toy model's) is used on the same sentences and every system
+is forced to produce ``--out-len`` tokens (EOS
 forbidden until then), so all do the same work; BLEU is then meaningless and omitted.
 
 Needs the ``export`` extra. Usage:
@@ -44,15 +45,19 @@ SEED = 20240601  # the sentences: toy pairs never drawn by the demo's own splits
 CALIBRATION_SEED = 20240602  # the static int8 models' calibration sample (200 other toy sentences)
 
 
-def random_model_dir(out: Path, sentences: list[str]) -> Path:
-    """A fixed random-weight model in the demo's shape with a tokenizer trained on ``sentences``."""
+# The random model's shapes: the demo's, and the test suite's toy model (tests/toy_model.py).
+SHAPES = {"demo": dict(d_ff=512), "toy": dict(d_model=64, n_encoder_layers=1, n_decoder_layers=2, d_ff=128)}
+
+
+def random_model_dir(out: Path, sentences: list[str], shape: str = "demo") -> Path:
+    """A fixed random-weight model of ``shape`` (:data:`SHAPES`) with a tokenizer trained on ``sentences``."""
     from transduce.config import model_preset
     from transduce.model import Transformer, save_model
 
     tok = Tokenizer.train(sentences, sentences, out, vocab_size=1000)
     torch.manual_seed(0)
     cfg = model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                       d_ff=512, dropout=0.0, max_positions=256)
+                       dropout=0.0, max_positions=256, **SHAPES[shape])
     save_model(Transformer(cfg).eval(), out)
     return out
 
@@ -190,6 +195,8 @@ def main() -> int:
                     help="threads per system (more threads are slower on a busy 2-core machine)")
     ap.add_argument("--batch-size", type=int, default=64, help="sentences per batch for ONNX / CTranslate2")
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
+    ap.add_argument("--shape", default="demo", choices=sorted(SHAPES),
+                    help="the random model's shape (without --model): the demo's or the toy model's")
     ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8",
                     help="comma-separated; also eager_static_int8, and eager_qat_int8 with --qat")
     ap.add_argument("--runs", type=int, default=1, help="timed runs per system; the median is reported")
@@ -210,7 +217,7 @@ def main() -> int:
     model = args.model or ("runs/demo/model" if Path("runs/demo/model/config.yaml").is_file() else None)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model_dir = Path(model) if model else random_model_dir(tmp / "random", texts)
+        model_dir = Path(model) if model else random_model_dir(tmp / "random", texts, args.shape)
         out_len = None if model else args.out_len
         tok = Tokenizer.load(model_dir)
         # eager batches hold about batch_size sentences of average length, like the others
@@ -234,7 +241,7 @@ def main() -> int:
         "benchmark": "export_speed", "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "torch": torch.__version__, "threads": args.threads, "runs": args.runs,
-        "model": model or "random (demo shape), forced length",
+        "model": model or f"random ({args.shape} shape), forced length",
         "sentences": len(texts), "search": "greedy" if args.beam == 1 else f"beam {args.beam}",
         "batch_size": args.batch_size, "results": results,
     }, indent=2))

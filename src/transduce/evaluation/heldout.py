@@ -123,7 +123,8 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
     from ..data.prepared import TokenPairs, length_dtype, token_dtype
     from ..data.tokenizer import load_tokenizer
     from ..device import resolve_device
-    from ..model.io import load_model, load_model_config
+    from ..inference.placement import load_model_dir
+    from ..model.io import load_model_config
 
     task = model_task(load_model_config(model_dir))
     if task not in _READS:
@@ -132,7 +133,7 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
         raise ConfigError(f"decode.batch_tokens: must be positive; got {batch_tokens}")
     side, extra = _READS[task]
     device = resolve_device(device)
-    model, tokenizer = load_model(model_dir, device), load_tokenizer(model_dir)
+    model, tokenizer = load_model_dir(model_dir, device), load_tokenizer(model_dir)
     room = model.config.max_positions - extra
     rows = tokenizer.encode_batch([line for line in read_lines(path) if line.strip()], side)
     if not rows:

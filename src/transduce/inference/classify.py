@@ -13,7 +13,7 @@ from ..data.labelled import encode_example
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError
 from ..config import Runtime
-from .placement import apply_threads, model_dirs
+from .placement import apply_threads, load_model_dir, model_dirs
 from .speed.cpu import quantize_dynamic_int8
 
 
@@ -49,7 +49,7 @@ class Classifier:
     def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Classifier":
         """The model and tokenizer of a model directory; a one-line error for any other model."""
         from ..data.tokenizer import load_tokenizer
-        from ..model.io import load_model, load_model_config
+        from ..model.io import load_model_config
 
         model_dir = model_dirs(model_dir)[0]
         cfg = load_model_config(model_dir)
@@ -59,7 +59,7 @@ class Classifier:
                               f"model.arch={cfg.arch} model{head}")
         apply_threads(runtime)
         device = resolve_device(runtime.device, "runtime.device")
-        return cls(load_model(model_dir, device), load_tokenizer(model_dir), runtime)
+        return cls(load_model_dir(model_dir, device), load_tokenizer(model_dir), runtime)
 
     @torch.no_grad()
     def classify(self, texts: Sequence[str | tuple[str, ...]], batch_size: int = 64) -> list[str]:

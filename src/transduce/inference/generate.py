@@ -17,7 +17,7 @@ import torch
 from ..config import GenerationConfig, ModelConfig, Runtime
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError, DataError
-from .placement import apply_threads, model_dirs, prepared_for
+from .placement import apply_threads, load_model_dir, model_dirs, prepared_for
 from .search.lm import generate_ids
 from .speed import restore
 
@@ -71,13 +71,13 @@ class Generator:
     def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Generator":
         """The model and tokenizer of a model directory; a one-line error for another arch."""
         from ..data.tokenizer import load_tokenizer
-        from ..model.io import load_model, load_model_config
+        from ..model.io import load_model_config
 
         model_dir = model_dirs(model_dir)[0]
         check_decoder_only(load_model_config(model_dir), "generate")
         apply_threads(runtime)
         device = resolve_device(runtime.device, "runtime.device")
-        return cls(load_model(model_dir, device), load_tokenizer(model_dir), runtime)
+        return cls(load_model_dir(model_dir, device), load_tokenizer(model_dir), runtime)
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         """BOS + the ids of each prompt; a one-line DataError if one leaves no position free."""

@@ -1,6 +1,7 @@
-"""Where a loaded model runs: the model directories to load (:func:`model_dirs`), the model
-prepared for decoding on its device (:func:`prepared_for`) and the process's threads
-(:func:`apply_threads`), as a :class:`~transduce.config.Runtime` says. The front doors
+"""Where a loaded model runs: the model directories to load (:func:`model_dirs`), the model a
+directory holds as every front door runs it (:func:`load_model_dir`), the model prepared for
+decoding on its device (:func:`prepared_for`) and the process's threads (:func:`apply_threads`),
+as a :class:`~transduce.config.Runtime` says. The front doors
 (Translator, TranslatorPool, Generator, Classifier) use these; :func:`~transduce.inference.load`
 picks among the front doors.
 """
@@ -30,6 +31,16 @@ def model_dirs(paths: ModelDirs) -> list[str]:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory not found")
     return dirs
+
+
+def load_model_dir(directory: str | os.PathLike, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """The model of a model directory as ``translate`` runs it, on ``device``: its float weights, in
+    static int8 when the directory was quantised (``transduce quantize`` left ``quant.safetensors``
+    beside them, :func:`~transduce.inference.speed.static.apply_saved`). Every loader of a model to
+    run (the front doors, workers, held-out scores) goes through here, so they all see one model."""
+    from ..model.io import load_model
+    from .speed.static import apply_saved
+    return apply_saved(load_model(directory, device), directory)
 
 
 def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:

@@ -31,7 +31,7 @@ from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, ForceSpec
 from .search.sampling import check_sampling
-from .placement import ModelDirs, apply_threads, model_dirs, prepared_for
+from .placement import ModelDirs, apply_threads, load_model_dir, model_dirs, prepared_for
 from .rerank import mbr_rerank, reverse_rerank
 from .shortlist import Shortlist
 from .search.speculative import Speculation, check_draft
@@ -394,17 +394,12 @@ def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, devi
     """The model a search runs on, from directories checked by :func:`shared_tokenizer`: one
     model, or the :class:`~transduce.inference.search.ensemble.Ensemble` of several; and the
     draft model's :class:`~transduce.inference.search.speculative.Speculation`, if any."""
-    from ..model.io import load_model as load_float
     from .search.ensemble import Ensemble
-    from .speed.static import apply_saved
-
-    def load_model(directory: str | os.PathLike, device: torch.device) -> torch.nn.Module:
-        return apply_saved(load_float(directory, device), directory)  # static int8 if it was quantised
 
     if draft is not None and len(dirs) > 1:
         raise ConfigError("draft: speculative decoding checks one model's proposals; give one model directory")
-    model = load_model(dirs[0], device) if len(dirs) == 1 else Ensemble([load_model(d, device) for d in dirs])
-    return model, None if draft is None else Speculation(load_model(draft, device))
+    model = load_model_dir(dirs[0], device) if len(dirs) == 1 else Ensemble([load_model_dir(d, device) for d in dirs])
+    return model, None if draft is None else Speculation(load_model_dir(draft, device))
 
 
 def shared_tokenizer(dirs: Sequence[str], draft: str | os.PathLike | None = None):

@@ -37,10 +37,10 @@ from .attention import FastAttention, FastFeedForward
 from .cache import PooledKVCache
 from .cast import CastLinear
 from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
-from .static import is_quantized
+from .static import StaticInt8Attention, is_quantized
 
-_FAST = {MultiHeadAttention: FastAttention, FeedForward: FastFeedForward}
-_PLAIN = {fast: plain for plain, fast in _FAST.items()}
+_FAST = {MultiHeadAttention: FastAttention, StaticInt8Attention: FastAttention, FeedForward: FastFeedForward}
+_PLAIN = {FastAttention: MultiHeadAttention, FastFeedForward: FeedForward}
 
 
 def prepare_for_decoding(model: nn.Module, onednn: bool = False, int8: bool = False,
@@ -95,6 +95,8 @@ def restore(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if type(module) in _PLAIN:
             module.__class__ = _PLAIN[type(module)]
+            if type(module) is MultiHeadAttention and is_quantized(module.q_proj):
+                module.__class__ = StaticInt8Attention
         for name in ("_packed", "_cast", "cast_dtype", "_fused_layers", STATIC_SEARCHES):
             module.__dict__.pop(name, None)
     return model

@@ -19,7 +19,7 @@ from ...model.masks import apply_mask
 from ...model.layers import FeedForward
 from .cast import CastLinear
 from .cpu import OneDNNLinear
-from .static import is_quantized
+from .static import Int8Kernel, StaticInt8Linear, is_quantized
 
 # Up to this many queries per row, CPU attention runs as two batched matmuls (_few_queries).
 FEW_QUERIES = 8
@@ -122,9 +122,14 @@ class FastAttention(MultiHeadAttention):
         layer is kept, and when a weight changes (storage or version counter) its weights are
         rewritten in place: a CUDA graph that read them by address reads the new ones. It has
         the kind of ``q_proj`` (so a :class:`OneDNNLinear` or :class:`CastLinear` stays one).
-        Quantised layers are not fused.
+        Static int8 layers sharing an input scale run as one :class:`~.static.Int8Kernel`
+        (their weights never change); other quantised layers are not fused.
         """
         mods = [getattr(self, n) for n in names]
+        if all(isinstance(m, StaticInt8Linear) for m in mods):
+            if names not in self._fused_cache:
+                self._fused_cache[names] = (None, Int8Kernel.side_by_side(mods))
+            return self._fused_cache[names][1]
         if not all(isinstance(m, nn.Linear) and not is_quantized(m) for m in mods):
             return None
         params = [m.weight for m in mods] + [m.bias for m in mods if m.bias is not None]

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import CheckpointError, ConfigError
+from ...model.attention import MultiHeadAttention
 
 FILE = "quant.safetensors"
 SCHEME = "static_int8"
@@ -39,12 +40,74 @@ def torchao_quantization():
 
 
 class StaticInt8Linear(nn.Linear):
-    """``nn.Linear`` over a torchao static int8 weight: inputs of any rank run as (N, D) rows,
-    the one shape the calibrated per-tensor scale (of shape (1, 1)) applies to."""
+    """``nn.Linear`` over a torchao static int8 weight. The ``weight`` parameter stays torchao's
+    tensor (the reference, and what :func:`is_quantized` sees); the forward runs torchao's
+    arithmetic as :class:`Int8Kernel`, in four aten ops on plain tensors kept beside it."""
 
     def forward(self, x: Tensor) -> Tensor:
-        y = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # (N, out)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return Int8Kernel.of(self)(x)
+
+
+# Where a StaticInt8Linear keeps its Int8Kernel (plain tensors: not in the state dict).
+KERNEL = "_int8_kernel"
+
+
+class Int8Kernel:
+    """Static int8 ``y = x W^T + b`` through ``torch._int_mm`` (an s8s8 GEMM, int32 out) on a
+    torchao ``Int8Tensor``'s own int8 weight and scales: the input rounded as torchao rounds it,
+    ``round(x * (1 / scale))`` clamped to int8, and the int32 products scaled by the input's
+    scale times each output row's. Integer sums are exact, so the result differs from torchao's
+    linear only in the order of those two float scalings (a last-bit rounding).
+
+    torchao's linear runs the same steps as eager Python through its tensor subclass, per call:
+    quantising the input builds a second subclass tensor, the weight is transposed and on VNNI
+    CPUs its column sums recomputed; at a small model's shapes that costs more than the matmul.
+    Inputs in bf16/fp16 are computed in float32 and the output cast back.
+    """
+
+    def __init__(self, w_t: Tensor, inv_scale: Tensor, out_scale: Tensor, bias: Tensor | None):
+        self.w_t, self.inv_scale, self.out_scale, self.bias = w_t, inv_scale, out_scale, bias  # (in, out), (), (out,)
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> "Int8Kernel":
+        """``linear``'s kernel (a static int8 layer's), made on first use and kept in the layer."""
+        kernel = linear.__dict__.get(KERNEL)
+        if kernel is None:
+            w = linear.weight.data  # torchao Int8Tensor: qdata (out, in) int8, scale (out, 1), act_quant_scale (1, 1)
+            x_scale = w.act_quant_scale.float().reshape(())
+            out_scale = (w.scale.float().reshape(-1) * x_scale).contiguous()
+            bias = None if linear.bias is None else linear.bias.detach()
+            kernel = linear.__dict__[KERNEL] = cls(w.qdata.t(), 1.0 / x_scale, out_scale, bias)
+        return kernel
+
+    @classmethod
+    def side_by_side(cls, layers: list[nn.Linear]) -> "Int8Kernel | None":
+        """One kernel computing static int8 ``layers`` on one input, their outputs concatenated
+        (the same numbers as each on its own), when they share its scale: the Q/K/V (or K/V)
+        projections of one attention, calibrated on the same input. Else None."""
+        kernels = [cls.of(m) for m in layers]
+        if any(not torch.equal(k.inv_scale, kernels[0].inv_scale) for k in kernels):
+            return None
+        bias = None if kernels[0].bias is None else torch.cat([k.bias for k in kernels])
+        return cls(torch.cat([k.w_t for k in kernels], dim=1), kernels[0].inv_scale,
+                   torch.cat([k.out_scale for k in kernels]), bias)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()                                       # (N, in)
+        q = torch.round(rows * self.inv_scale).clamp_(-128, 127).to(torch.int8)        # (N, in) int8
+        y = torch._int_mm(q, self.w_t).float()                                          # (N, out)
+        y = y.mul_(self.out_scale) if self.bias is None else torch.addcmul(self.bias, y, self.out_scale)
+        return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+
+
+class StaticInt8Attention(MultiHeadAttention):
+    """Attention whose Q/K/V projections run as their own (int8) layers: the reference's one
+    matmul over their weights side by side reads float weights (as QAT's
+    :class:`~transduce.training.qat.FakeQuantAttention`). Decoding switches it to
+    :class:`~.attention.FastAttention` like any other, which does the same."""
+
+    def project(self, x: Tensor, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
+        return tuple(self.split_heads(m(x)) for m in layers)                    # (B, H, T, Dh) each
 
 
 def linear_names(model: nn.Module) -> list[str]:
@@ -73,6 +136,9 @@ def quantize_static(model: nn.Module, absmax: dict[str, float]) -> nn.Module:
                                                          set_inductor_config=False)
         tq.quantize_(model, config, filter_fn=lambda _m, fqn, name=name: fqn == name)
         model.get_submodule(name).__class__ = StaticInt8Linear
+    for module in model.modules():
+        if type(module) is MultiHeadAttention:
+            module.__class__ = StaticInt8Attention
     return model
 
 
