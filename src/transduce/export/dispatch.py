@@ -48,32 +48,38 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if fmt == "triton":
         from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
-    t5 = cfg.positions == "relative"
     with staging_dir(out, force) as tmp, torch_threads(1):
-        if fmt == "hf" and arch == "decoder_only":
-            from .hf_gpt2 import export_hf_gpt2
-            checks = export_hf_gpt2(model_dir, tmp)
-        elif fmt == "hf" and arch == "encoder_only":
-            from .hf_bert import export_hf_bert
-            checks = export_hf_bert(model_dir, tmp)
-        elif fmt == "hf" and t5:
-            from .hf_t5 import export_hf_t5
-            checks = export_hf_t5(model_dir, tmp)
-        elif fmt == "hf":
-            from .hf import export_hf
-            checks = export_hf(model_dir, tmp)
-        elif fmt == "onnx" and arch != "encoder_decoder":
-            from .onnx_family import export_onnx_family
-            checks = export_onnx_family(model_dir, tmp)
-        elif fmt == "ctranslate2" and arch != "encoder_decoder":
-            from .ct2_family import export_ct2_family
-            checks = export_ct2_family(model_dir, tmp)
-        elif fmt == "ctranslate2":
-            from .ct2 import export_ctranslate2
-            checks = export_ctranslate2(model_dir, tmp, quantization)
-        else:
-            from .onnx_export import export_onnx
-            checks = export_onnx(model_dir, tmp)
+        checks = _export_to(fmt, cfg, model_dir, tmp, quantization)
     report = ExportReport(fmt, Path(out), checks)
     logger.debug(report.summary())
     return report
+
+
+def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) -> dict:
+    """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
+    arch, t5 = cfg.arch, cfg.positions == "relative"
+    if fmt == "hf" and arch == "decoder_only":
+        from .hf_gpt2 import export_hf_gpt2
+        checks = export_hf_gpt2(model_dir, tmp)
+    elif fmt == "hf" and arch == "encoder_only":
+        from .hf_bert import export_hf_bert
+        checks = export_hf_bert(model_dir, tmp)
+    elif fmt == "hf" and t5:
+        from .hf_t5 import export_hf_t5
+        checks = export_hf_t5(model_dir, tmp)
+    elif fmt == "hf":
+        from .hf import export_hf
+        checks = export_hf(model_dir, tmp)
+    elif fmt == "onnx" and arch != "encoder_decoder":
+        from .onnx_family import export_onnx_family
+        checks = export_onnx_family(model_dir, tmp)
+    elif fmt == "ctranslate2" and arch != "encoder_decoder":
+        from .ct2_family import export_ct2_family
+        checks = export_ct2_family(model_dir, tmp)
+    elif fmt == "ctranslate2":
+        from .ct2 import export_ctranslate2
+        checks = export_ctranslate2(model_dir, tmp, quantization)
+    else:
+        from .onnx_export import export_onnx
+        checks = export_onnx(model_dir, tmp)
+    return checks
