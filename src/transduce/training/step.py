@@ -18,7 +18,7 @@ from ..device import autocast_context
 from ..errors import ConfigError
 from ..tracing import LOSS, scope
 from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
-from .loss import LossOutput, projected_label_smoothed_loss
+from .loss import LossOutput, excluded_class, projected_label_smoothed_loss
 from .sharding import full_value, is_sharded, set_gradient_sync
 
 
@@ -59,7 +59,7 @@ def _batch_loss(inner: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing:
     if inner.config.arch == "encoder_only":
         return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
     return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
-                                         bias=inner.output_proj.bias)
+                                         bias=inner.output_proj.bias, excluded=excluded_class(inner.config))
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
