@@ -197,8 +197,8 @@ def _blocks_fp32(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Te
 
 
 def _blocks_mixed(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, keep: Tensor,
-                  smoothing: float, excluded: int | None, chunk: int, dtype: torch.dtype, grad_h: Tensor | None, grad_w: Tensor | None,
-                  grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
+                  smoothing: float, excluded: int | None, chunk: int, dtype: torch.dtype, grad_h: Tensor | None,
+                  grad_w: Tensor | None, grad_b: Tensor | None) -> tuple[Tensor, Tensor]:
     """:func:`_blocks_fp32` in mixed precision (see :class:`_ProjectedSmoothedCrossEntropy`)."""
     w = weight.to(dtype)
     b = None if bias is None else bias.to(dtype)
