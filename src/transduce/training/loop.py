@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, save_yaml, with_vocab
-from ..data.prepare import input_path, prepared_for_run
+from ..data.prepare import RUN_SUBDIR, input_path, prepared_for_run
 from ..data.prepared import PreparedData
 from ..data.span_corruption import span_sentinels
 from ..device import resolve_device
@@ -382,10 +382,15 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
             cfg = extend_run_vocabulary(cfg, run_dir)
         elif cfg.train.extend_vocab is not None:  # made by rank 0 before the barrier below
             cfg = replace(cfg, data=replace(cfg.data, tokenizer=str(run_dir / TOKENIZER_DIR)))
-        cfg = cfg.with_init_tokenizer()
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
+        if not (run_dir / RUN_SUBDIR).exists():
+            # init_from's tokenizer prepares the data, which keeps a copy (RUN_DIR/prepared/tokenizer)
+            # that the run reads from then on: neither its saved config nor a resume names init_from's
+            # directory, so the run survives that directory being moved or deleted
+            cfg = cfg.with_init_tokenizer()
+        if dist.is_main:
             data = run_data(cfg, run_dir)
         barrier(dist)
         if not dist.is_main:
