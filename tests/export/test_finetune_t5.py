@@ -8,11 +8,17 @@ would be higher by log(1 + p(pad)) per token and label smoothing would spread ov
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
+from transduce.cli import main
 from transduce.data.batch import Batch
+from transduce.data.tokenizer import Tokenizer
+from transduce.export import export_model
 from transduce.export.hf_import import import_hf
 from transduce.export.hf_t5 import our_t5_state
 from transduce.model import load_model
@@ -66,7 +72,7 @@ def test_training_loss_and_gradients_equal_t5s(models, kind, eps):
     """In float64 (so the tolerances are far from rounding): the step's summed loss is HF's mean
     loss times the label count (eps 0: HF's own ``labels=`` loss; eps 0.1: F.cross_entropy with
     label smoothing over T5's logits, which are ours without bos's column), and every gradient
-    is T5's, bos's rows adding up with pad's to T5's pad row (bos's output row gets none)."""
+    is T5's: pad's and bos's rows both get T5's pad row's (``training.step.tie_duplicate_rows``)."""
     hf_dir, ours_dir = models[kind]
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).double().eval()  # eval: no dropout
     model = load_model(ours_dir).double().eval()
@@ -88,11 +94,49 @@ def test_training_loss_and_gradients_equal_t5s(models, kind, eps):
     expected = our_t5_state({k: g.float() for k, g in _grads(hf).items()}, model.config, order)
     got = {k: g.float() for k, g in _grads(model).items()}
     for name in [k for k in got if k in ("src_embed.tokens.weight", "output_proj.weight")]:
-        assert bool((got[name][1] == 0).all()) or name == "src_embed.tokens.weight"
-        got[name][0] += got[name][1]      # T5's pad row is both of ours
-        got[name][1] = got[name][0]
+        assert torch.equal(got[name][0], got[name][1])  # T5's pad row is both of ours: one gradient
     assert got.keys() == expected.keys()
     for name, g in got.items():
         scale = expected[name].abs().max().item()
         assert scale > 0, name
         assert (g - expected[name]).abs().max().item() <= 1e-5 * scale, name
+
+
+@pytest.fixture(scope="module")
+def finetuned(models, tmp_path_factory):
+    """A copy of the imported T5 fine-tuned for 3 steps on text-to-text lines through the CLI, then
+    the copy deleted: (run directory, digest of the imported tokenizer)."""
+    root = tmp_path_factory.mktemp("t5run")
+    shutil.copytree(models["t5"][1], root / "init")
+    for split, skip in (("train", 0), ("valid", 200)):
+        pairs = zip(multi30k_lines("train.en.gz", 40, skip), multi30k_lines("train.de.gz", 40, skip))
+        (root / f"{split}.tsv").write_text("".join(f"translate English to German: {en}\t{de}\n" for en, de in pairs),
+                                           encoding="utf-8")
+    config = {"data": {"corpus": "tsv", "train_src": str(root / "train.tsv"), "valid_src": str(root / "valid.tsv"),
+                       "max_tokens": 600},
+              "train": {"max_steps": 3, "log_every": 1, "eval_every": 3, "save_every": 3, "eval_bleu": False,
+                        "num_threads": 1, "warmup_steps": 1, "lr": 1e-3, "schedule": "constant"}}
+    (root / "ft.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert main(["train", str(root / "ft.yaml"), "--out", str(root / "run"), "--init-from", str(root / "init")]) == 0
+    digest = Tokenizer.load(root / "init").digest()
+    shutil.rmtree(root / "init")
+    return root / "run", digest
+
+
+def test_finetuned_t5_keeps_one_pad_row_and_exports_to_t5(models, finetuned, tmp_path):
+    """After training, pad's and bos's rows are still one row (equal bit for bit, and trained), so
+    the model is still a T5: its export verifies against transformers."""
+    model, imported = load_model(finetuned[0] / "model"), load_model(models["t5"][1])
+    rows = model.src_embed.tokens.weight
+    assert torch.equal(rows[0], rows[1])
+    assert not torch.equal(rows[0], imported.src_embed.tokens.weight[0])
+    checks = export_model(finetuned[0] / "model", "hf", tmp_path / "hf").checks
+    assert checks["max_logit_diff"] <= 1e-4 and checks["greedy_differences"] == 0
+
+
+def test_finetuned_t5_resumes_without_its_starting_directory(finetuned):
+    """The run kept the imported tokenizer (its init directory is deleted): resume and its model work."""
+    run, digest = finetuned
+    assert main(["train", "--out", str(run), "--resume", "--set", "train.max_steps=4"]) == 0
+    assert (run / "checkpoints" / "step_00000004").is_dir()
+    assert Tokenizer.load(run / "model").digest() == digest
