@@ -1,7 +1,7 @@
 """Data-parallel training on CPU with two gloo processes."""
 
+import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -9,6 +9,8 @@ import time
 import pytest
 import torch
 import yaml
+
+from extra_helpers import free_ports
 
 WORKER = r"""
 import os, sys, torch
@@ -50,19 +52,13 @@ if dist.is_initialized():
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_process_gradients_equal_single_process(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     single = subprocess.run([sys.executable, str(script), str(tmp_path / "single.pt")], capture_output=True, text=True)
     assert single.returncode == 0, single.stderr
-    port = _free_port()
+    port = free_ports(1)[0]
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
@@ -98,6 +94,26 @@ def test_torchrun_train_then_resume_on_one_process(tmp_path):
     assert more.returncode == 0, more.stderr[-3000:]
     assert (run / "checkpoints" / "step_00000009").is_dir()
     assert (run / "model" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_the_logged_loss_is_the_global_batchs(tmp_path):
+    """Two ranks with one batch each log the loss per token of both batches (not rank 0's share):
+    what one process logs that trains on the same two batches a step (grad_accum 2)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    _toy_run(tmp_path / "one.yaml", max_steps=4, grad_accum=2)
+    _toy_run(tmp_path / "two.yaml", max_steps=4)
+    for name, launch in (("one", []), ("two", ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"])):
+        cmd = [sys.executable, *(launch or []), "-m", "transduce", "train", str(tmp_path / f"{name}.yaml"), "--out",
+               str(tmp_path / name), "--set", "model.dropout=0.0"]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    logged = {name: [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+                     if "loss" in r] for name in ("one", "two")}
+    assert [r["step"] for r in logged["two"]] == [r["step"] for r in logged["one"]] == [1, 2, 3, 4]
+    for one, two in zip(logged["one"], logged["two"]):
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+        assert two["ppl"] == pytest.approx(one["ppl"], rel=1e-5)
 
 
 def _toy_run(path, **train) -> None:

@@ -11,6 +11,7 @@ from transduce.cli import main
 from transduce.config import DecodeConfig, ModelConfig, RunConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import ConfigError
+from transduce.evaluation.heldout import perplexity
 from transduce.model import DecoderOnlyLM, load_model
 from transduce.training.checkpoint import save_model_dir
 from transduce.training.loop import run_training
@@ -54,7 +55,9 @@ def test_init_from_starts_from_the_weights_and_tokenizer(pretrained, tmp_path):
     cfg = _cfg(max_steps=1, init_from=str(pretrained / "model"), seed=7)
     trainer, _ = run_training(_with_dropout(cfg, 0.2), tmp_path / "tuned")
     saved = yaml.safe_load((tmp_path / "tuned" / "config.yaml").read_text())
-    assert saved["data"]["tokenizer"] == str(pretrained / "model")  # the model's own tokenizer
+    assert saved["data"]["tokenizer"] is None  # the model's own tokenizer, kept in the run (not named by path)
+    digest = Tokenizer.load(pretrained / "model").digest()
+    assert Tokenizer.load(tmp_path / "tuned" / "prepared" / "tokenizer").digest() == digest
     trainer.init_from(pretrained / "model")
     want = load_model(pretrained / "model").state_dict()
     for k, v in trainer.model.state_dict().items():
@@ -70,8 +73,12 @@ def test_cli_init_from_and_resume(pretrained, tmp_path):
     assert main(["train", str(tmp_path / "cfg.yaml"), "--init-from", str(init), "--out", str(out),
                  "--set", "train.max_steps=2"]) == 0
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["init_from"] == str(init)
+    digest = Tokenizer.load(init).digest()
+    shutil.rmtree(init)  # the run is self-contained: its starting model may be moved or deleted
     assert main(["train", "--out", str(out), "--resume", "--set", "train.max_steps=3"]) == 0  # the run's own config
     assert len(_losses(out)) == 3
+    assert Tokenizer.load(out / "model").digest() == digest
+    assert perplexity(out / "model", out / "prepared" / "valid.text.src")["tokens"] > 0  # the run's model works
 
 
 def test_another_arch_is_refused_in_one_line(pretrained, tmp_path):

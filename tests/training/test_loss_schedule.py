@@ -44,7 +44,7 @@ def test_label_smoothed_loss_gradient_equals_autograd_of_torch_cross_entropy(eps
     from transduce.training.loss import _SmoothedCrossEntropy
     rows, tgt = logits.reshape(-1, 13), target.reshape(-1)
     weight = (tgt != 0).double()
-    assert torch.autograd.gradcheck(lambda z: _SmoothedCrossEntropy.apply(z, tgt, weight, eps),
+    assert torch.autograd.gradcheck(lambda z: _SmoothedCrossEntropy.apply(z, tgt, weight, eps, None),
                                     (rows.clone().requires_grad_(),))
 
 
@@ -82,6 +82,46 @@ def test_projected_loss_equals_projection_then_loss(chunk, eps, with_bias):
     with torch.no_grad():  # evaluation: no gradient work, same value
         torch.testing.assert_close(projected_label_smoothed_loss(hidden, weight, target, eps, 0, bias=bias).loss,
                                    ref.detach())
+
+def _without_class(logits, target, excluded):
+    """The logits (..., V) with class ``excluded``'s column removed and the targets renumbered."""
+    keep = torch.arange(logits.shape[-1]) != excluded
+    return logits[..., keep], target - (target > excluded).long()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("path", ["plain", "projected", "projected-bf16"])
+def test_an_excluded_class_is_no_class(eps, path):
+    """model.bos_in_softmax false (an imported T5): the loss with class ``excluded`` left out is
+    F.cross_entropy over the logits with that column removed, smoothing over V - 1 classes; the
+    gradients equal that reference's, and nothing flows into the excluded class's row."""
+    from transduce.training.loss import projected_label_smoothed_loss
+    torch.manual_seed(4)
+    v, excluded = 40, 1
+    dtype = torch.float32 if path == "projected-bf16" else torch.float64
+    hidden, weight = torch.randn(3, 6, 16, dtype=dtype), torch.randn(v, 16, dtype=dtype) * 0.3
+    target = torch.randint(2, v, (3, 6))
+    target[0, 4:] = 0
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h2, w2 = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    if path == "plain":
+        out = label_smoothed_loss(F.linear(h1, w1), target, eps, pad_id=0, excluded=excluded)
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=path == "projected-bf16"):
+            out = projected_label_smoothed_loss(h1, w1, target, eps, pad_id=0, chunk=5, excluded=excluded)
+    out.loss.backward()
+    logits, tgt = _without_class(F.linear(h2, w2), target, excluded)
+    ref = F.cross_entropy(logits.reshape(-1, v - 1), tgt.reshape(-1), label_smoothing=eps, ignore_index=0,
+                          reduction="sum")
+    ref.backward()
+    nll = F.cross_entropy(logits.reshape(-1, v - 1), tgt.reshape(-1), ignore_index=0, reduction="sum")
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=2e-2, atol=2e-2 * ref.item())
+    torch.testing.assert_close(out.loss.double(), ref.detach(), **tol)
+    torch.testing.assert_close(out.nll.double(), nll.detach(), **tol)
+    for mine, truth in ((h1.grad, h2.grad), (w1.grad, w2.grad)):  # bf16: within its precision
+        limit = 1e-10 if dtype == torch.float64 else 0.02 * truth.abs().max().item()
+        assert (mine.double() - truth).abs().max().item() <= limit
+    assert bool((w1.grad[excluded] == 0).all())
 
 @pytest.mark.parametrize("chunk", [4, 1000])
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -123,7 +163,7 @@ def test_projected_loss_under_bf16_autocast_matches_autocast_projection_then_los
     # the block function alone, in float32 on bf16-exact logits, is the closed form exactly
     logits = torch.randn(6, 40).bfloat16()
     t = torch.randint(0, 40, (6,))
-    nll, smooth, g = _low_precision_block(logits, t, eps)
+    nll, smooth, g = _low_precision_block(logits, t, eps, None)
     logp = torch.log_softmax(logits.float(), -1)
     torch.testing.assert_close(nll, -logp.gather(1, t[:, None]).squeeze(1))
     torch.testing.assert_close(smooth, -logp.mean(-1))

@@ -79,6 +79,16 @@ def all_gather_object(info: DistInfo, obj: object) -> list:
     return gathered
 
 
+def all_reduce_sum(info: DistInfo, values: list[float], device: torch.device) -> list[float]:
+    """The sums of ``values`` over every rank (``values`` when run alone), in float64 on ``device``
+    (NCCL reduces only device tensors); every rank must call it."""
+    if not info.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
 def is_collective_error(error: BaseException) -> bool:
     """Whether ``error`` came from torch.distributed's backends (a timeout, a closed connection),
     rather than from the model's own code."""

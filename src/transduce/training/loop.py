@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import RunConfig, save_yaml, with_vocab
-from ..data.prepare import input_path, prepared_for_run
+from ..data.prepare import RUN_SUBDIR, input_path, prepared_for_run
 from ..data.prepared import PreparedData
 from ..data.span_corruption import span_sentinels
 from ..device import resolve_device
@@ -38,7 +38,7 @@ from ..tracing import DATA, scope
 from .preemption import PREEMPTED, sigterm_flag
 from .checkpoint import average_checkpoints, latest_checkpoint, list_checkpoints, save_model_dir
 from .ema import EMA_WEIGHTS, WeightEMA
-from .distributed import DistInfo, barrier, collective_failure, init_distributed, is_collective_error, \
+from .distributed import DistInfo, all_reduce_sum, barrier, collective_failure, init_distributed, is_collective_error, \
     shutdown_distributed
 from .feed import StepFeed
 from .graphs import GraphedStep
@@ -171,7 +171,7 @@ class Trainer(Checkpointing):
             return self._bad_step(loss, grad_norm)
         self.state.bad_in_a_row = 0
         n = sum(b.n_tgt_tokens for b in data.batches)
-        return {"loss": loss / max(n, 1), "nll": nll / max(n, 1), "lr": lr, "grad_norm": grad_norm}
+        return {"loss": loss / max(n, 1), "nll": nll / max(n, 1), "lr": lr, "grad_norm": grad_norm, "tokens": n}
 
     def _queue_step(self, data: StepData, lr: float) -> tuple[Tensor, bool]:
         """Forward, backward and clipping of one step, queued without a host sync.
@@ -289,10 +289,7 @@ class Trainer(Checkpointing):
                 bar.update(step - bar.n)
                 if metrics is not None and (step % cfg.log_every == 0 or step == 1):
                     now = time.monotonic()
-                    record = {"step": step, "epoch": self.state.epoch, "loss": metrics["loss"],
-                              "ppl": math.exp(min(metrics["nll"], 50.0)), "lr": metrics["lr"],
-                              "tokens_per_s": window_tokens / max(now - window_t0, 1e-9),
-                              "grad_norm": metrics["grad_norm"], "elapsed": self.elapsed()}
+                    record = self._step_record(metrics, window_tokens / max(now - window_t0, 1e-9))
                     self.metrics.write_step(record, bar, cfg.max_steps)
                     window_tokens, window_t0 = 0, now
                 if step % cfg.eval_every == 0:
@@ -300,6 +297,18 @@ class Trainer(Checkpointing):
                 if step % cfg.save_every == 0:
                     self.save()
         return reason
+
+    def _step_record(self, metrics: dict[str, float], tokens_per_s: float) -> dict[str, float]:
+        """The logged record of a step from :meth:`train_step`'s ``metrics`` (this rank's batches):
+        its loss and perplexity per token over every rank's batches, one all-reduce of three numbers
+        on the logged steps only (every rank logs the same steps). The gradient norm is global
+        already (taken after the ranks' gradients are reduced), and so are the step's tokens."""
+        n = metrics["tokens"]
+        loss, nll, n = all_reduce_sum(self.dist, [metrics["loss"] * n, metrics["nll"] * n, n], self.device)
+        loss, nll = loss / max(n, 1), nll / max(n, 1)
+        return {"step": self.state.step, "epoch": self.state.epoch, "loss": loss, "ppl": math.exp(min(nll, 50.0)),
+                "lr": metrics["lr"], "tokens_per_s": tokens_per_s, "grad_norm": metrics["grad_norm"],
+                "elapsed": self.elapsed()}
 
     def _guarded_step(self) -> dict[str, float] | None:
         """:meth:`train_step`, a failed collective (a rank gone) as a one-line TrainingError."""
@@ -382,10 +391,15 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
             cfg = extend_run_vocabulary(cfg, run_dir)
         elif cfg.train.extend_vocab is not None:  # made by rank 0 before the barrier below
             cfg = replace(cfg, data=replace(cfg.data, tokenizer=str(run_dir / TOKENIZER_DIR)))
-        cfg = cfg.with_init_tokenizer()
         if dist.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             save_yaml(cfg.to_dict(), run_dir / "config.yaml")
+        if not (run_dir / RUN_SUBDIR).exists():
+            # init_from's tokenizer prepares the data, which keeps a copy (RUN_DIR/prepared/tokenizer)
+            # that the run reads from then on: neither its saved config nor a resume names init_from's
+            # directory, so the run survives that directory being moved or deleted
+            cfg = cfg.with_init_tokenizer()
+        if dist.is_main:
             data = run_data(cfg, run_dir)
         barrier(dist)
         if not dist.is_main:

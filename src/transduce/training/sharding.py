@@ -26,7 +26,8 @@ from ..model.io import build_model, check_state
 # a model is sharded, and until then nothing can be a DTensor or a sharded module.
 
 
-def _is_dtensor(t: Any) -> bool:
+def is_sharded_tensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (a sharded parameter, its gradient, a norm over them)."""
     tensor = sys.modules.get("torch.distributed.tensor")
     return tensor is not None and isinstance(t, tensor.DTensor)
 
@@ -60,7 +61,7 @@ def set_gradient_sync(model: torch.nn.Module, sync: bool) -> None:
 def full_value(t: Tensor) -> Tensor:
     """``t`` as a plain tensor: a replicated DTensor (the gradient norm of sharded gradients)
     gathered, anything else as it is."""
-    return t.full_tensor() if _is_dtensor(t) else t
+    return t.full_tensor() if is_sharded_tensor(t) else t
 
 
 def full_model(model: torch.nn.Module, everywhere: bool = False) -> torch.nn.Module | None:
@@ -96,7 +97,7 @@ def load_full_state(model: torch.nn.Module, state: dict[str, Tensor], source: st
 def sharded_like(full: Tensor, like: Tensor) -> Tensor:
     """``full`` sharded as ``like`` is, when ``like`` is a DTensor: this rank's part of it (every
     rank holds ``full``, so nothing is sent); ``full`` itself otherwise."""
-    if not _is_dtensor(like):
+    if not is_sharded_tensor(like):
         return full
     from torch.distributed.tensor import distribute_tensor
 
@@ -112,7 +113,7 @@ def full_optimizer_state(optimizer: torch.optim.Optimizer, keep: bool) -> dict[s
     saved = optimizer.state_dict()
     state = {}
     for index, per_param in saved["state"].items():  # a new dict: the optimizer's own are in there
-        state[index] = {k: full_value(v).cpu() if _is_dtensor(v) else v for k, v in per_param.items()}
+        state[index] = {k: full_value(v).cpu() if is_sharded_tensor(v) else v for k, v in per_param.items()}
     return {**saved, "state": state} if keep else None
 
 
@@ -122,6 +123,6 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     sharding)."""
     for p, per_param in optimizer.state.items():
         for k, v in per_param.items():
-            if _is_dtensor(p) and isinstance(v, Tensor) and not _is_dtensor(v) \
+            if is_sharded_tensor(p) and isinstance(v, Tensor) and not is_sharded_tensor(v) \
                     and v.shape == p.shape:
                 per_param[k] = sharded_like(v, p)

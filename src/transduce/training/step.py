@@ -18,8 +18,8 @@ from ..device import autocast_context
 from ..errors import ConfigError
 from ..tracing import LOSS, scope
 from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
-from .loss import LossOutput, projected_label_smoothed_loss
-from .sharding import full_value, is_sharded, set_gradient_sync
+from .loss import LossOutput, excluded_class, projected_label_smoothed_loss
+from .sharding import full_value, is_sharded, is_sharded_tensor, set_gradient_sync
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -59,7 +59,7 @@ def _batch_loss(inner: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing:
     if inner.config.arch == "encoder_only":
         return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
     return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
-                                         bias=inner.output_proj.bias)
+                                         bias=inner.output_proj.bias, excluded=excluded_class(inner.config))
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
@@ -86,7 +86,33 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
             scaled = out.loss / normalizer
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([out.loss.detach(), out.nll]).float()
+    tie_duplicate_rows(unwrapped(model))
     return sums
+
+
+VOCAB_ROWS = ("src_embed.tokens.weight", "tgt_embed.tokens.weight", "output_proj.weight")  # (V, D) matrices
+
+
+def tie_duplicate_rows(model: torch.nn.Module) -> None:
+    """An imported T5's BOS is PAD's row again (``model.bos_in_softmax`` false): T5 has one row
+    that is both its decoder start and an output class. Give both of our rows the sum of their
+    gradients, so that they stay one row trained as T5 trains it (its export writes one of them).
+    Under train.fsdp a gradient is sharded by rows: the rank that holds both rows adds them."""
+    cfg = model.config
+    if getattr(cfg, "bos_in_softmax", True):
+        return
+    for name, p in model.named_parameters():
+        if p.grad is None or name not in VOCAB_ROWS:
+            continue
+        g, pad, bos = p.grad, cfg.pad_id, cfg.bos_id
+        if is_sharded_tensor(g):  # dim 0 in chunks of ceil(V / ranks), as torch.chunk
+            start = g.device_mesh.get_local_rank() * -(-g.shape[0] // g.device_mesh.size())
+            g, pad, bos = g.to_local(), pad - start, bos - start
+            if not (0 <= pad < g.shape[0] and 0 <= bos < g.shape[0]):
+                continue
+        both = g[pad] + g[bos]
+        g[pad].copy_(both)
+        g[bos].copy_(both)
 
 
 def gradient_sync(model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:

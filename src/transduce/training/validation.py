@@ -20,7 +20,7 @@ from ..evaluation.metrics import corpus_bleu
 from ..evaluation.text2text import flat_scores, task_scores
 from ..model.transformer import Transformer
 from .encoder_tasks import classification_loss
-from .loss import label_smoothed_loss
+from .loss import excluded_class, label_smoothed_loss
 from .step import batch_loss, final_states
 
 
@@ -42,7 +42,8 @@ def smoothed_batch_loss(model: torch.nn.Module, batch: Batch, smoothing: float) 
         out = batch_loss(model, final_states(model, batch), batch, smoothing, model.config.label_pad_id)
     else:
         logits = model.output_proj(final_states(model, batch))           # (B, T, V)
-        out = label_smoothed_loss(logits, batch.tgt_out, smoothing, model.config.label_pad_id)
+        out = label_smoothed_loss(logits, batch.tgt_out, smoothing, model.config.label_pad_id,
+                                  excluded_class(model.config))
     return out.loss, out.nll, out.n_tokens
 
 
