@@ -193,3 +193,14 @@ def test_transduce_train_with_alignments_makes_its_guided_head_align(tmp_path):
             aer[name] = [bench_alignment.aer(model, tok, test, refs, AttentionChoice(-2, h))[0] for h in (None, 0, 1)]
     assert aer["guided"][1] < min(aer["plain"]) - 0.1, aer
     assert np.isfinite(aer["guided"]).all()
+
+
+def test_bpe_dropout_segmentations_carry_references_too(tmp_path):
+    align = _align_file(tmp_path, _links(_pairs()["train"]))
+    cfg = _cfg(align)
+    cfg = replace(cfg, data=replace(cfg.data, bpe_dropout=0.3))
+    _, batches = _feed_batches(cfg, tmp_path / "run", steps=2)
+    for b in batches:
+        rows = b.alignment.sum(-1)                                                        # (B, T): 1 linked, else 0
+        assert ((rows - 1).abs() < 1e-5).logical_or(rows == 0).all() and rows.sum() > 0
+        assert (b.alignment[b.tgt_out == 0] == 0).all()                                   # no reference at padding

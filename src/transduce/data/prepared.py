@@ -15,6 +15,8 @@ and a restart does not redo the encoding. The layout of ``DATA_DIR``::
     {split}.text.{src,tgt}   text, one line per pair: valid/test every pair read (for BLEU); train
     {split}.text.npy         the kept pairs, only when prepared for BPE-dropout; (M + 1, 2) int64
                              byte offsets of each line
+    {split}.align.npy        train only, with ``data.train_alignments``: the kept pairs' word links,
+    {split}.align_offsets.npy  (L, 2) int32 and (N + 1,) int64 (see data/alignments.py)
 
 Opening checks every file's size against the manifest, and the tokenizer against its recorded
 digest; the files' sha256 are checked at once (``verify="now"``) or in a background thread
