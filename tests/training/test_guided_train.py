@@ -204,3 +204,18 @@ def test_bpe_dropout_segmentations_carry_references_too(tmp_path):
         rows = b.alignment.sum(-1)                                                        # (B, T): 1 linked, else 0
         assert ((rows - 1).abs() < 1e-5).logical_or(rows == 0).all() and rows.sum() > 0
         assert (b.alignment[b.tgt_out == 0] == 0).all()                                   # no reference at padding
+
+
+@pytest.mark.parametrize("layer", [-2, 0, 1])
+def test_one_layers_weights_equal_those_of_every_layers(layer):
+    from transduce.config import model_preset
+    torch.manual_seed(0)
+    model = Transformer(model_preset("tiny", src_vocab_size=30, tgt_vocab_size=30, d_model=32, n_heads=2,
+                                     n_encoder_layers=1, n_decoder_layers=3, d_ff=64, dropout=0.0)).eval()
+    src, tgt = torch.randint(3, 30, (2, 7)), torch.randint(3, 30, (2, 5))
+    full = model.decode(tgt, model.encode(src), need_weights=True, project=False)
+    states, weights = model(src, tgt, project=False, weights_layer=layer)
+    torch.testing.assert_close(states, full.states)
+    torch.testing.assert_close(weights, full.cross_attentions[layer])
+    torch.testing.assert_close(model(src, tgt), full.states @ model.output_proj.weight.T + model.output_proj.bias
+                               if model.output_proj.bias is not None else full.states @ model.output_proj.weight.T)
