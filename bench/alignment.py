@@ -8,14 +8,17 @@ word is linked to the target word of the same lemma when that lemma occurs once 
 Katzen gedankt"), so the links are not monotone. Function words are not annotated, so AER is
 computed over the annotated source words (predicted links from other source words are left out).
 
-Two identical tiny Transformers (same seed, data order and steps) are trained: one on the
-label-smoothed loss alone, one with the guided alignment loss on head 0 of the penultimate
-decoder layer (:mod:`transduce.training.guided`, weight ``--weight``), the training alignments
-read from a Pharaoh ``i-j`` file as a user would give them. Both are then force-decoded on the
+Two identical tiny Transformers (same seed, data order and steps) are trained by the trainer
+``transduce train`` runs (:func:`transduce.training.loop.run_training`): one on the label-smoothed
+loss alone, one given the training pairs' alignments as a user gives them (a Pharaoh ``i-j`` file,
+``data.train_alignments``), so with the guided alignment loss on head 0 of the penultimate decoder
+layer (:mod:`transduce.training.guided`, ``train.guided_alignment_weight`` ``--weight``). The test
+pairs are the toy corpus's test split (no English sentence of the training split). Both are then force-decoded on the
 test pairs' references and aligned by :func:`~transduce.inference.alignment.hard_alignment`.
 Reported (one JSON object): AER of the unguided model at the default setting (penultimate layer,
-mean of heads) and at its best layer/head, AER of the guided head, and each model's test
-per-token NLL (the price of guidance in translation quality).
+mean of heads) and at its best layer/head, AER of the guided head (the one the guided model's
+saved decode settings name, which ``translate --output-format jsonl`` reads), and each model's
+test per-token NLL (the price of guidance in translation quality).
 
 ``--dry`` trains a few steps on a few sentences (CI, so the benchmark never rots).
 
@@ -30,7 +33,6 @@ import datetime
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
@@ -39,19 +41,17 @@ from pathlib import Path
 
 import torch
 
-from transduce.config import model_preset
-from transduce.data.batch import collate, pad
-from transduce.data.tokenizer import Tokenizer
-from transduce.data.toy import generate_pairs
+from transduce.config import RunConfig
+from transduce.data import toy
+from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.data.toy_grammar import lexicon
 from transduce.evaluation.metrics import alignment_error_rate
-from transduce.inference.alignment import format_alignment, hard_alignment, parse_alignment
+from transduce.inference.alignment import alignment_choice, format_alignment, hard_alignment
 from transduce.inference.search import AttentionChoice
 from transduce.inference.search.forced import force_decode
-from transduce.model import Transformer
-from transduce.training.guided import alignment_targets, guided_alignment_loss
-from transduce.training.loss import projected_label_smoothed_loss
-
+from transduce.model import Transformer, load_model
+from transduce.data.batch import pad
+from transduce.training.loop import run_training
 
 def _lemmas() -> tuple[dict[str, str], dict[str, str]]:
     """English and German word forms (lowercase) -> lemma key; forms of two lemmas are left out."""
@@ -90,34 +90,27 @@ def encode_pairs(tok: Tokenizer, pairs: list[tuple[str, str]]) -> list[tuple[lis
     return [(tok.encode(s, "src"), tok.encode(t, "tgt")) for s, t in pairs]
 
 
-def train(tok: Tokenizer, data, links, steps: int, weight: float, seed: int, batch: int = 32) -> Transformer:
-    """A tiny model trained ``steps`` Adam steps, with the guided loss ``weight`` (0: none)."""
-    torch.manual_seed(seed)
-    cfg = model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size, d_model=64,
-                       n_heads=4, n_encoder_layers=2, n_decoder_layers=2, d_ff=256, dropout=0.0, max_positions=128)
-    model = Transformer(cfg).train()
-    opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-9)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
-    pieces = [(tok.pieces(s, "src"), tok.pieces(t, "tgt")) for s, t in data]
-    rng = random.Random(seed)
-    for _ in range(steps):
-        index = rng.sample(range(len(data)), min(batch, len(data)))
-        b = collate([data[i] for i in index])
-        enc = model.encode(b.src)
-        dec = model.decode(b.tgt_in, enc, need_weights=weight > 0, project=False)
-        out = projected_label_smoothed_loss(dec.states, model.output_proj.weight, b.tgt_out, 0.1, cfg.pad_id,
-                                            bias=model.output_proj.bias)
-        loss = out.loss
-        if weight > 0:
-            s, t = b.src.shape[1], b.tgt_out.shape[1]
-            ref = torch.stack([alignment_targets(links[i], *pieces[i], s, t) for i in index])      # (B, T, S)
-            loss = loss + weight * guided_alignment_loss(dec.cross_attentions[-2][:, 0], ref)
-        opt.zero_grad(set_to_none=True)
-        (loss / b.n_tgt_tokens).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    return model.eval()
+def run_config(steps: int, train_size: int, test_size: int, weight: float, seed: int, threads: int,
+               align_file: Path | None) -> RunConfig:
+    """The ``transduce train`` config of one model: a tiny Transformer on the toy pair, Adam at a
+    constant 2e-3 after 100 warmup steps, batches of about 32 pairs (a 512-token budget); with
+    ``align_file``, guided alignment training on head 0 of the penultimate decoder layer."""
+    return RunConfig.from_dict({
+        "model": {"d_model": 64, "n_heads": 4, "n_encoder_layers": 2, "n_decoder_layers": 2, "d_ff": 256,
+                  "dropout": 0.0, "max_positions": 128},
+        "data": {"corpus": "toy", "toy_seed": seed, "toy_train_size": train_size, "toy_valid_size": 20,
+                 "toy_test_size": test_size, "vocab_size": 600, "max_len": 100, "max_tokens": 512,
+                 "train_alignments": None if align_file is None else str(align_file)},
+        "train": {"seed": seed, "max_steps": steps, "schedule": "constant", "lr": 2e-3, "warmup_steps": 100,
+                  "clip_norm": 1.0, "guided_alignment_weight": weight, "eval_every": steps, "save_every": steps,
+                  "eval_bleu": False, "log_every": max(steps // 10, 1), "num_threads": threads},
+        "decode": {"alignment_layer": -2}})
+
+
+def train(cfg: RunConfig, run_dir: Path) -> tuple[Transformer, Tokenizer, RunConfig]:
+    """A model trained by the trainer ``transduce train`` runs; its tokenizer and saved decode settings."""
+    trainer, _ = run_training(cfg, run_dir)
+    return load_model(run_dir / "model").eval(), load_tokenizer(run_dir / "model"), trainer.cfg
 
 
 def aer(model: Transformer, tok: Tokenizer, data, refs, choice: AttentionChoice) -> tuple[float, float]:
@@ -138,33 +131,32 @@ def aer(model: Transformer, tok: Tokenizer, data, refs, choice: AttentionChoice)
     return alignment_error_rate(predicted, refs), nll / tokens
 
 
-def run(steps: int, train_size: int, test_size: int, weight: float, seed: int = 0) -> dict:
-    pairs = generate_pairs(train_size + test_size, seed)
-    train_pairs, test_pairs = pairs[:train_size], pairs[train_size:]
+def run(steps: int, train_size: int, test_size: int, weight: float, seed: int = 0, threads: int = 2) -> dict:
+    splits = toy.make_splits(seed=seed, n_train=train_size, n_valid=20, n_test=test_size)
     lemmas = _lemmas()
+    refs = [lexicon_links(s, t, lemmas) for s, t in splits["test"]]
     with tempfile.TemporaryDirectory() as tmp:
-        tok = Tokenizer.train([s for s, _ in train_pairs], [t for _, t in train_pairs], Path(tmp), vocab_size=600)
-        align_file = Path(tmp) / "train.align"  # the user's side: a Pharaoh file parallel to the corpus
-        align_file.write_text("".join(format_alignment(lexicon_links(s, t, lemmas)) + "\n" for s, t in train_pairs))
-        links = [parse_alignment(line, f"{align_file}:{n}")
-                 for n, line in enumerate(align_file.read_text().splitlines(), 1)]
-    data, test = encode_pairs(tok, train_pairs), encode_pairs(tok, test_pairs)
-    refs = [lexicon_links(s, t, lemmas) for s, t in test_pairs]
-    t0 = time.perf_counter()
-    plain = train(tok, data, links, steps, 0.0, seed)
-    guided = train(tok, data, links, steps, weight, seed)
-    train_s = time.perf_counter() - t0
+        align_file = Path(tmp) / "train.align"  # the user's side: a Pharaoh file parallel to the training pairs
+        align_file.write_text("".join(format_alignment(lexicon_links(s, t, lemmas)) + "\n"
+                                      for s, t in splits["train"]))
+        t0 = time.perf_counter()
+        sizes = (steps, train_size, test_size, weight, seed, threads)
+        plain, tok, _ = train(run_config(*sizes, None), Path(tmp) / "plain")
+        guided, guided_tok, guided_cfg = train(run_config(*sizes, align_file), Path(tmp) / "guided")
+        train_s = time.perf_counter() - t0
+    test, guided_test = encode_pairs(tok, splits["test"]), encode_pairs(guided_tok, splits["test"])
     layers, heads = plain.config.n_decoder_layers, plain.config.n_heads
+    choice = alignment_choice(guided.config, guided_cfg.decode)  # what translate --output-format jsonl reads
     with torch.inference_mode():
         default, plain_nll = aer(plain, tok, test, refs, AttentionChoice(-2, None))
         best = min((aer(plain, tok, test, refs, AttentionChoice(layer, head))[0], layer, head)
                    for layer in range(layers) for head in [None, *range(heads)])
-        guided_aer, guided_nll = aer(guided, tok, test, refs, AttentionChoice(-2, 0))
+        guided_aer, guided_nll = aer(guided, guided_tok, guided_test, refs, choice)
     return {"unguided_aer": round(default, 4), "unguided_best_aer": round(best[0], 4),
             "unguided_best_choice": {"layer": best[1], "head": best[2]}, "guided_aer": round(guided_aer, 4),
-            "guided_choice": {"layer": -2, "head": 0}, "unguided_test_nll": round(plain_nll, 4),
+            "guided_choice": {"layer": choice.layer, "head": choice.head}, "unguided_test_nll": round(plain_nll, 4),
             "guided_test_nll": round(guided_nll, 4), "reference_links": sum(map(len, refs)),
-            "test_pairs": len(test), "train_pairs": len(data), "steps": steps, "weight": weight,
+            "test_pairs": len(test), "train_pairs": train_size, "steps": steps, "weight": weight,
             "train_s_both": round(train_s, 1)}
 
 
@@ -178,7 +170,7 @@ def _commit() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=600, help="Adam steps of 32 pairs, per model")
+    p.add_argument("--steps", type=int, default=600, help="Adam steps of about 32 pairs, per model")
     p.add_argument("--train-size", type=int, default=3000)
     p.add_argument("--test-size", type=int, default=200)
     p.add_argument("--weight", type=float, default=1.0, help="the guided alignment loss's weight")
@@ -189,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if args.dry:
         args.steps, args.train_size, args.test_size = 3, 100, 10
-    result = run(args.steps, args.train_size, args.test_size, args.weight, args.seed)
+    result = run(args.steps, args.train_size, args.test_size, args.weight, args.seed, args.threads)
     result.update({"date": datetime.date.today().isoformat(), "commit": _commit(), "threads": args.threads,
                    "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count()})
     json.dump(result, sys.stdout)

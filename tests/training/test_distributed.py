@@ -14,12 +14,16 @@ from extra_helpers import free_ports
 
 WORKER = r"""
 import os, sys, torch
+import numpy as np
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from transduce.config import ModelConfig
 from transduce.data.batch import collate
 from transduce.model import Transformer
+from transduce.inference.search import AttentionChoice
 from transduce.training.loop import forward_backward
+
+GUIDED = sys.argv[2] == "guided"  # batches with alignment references, and the guided loss on head 1
 
 def make():
     torch.manual_seed(0)
@@ -31,7 +35,9 @@ def make():
         pairs = [(torch.randint(4, 50, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist(),
                   torch.randint(4, 50, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
                  for _ in range(n)]
-        batches.append(collate(pairs))
+        links = [np.array([[0, 0], [1, 1], [1, 2]]) for _ in pairs] if GUIDED else None
+        starts = (np.arange(50) % 2 == 0, np.arange(50) % 3 == 0)  # word starts: every other id, every third
+        batches.append(collate(pairs, links=links, word_starts=starts))
     return model, batches
 
 out = sys.argv[1]
@@ -39,12 +45,13 @@ model, batches = make()
 total = sum(b.n_tgt_tokens for b in batches)
 cpu = torch.device("cpu")
 if os.environ.get("WORLD_SIZE", "1") == "1":
-    forward_backward(model, batches, 0.1, 0, total, "fp32", cpu)
+    forward_backward(model, batches, 0.1, 0, total, "fp32", cpu, guided=(0.5, AttentionChoice(-1, 1)))
 else:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = DistributedDataParallel(model)
-    forward_backward(ddp, batches[rank::world], 0.1, 0, total / world, "fp32", cpu)  # 2 micro-batches each
+    forward_backward(ddp, batches[rank::world], 0.1, 0, total / world, "fp32", cpu,  # 2 micro-batches each
+                     guided=(0.5, AttentionChoice(-1, 1)))
 if os.environ.get("RANK", "0") == "0":
     torch.save({n: p.grad for n, p in model.named_parameters()}, out)
 if dist.is_initialized():
@@ -53,17 +60,19 @@ if dist.is_initialized():
 
 
 @pytest.mark.slow
-def test_two_process_gradients_equal_single_process(tmp_path):
+@pytest.mark.parametrize("guided", ["plain", "guided"])
+def test_two_process_gradients_equal_single_process(tmp_path, guided):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single.pt")], capture_output=True, text=True)
+    single = subprocess.run([sys.executable, str(script), str(tmp_path / "single.pt"), guided], capture_output=True,
+                            text=True)
     assert single.returncode == 0, single.stderr
     port = free_ports(1)[0]
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ddp.pt")], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ddp.pt"), guided], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         out, _ = p.communicate(timeout=180)

@@ -38,6 +38,13 @@ class DataConfig:
     train_tgt: str | None = None
     """Training target text, line-aligned with ``train_src``. Without ``*_src`` files, monolingual
     text for a language model or masked LM (each line is stored as both sides of a pair)."""
+    train_alignments: str | None = None
+    """Word alignments of the training pairs for guided alignment training (Marian's
+    ``--guided-alignment``): Pharaoh ``i-j`` links (source word i, target word j, whitespace-separated
+    words numbered from 0; fast_align's or eflomal's output), one line per pair of the training
+    split as written (before ``reverse``), stored with the prepared pairs (data/alignments.py);
+    ``train.guided_alignment_weight`` weighs the loss, ``decode.alignment_layer``/``alignment_head``
+    name the head it trains."""
     valid_src: str | None = None
     """Validation source text (``corpus: files``)."""
     valid_tgt: str | None = None
@@ -111,6 +118,8 @@ class DataConfig:
             check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                   "is required when data.corpus=files (with data.train_src, except for a language model's "
                   "monolingual text; train.task classify reads data.train_src alone)")
+        check(self.train_alignments is None or self.prepared is None, "data.train_alignments",
+              "is read when the data is prepared; data.prepared was prepared with its alignments or without")
 
     def _check_tsv(self) -> None:
         check(self.train_src is not None or self.prepared is not None, "data.train_src",

@@ -68,8 +68,9 @@ class DecodeConfig:
     one-layer decoder), which aligns best in Garg et al. (2019) and is the one guided alignment
     training supervises; see :mod:`transduce.inference.alignment`."""
     alignment_head: int | None = None
-    """Word alignments: that layer's head (the one trained with guided alignment), or the mean
-    over heads (None)."""
+    """Word alignments: that layer's head, or the mean over heads (None). Guided alignment training
+    (``data.train_alignments``) trains this layer's head, head 0 when this is unset, and the run's
+    saved decode settings then name it, so a guided model aligns with its guided head by default."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")

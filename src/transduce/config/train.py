@@ -46,6 +46,10 @@ class TrainConfig:
     """Multiplies the ``noam`` schedule's learning rate."""
     min_lr: float = 0.0
     """Where the ``cosine`` and ``linear`` schedules decay to."""
+    guided_alignment_weight: float = 1.0
+    """Guided alignment training (training/guided.py): the weight of the loss on the cross-attention
+    head ``decode.alignment_layer``/``decode.alignment_head`` (head 0 when unset) towards the training
+    data's word alignments (``data.train_alignments``); used only when the data has them; 0: off."""
     label_smoothing: float = 0.1
     """Label smoothing epsilon (Sec. 5.4)."""
     clip_norm: float | None = None
@@ -120,6 +124,8 @@ class TrainConfig:
         self._check_init()
         self._check_fine_tuning()
         self._check_speed()
+        check(self.guided_alignment_weight >= 0, "train.guided_alignment_weight",
+              f"must be >= 0; got {self.guided_alignment_weight}")
 
     def _check_optimizer(self) -> None:
         check(len(self.betas) == 2 and all(0.0 <= float(b) < 1.0 for b in self.betas),

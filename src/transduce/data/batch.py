@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from transduce.config import ModelConfig
+from transduce.data.alignments import alignment_targets
 from transduce.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -49,6 +50,9 @@ class Batch:
         tgt_out: (B, T) target ids + EOS, PAD-padded; PAD positions are ignored by the loss.
         next_labels: (B,) a masked-LM batch's next-sentence labels (0 IsNext, 1 NotNext, -1
             ignored), or None (see :func:`transduce.data.encoder_inputs.next_sentence_batch`).
+        alignment: (B, T, S) guided alignment training's reference (row j: a distribution over
+            the source positions target label j's word is linked to, or zeros), or None (see
+            :mod:`transduce.data.alignments`).
     """
 
     src: torch.Tensor
@@ -57,20 +61,21 @@ class Batch:
     n_src_tokens: int  # non-pad source positions (EOS included)
     n_tgt_tokens: int  # non-pad labels (EOS included): the loss normaliser
     next_labels: torch.Tensor | None = None
+    alignment: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> "Batch":
         """A copy with the tensors on ``device`` (non-blocking where possible)."""
-        nsp = None if self.next_labels is None else self.next_labels.to(device, non_blocking=True)
+        nsp, ref = (None if x is None else x.to(device, non_blocking=True) for x in (self.next_labels, self.alignment))
         return Batch(self.src.to(device, non_blocking=True),
                      self.tgt_in.to(device, non_blocking=True),
                      self.tgt_out.to(device, non_blocking=True),
-                     self.n_src_tokens, self.n_tgt_tokens, nsp)
+                     self.n_src_tokens, self.n_tgt_tokens, nsp, ref)
 
     def pin_memory(self) -> "Batch":
         """A copy in page-locked host memory, so that ``to(cuda)`` copies asynchronously."""
-        nsp = None if self.next_labels is None else self.next_labels.pin_memory()
+        nsp, ref = (None if x is None else x.pin_memory() for x in (self.next_labels, self.alignment))
         return Batch(self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
-                     self.n_src_tokens, self.n_tgt_tokens, nsp)
+                     self.n_src_tokens, self.n_tgt_tokens, nsp, ref)
 
     def padded(self, rows: int, src_len: int, tgt_len: int, specials: Specials = DEFAULT_SPECIALS) -> "Batch":
         """This batch grown to ``rows`` rows of (``src_len``, ``tgt_len``) positions.
@@ -96,15 +101,22 @@ class Batch:
         if self.next_labels is not None:  # the dummy rows' next-sentence labels are ignored (-1)
             nsp = self.next_labels.new_full((rows,), -1)
             nsp[:b] = self.next_labels
-        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens, nsp)
+        ref = None
+        if self.alignment is not None:  # new rows and columns: no link
+            ref = self.alignment.new_zeros((rows, tgt_len, src_len))
+            ref[:b, :t, :s] = self.alignment
+        return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens, nsp, ref)
 
     def __len__(self) -> int:
         return self.src.size(0)
 
 
-def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], specials: Specials = DEFAULT_SPECIALS) -> Batch:
+def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], specials: Specials = DEFAULT_SPECIALS,
+            links: Sequence[np.ndarray] | None = None, word_starts: tuple[np.ndarray, np.ndarray] | None = None
+            ) -> Batch:
     """Build a :class:`Batch` from raw-id pairs (lists or arrays), adding EOS to sources and BOS/EOS
-    to targets (``specials``: the model's ids)."""
+    to targets (``specials``: the model's ids). With each pair's word ``links`` and the sides'
+    ``word_starts`` (:mod:`transduce.data.alignments`), also the guided alignment reference."""
     if not len(pairs):
         raise ValueError("collate: empty list of pairs")
     src = pad([s for s, _ in pairs], specials.pad, eos=True, specials=specials)                  # (B, S)
@@ -112,7 +124,11 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], specials: Spec
     tgt_out = pad([t for _, t in pairs], specials.label_pad, eos=True, specials=specials)        # (B, T)
     n_src = sum(len(s) + 1 for s, _ in pairs)
     n_tgt = sum(len(t) + 1 for _, t in pairs)
-    return Batch(src, tgt_in, tgt_out, n_src, n_tgt)
+    ref = None
+    if links is not None and word_starts is not None:
+        ref = alignment_targets(links, [s for s, _ in pairs], [t for _, t in pairs], word_starts,
+                                src.shape[1], tgt_out.shape[1])                               # (B, T, S)
+    return Batch(src, tgt_in, tgt_out, n_src, n_tgt, alignment=ref)
 
 
 def pad(rows: Sequence[Sequence[int]], pad_id: int = PAD_ID, bos: bool = False, eos: bool = False,

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import random
 import shutil
 import tempfile
 import time
-from collections import deque
 from dataclasses import dataclass, fields, replace
-from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -34,14 +31,15 @@ from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.checksums import sha256_file
 from transduce.data import toy
-from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, encode_chunk, is_gzip,
-                                   read_parallel_chunks, read_tsv_chunks)
+from transduce.data.alignments import AlignedWriter
+from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, is_gzip, read_parallel_chunks,
+                                   read_tsv_chunks)
+from transduce.data.encoding import Encoder
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
 from transduce.data.prepared import (FORMAT, MANIFEST, SPLITS, TOKENIZER_DIR, VERSION, PreparedData, SplitWriter,
                                      length_dtype, read_manifest, token_dtype)
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
-from transduce.progress import progress_bar
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +71,9 @@ class SplitSource:
         if self.files is None:
             lines = [[f"{p[k]}\n".encode("utf-8") for p in self.generated or ()] for k in (0, 1)]
             chunks = ((lines[0][i:i + CHUNK], lines[1][i:i + CHUNK]) for i in range(0, len(lines[0]), CHUNK))
-        else:
-            chunks = self._counted(read_tsv_chunks(self.files[0], CHUNK) if self.tsv else
-                                   read_parallel_chunks(*self.files, CHUNK))
-        return chunks
+            return chunks
+        return self._counted(read_tsv_chunks(self.files[0], CHUNK) if self.tsv else
+                             read_parallel_chunks(*self.files, CHUNK))
 
     def text_pairs(self) -> Iterator[TextPair]:
         """Decoded line pairs, read in this process."""
@@ -191,83 +188,6 @@ def _sample(pairs: Iterator[TextPair], k: int, seed: int) -> tuple[list[str], li
     return src, tgt, n
 
 
-# ---- encoding in worker processes ------------------------------------------------------------
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(tokenizer: Tokenizer, max_len: int, max_ratio: float, dtype: str) -> None:
-    _WORKER.update(tokenizer=tokenizer, max_len=max_len, max_ratio=max_ratio, dtype=dtype)
-
-
-def _work(src: list[bytes], tgt: list[bytes], first: int, names: tuple[str, str], texts: bool) -> EncodedChunk:
-    w = _WORKER
-    return encode_chunk(src, tgt, first, names, w["tokenizer"], w["max_len"], w["max_ratio"], w["dtype"], texts)
-
-
-def _numbered(chunks: Iterator[tuple[list[bytes], list[bytes]]]) -> Iterator[tuple[list[bytes], list[bytes], int]]:
-    """Each chunk with the line number of its first line."""
-    first = 1
-    for src, tgt in chunks:
-        yield src, tgt, first
-        first += len(src)
-
-
-class _Encoder:
-    """Encodes chunks in ``workers`` spawned processes (started at the first split big enough to
-    need them), or in this process; results are written in input order."""
-
-    def __init__(self, tokenizer: Tokenizer, cfg: DataConfig, dtype: str, workers: int):
-        self.tokenizer, self.cfg, self.dtype, self.workers = tokenizer, cfg, dtype, workers
-        self.pool = None
-
-    def __enter__(self) -> "_Encoder":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def run(self, source: SplitSource, writer: SplitWriter, texts: bool) -> None:
-        with progress_bar(None, unit="sentences", desc="encoding") as bar:  # lines read so far, rate
-
-            def add(chunk) -> None:
-                writer.add(chunk)
-                bar.update(len(chunk.kept))
-
-            self._run(source, add, texts)
-
-    def _run(self, source: SplitSource, add, texts: bool) -> None:
-        chunks = _numbered(source.raw_chunks())
-        head = list(islice(chunks, 2))
-        if self.workers <= 1 or len(head) < 2:  # one chunk: not worth starting processes
-            for src, tgt, first in chain(head, chunks):
-                add(encode_chunk(src, tgt, first, source.names, self.tokenizer, self.cfg.max_len,
-                                 self.cfg.ratio_limit, self.dtype, texts, threads=max(self.workers, 1)))
-            return
-        pool = self._pool()
-        pending: deque = deque()
-        try:
-            for src, tgt, first in chain(head, chunks):
-                pending.append(pool.apply_async(_work, (src, tgt, first, source.names, texts)))
-                while len(pending) > 2 * self.workers:  # bounded: the corpus is never all in flight
-                    add(pending.popleft().get())
-        except DataError:  # reading failed (misaligned files, corrupt gzip): errors of earlier lines first
-            while pending:
-                pending.popleft().get()
-            raise
-        while pending:
-            add(pending.popleft().get())
-
-    def _pool(self):
-        if self.pool is None:
-            ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
-            self.pool = ctx.Pool(self.workers, _init_worker,
-                                 (self.tokenizer, self.cfg.max_len, self.cfg.ratio_limit, self.dtype))
-        return self.pool
-
-
 # ---- the dataset directory -----------------------------------------------------------------
 
 def default_workers() -> int:
@@ -346,15 +266,19 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         return _fill_labelled(cfg, stage)
     t0 = time.monotonic()
     sources = split_sources(cfg)
-    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())], stage)
+    aligned = [("train", Path(cfg.train_alignments))] if cfg.train_alignments else []
+    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())] + aligned,
+                     stage)
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}
-    with _Encoder(tokenizer, cfg, dtype.str, workers) as encoder:
+    with Encoder(tokenizer, cfg, dtype.str, workers) as encoder:
         for name in SPLITS:
             texts = "all" if name != "train" else ("kept" if cfg.bpe_dropout > 0 else None)
             writer = SplitWriter(stage, name, dtype, length_dtype(cfg.max_len), texts)
-            encoder.run(sources[name], writer, texts is not None)
+            if name == "train" and aligned:  # the links read with their pairs, kept with them
+                writer = AlignedWriter(writer, aligned[0][1], cfg.reverse, sources[name].names)
+            encoder.run(sources[name], writer, texts is not None or isinstance(writer, AlignedWriter))
             splits[name] = writer.close()
             if writer.stats.total or name == "train":
                 logger.info("%s: %s", name, writer.stats.summary())

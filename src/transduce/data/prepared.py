@@ -15,6 +15,8 @@ and a restart does not redo the encoding. The layout of ``DATA_DIR``::
     {split}.text.{src,tgt}   text, one line per pair: valid/test every pair read (for BLEU); train
     {split}.text.npy         the kept pairs, only when prepared for BPE-dropout; (M + 1, 2) int64
                              byte offsets of each line
+    {split}.align.npy        train only, with ``data.train_alignments``: the kept pairs' word links,
+    {split}.align_offsets.npy  (L, 2) int32 and (N + 1,) int64 (see data/alignments.py)
 
 Opening checks every file's size against the manifest, and the tokenizer against its recorded
 digest; the files' sha256 are checked at once (``verify="now"``) or in a background thread
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from transduce.checksums import sha256_file
+from transduce.data.alignments import LINKS, PairLinks
 from transduce.data.corpus import EncodedChunk, FilterStats
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.errors import DataError
@@ -248,11 +251,15 @@ class TokenPairs:
     def rows(self, side: int, indices: Sequence[int]) -> list[np.ndarray]:
         return [self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]] for i in indices]
 
-    def batch(self, indices: Sequence[int], specials: "Specials | None" = None) -> "Batch":
+    def batch(self, indices: Sequence[int], specials: "Specials | None" = None,
+              guide: "tuple[PairLinks, tuple[np.ndarray, np.ndarray]] | None" = None) -> "Batch":
         """The padded model batch of pairs ``indices`` with ``specials``' ids (the model's; None:
-        transduce's fixed ones; see :func:`transduce.data.batch.collate`)."""
+        transduce's fixed ones; see :func:`transduce.data.batch.collate`); with ``guide`` (the
+        split's links and the sides' word starts) its guided alignment reference too."""
         from transduce.data.batch import DEFAULT_SPECIALS, collate  # torch: imported where batches are made
-        return collate([self.pair(int(i)) for i in indices], specials or DEFAULT_SPECIALS)
+        links = None if guide is None else [guide[0][int(i)] for i in indices]
+        return collate([self.pair(int(i)) for i in indices], specials or DEFAULT_SPECIALS, links,
+                       None if guide is None else guide[1])
 
     def release(self) -> None:
         """Drop the mapped pages this process has touched (see :class:`_Mapped`)."""
@@ -342,6 +349,16 @@ class PreparedData:
 
     def split(self, name: str) -> TokenPairs:
         return TokenPairs.open(self.root, name, self.dtype)
+
+    def has_alignments(self, name: str) -> bool:
+        """Whether the split was prepared with word alignments (``data.train_alignments``)."""
+        return f"{name}.{LINKS}" in self.manifest["splits"][name]["files"]
+
+    def alignments(self, name: str) -> PairLinks:
+        """The split's word links by pair (see :mod:`transduce.data.alignments`)."""
+        if not self.has_alignments(name):
+            raise DataError(f"{self.root}: the {name} split was prepared without alignments (data.train_alignments)")
+        return PairLinks(self.root, name)
 
     def has_text(self, name: str) -> bool:
         return bool(self.manifest["splits"][name]["text"])

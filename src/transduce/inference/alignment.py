@@ -19,23 +19,9 @@ import torch
 from torch import Tensor
 
 from ..config import DecodeConfig
+from ..data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
 from ..errors import ConfigError
 from .search.common import AttentionChoice
-
-WORD_START = "\u2581"  # SentencePiece's "▁"
-
-Alignment = list[tuple[int, int]]
-
-
-def word_index(pieces: Sequence[str]) -> list[int]:
-    """The word number of each subword piece: a piece beginning with ``▁`` starts a new word
-    (the first piece always belongs to word 0)."""
-    out, word = [], -1
-    for n, piece in enumerate(pieces):
-        if n == 0 or piece.startswith(WORD_START):
-            word += 1
-        out.append(word)
-    return out
 
 
 def hard_alignment(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> Alignment:
@@ -61,13 +47,7 @@ def format_alignment(links: Alignment) -> str:
 def parse_alignment(line: str, where: str = "alignment") -> Alignment:
     """The links of a Pharaoh-format line (``i-j`` pairs separated by spaces; empty: none); a
     one-line ConfigError naming ``where`` for anything else."""
-    links = []
-    for item in line.split():
-        i, sep, j = item.partition("-")
-        if not (sep and i.isdigit() and j.isdigit()):
-            raise ConfigError(f"{where}: expected i-j pairs of word numbers; got {item!r}")
-        links.append((int(i), int(j)))
-    return links
+    return parse_links(line, where, ConfigError)
 
 
 def alignment_choice(config, decode: DecodeConfig) -> AttentionChoice:

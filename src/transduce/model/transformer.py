@@ -147,7 +147,7 @@ class Transformer(nn.Module):
         return EncoderOutput(x, mask, attentions)
 
     def decode(self, tgt: Tensor, enc: EncoderOutput, cache: KVCache | None = None,
-               need_weights: bool = False, project: bool = True) -> DecoderOutput:
+               need_weights: bool = False, project: bool = True, weights_layer: int | None = None) -> DecoderOutput:
         """Target ids -> next-token logits.
 
         Without ``cache``: ``tgt`` (B, T) is the whole shifted target (teacher forcing).
@@ -156,16 +156,19 @@ class Transformer(nn.Module):
         start at ``cache.length``: an int, or a 0-dim tensor advanced in place (a cache of
         preallocated buffers, whose step a CUDA graph can replay).
         ``project=False`` leaves ``logits`` None, for a loss or search that applies
-        ``output_proj`` to the ``states`` itself.
+        ``output_proj`` to the ``states`` itself. ``weights_layer`` (negative from the top): the
+        attention maps of that layer alone, as lists of one (guided alignment training).
         """
         start = cache.length if cache is not None else 0
         x = self.tgt_embed(tgt, start)                                    # (B, T, D)
         self_mask = self._decoder_self_mask(tgt.shape[1], cache, start, tgt.device)
-        self_ws, cross_ws = ([], []) if need_weights else (None, None)
+        self_ws, cross_ws = ([], []) if need_weights or weights_layer is not None else (None, None)
+        only = None if weights_layer is None else weights_layer % len(self.decoder_layers)
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, sw, cw = layer(x, enc.memory, enc.mask, layer_cache, start, need_weights, self_mask)
-            if need_weights:
+            keep = need_weights or i == only
+            x, sw, cw = layer(x, enc.memory, enc.mask, layer_cache, start, keep, self_mask)
+            if keep:
                 self_ws.append(sw)
                 cross_ws.append(cw)
         if self.decoder_norm is not None:
@@ -187,11 +190,14 @@ class Transformer(nn.Module):
         k_pos = torch.arange(t if cache is None else cache.key_length(t), device=device)
         return with_bias(self.decoder_bias(q_pos, k_pos), k_pos[None, :] <= q_pos[:, None])
 
-    def forward(self, src: Tensor, tgt: Tensor, project: bool = True) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, project: bool = True,
+                weights_layer: int | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """Source (B, S) and shifted target (B, T) ids -> logits (B, T, V), or with
-        ``project=False`` the states before the output projection (B, T, D)."""
-        out = self.decode(tgt, self.encode(src), project=project)
-        return out.logits if project else out.states
+        ``project=False`` the states before the output projection (B, T, D); with
+        ``weights_layer``, also that decoder layer's cross-attention weights (B, H, T, S)."""
+        out = self.decode(tgt, self.encode(src), project=project, weights_layer=weights_layer)
+        result = out.logits if project else out.states
+        return result if weights_layer is None else (result, out.cross_attentions[0])
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding with :meth:`decode`."""

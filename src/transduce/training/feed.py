@@ -13,6 +13,7 @@ import torch
 
 from ..config import RunConfig
 from ..data.batch import Batch, Specials
+from ..data.alignments import word_starts
 from ..data.batching import round_up, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
@@ -44,6 +45,11 @@ class StepFeed:
         self.specials = Specials.of(cfg.model)  # the model's ids: an imported GPT-2's are not ours
         self.train_pairs = data.split("train")
         self._epoch: EpochData | None = None
+        self.guide = None  # the training pairs' word links and word starts: batches with guided alignment targets
+        if data.has_alignments("train") and cfg.train.guided_alignment_weight > 0 and cfg.task == "translation":
+            tok = data.tokenizer
+            self.guide = (data.alignments("train"), (word_starts(tok, "src", tok.src_vocab_size),
+                                                     word_starts(tok, "tgt", tok.tgt_vocab_size)))
 
     def epoch_data(self, epoch: int) -> EpochData:
         """The pairs and batch plan of ``epoch`` (a function of seed and epoch; the latest cached).
@@ -102,7 +108,7 @@ class StepFeed:
             batches = [self._device_batch(b) for b in made[mine]]
         else:
             tokens = sum(int(data.pairs.tgt_lens[b].sum()) + len(b) for b in group)
-            batches = [self._device_batch(data.pairs.batch(b, self.specials)) for b in group[mine]]
+            batches = [self._device_batch(data.pairs.batch(b, self.specials, self.guide)) for b in group[mine]]
         data.pairs.release()  # the ids are copied: their pages need not stay in this process
         return StepData(start, (epoch, offset + need), batches, tokens)
 

@@ -41,6 +41,7 @@ from .ema import EMA_WEIGHTS, WeightEMA
 from .distributed import DistInfo, all_reduce_sum, barrier, collective_failure, init_distributed, is_collective_error, \
     shutdown_distributed
 from .feed import StepFeed
+from .guided import guided_setup
 from .graphs import GraphedStep
 from .report import MetricsLog
 from .resume import Checkpointing
@@ -60,7 +61,7 @@ class Trainer(Checkpointing):
     """Trains one model on prepared data; checkpoints and resumes exactly (:class:`.resume.Checkpointing`)."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, data: PreparedData, dist: DistInfo, device: torch.device):
-        self.cfg, self.run_dir, self.data, self.dist, self.device = cfg, run_dir, data, dist, device
+        self.run_dir, self.data, self.dist, self.device = run_dir, data, dist, device
         n_valid = cfg.data.valid_max_sentences  # taken now, from the prepared split: no new prepare
         self.valid_pairs = data.split("valid").head(n_valid)
         self.valid_texts = data.texts("valid")[:n_valid]
@@ -70,6 +71,8 @@ class Trainer(Checkpointing):
         # [MASK] is the model's last id: one past the tokenizer's, unless the tokenizer has it (an import's)
         extra = 1 if cfg.model.arch == "encoder_only" and tok.mask_id is None else 0
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
+        self.cfg, guided = guided_setup(cfg, data, self.model_cfg)  # its decode settings name the guided head
+        self.guided = None if guided is None else (cfg.train.guided_alignment_weight, guided)
         if cfg.task == "classify":
             self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
             if data.segments == 2 and cfg.model.type_vocab_size < 2:
@@ -185,7 +188,8 @@ class Trainer(Checkpointing):
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g.get("lr_ratio", 1.0)  # train.head_lr's groups: their share of the schedule
         sums = forward_backward(self.step_model, data.batches, cfg.label_smoothing, self.model_cfg.label_pad_id,
-                                max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler)
+                                max(data.tokens, 1) / self.dist.world_size, cfg.precision, self.device, self.scaler,
+                                guided=self.guided)
         params = self._params
         if self.scaler is None and is_fused(self.optimizer):
             norm, ok = clip_and_step(self.optimizer, params, sums[0], cfg.clip_norm, self._found_inf)

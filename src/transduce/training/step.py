@@ -17,7 +17,9 @@ from ..data.batch import Batch, token_types
 from ..device import autocast_context
 from ..errors import ConfigError
 from ..tracing import LOSS, scope
+from ..inference.search.common import AttentionChoice
 from .encoder_tasks import classification_loss, masked_lm_loss, pretraining_loss
+from .guided import guided_states
 from .loss import LossOutput, excluded_class, projected_label_smoothed_loss
 from .sharding import full_value, is_sharded, is_sharded_tensor, set_gradient_sync
 
@@ -64,14 +66,17 @@ def _batch_loss(inner: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing:
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,
                      normalizer: float | Tensor, precision: str, device: torch.device,
-                     scaler: torch.amp.GradScaler | None = None, autocast_cache: bool = True) -> Tensor:
+                     scaler: torch.amp.GradScaler | None = None, autocast_cache: bool = True,
+                     guided: tuple[float, AttentionChoice] | None = None) -> Tensor:
     """Accumulate gradients of sum(loss) / normalizer over micro-batches.
 
     ``normalizer`` is the target-token count of the whole step divided by the world size, so
     that after DDP averages gradients across ranks they equal those of one process that saw
     the whole step's batches (the loss is per target token, as in the paper's batches). The
     output projection and the loss are fused (the (B, T, V) logits are never stored), under
-    autocast for bf16/fp16.
+    autocast for bf16/fp16. With ``guided`` (weight, head) and batches that carry alignment
+    references, the guided alignment loss of that head is added, times the weight, to what is
+    differentiated (not to the returned sums: they stay comparable with the validation loss).
 
     Returns:
         A (2,) float32 tensor on the device: the summed smoothed loss and summed NLL of these
@@ -81,9 +86,12 @@ def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: fl
     for i, batch in enumerate(batches):
         with gradient_sync(model, i == len(batches) - 1):
             with autocast_context(device, precision, "train.precision", cache=autocast_cache):
-                hidden = final_states(model, batch)                       # (B, T, D)
+                if guided is not None and batch.alignment is not None:
+                    hidden, align = guided_states(model, batch.src, batch.tgt_in, batch.alignment, guided[1])
+                else:
+                    hidden, align = final_states(model, batch), None              # (B, T, D)
                 out = batch_loss(model, hidden, batch, smoothing, pad_id)
-            scaled = out.loss / normalizer
+            scaled = (out.loss if align is None else out.loss + guided[0] * align) / normalizer
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([out.loss.detach(), out.nll]).float()
     tie_duplicate_rows(unwrapped(model))
