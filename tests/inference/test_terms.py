@@ -16,7 +16,8 @@ def _glossary(tmp_path, text: str, ignore_case: bool = False) -> Glossary:
 
 def test_terms_match_whole_words_in_sequence(tmp_path):
     g = _glossary(tmp_path, "# a comment\n\ndog\tHund\nred dog\troter Hund\ncat\tKatze\n")
-    assert g.targets("the red dog runs") == ["Hund", "roter Hund"]
+    assert g.targets("the red dog runs") == ["roter Hund"]  # the longest term: its "dog" is not "Hund" too
+    assert g.targets("a red dog, a dog") == ["Hund", "roter Hund"]
     assert g.targets("the dogs run") == []         # words, not substrings
     assert g.targets("the Dog, a cat.") == ["Katze"]  # case-sensitive by default; punctuation is not a word
     assert _glossary(tmp_path, "dog\tHund\n", ignore_case=True).targets("The DOG") == ["Hund"]
@@ -35,3 +36,12 @@ def test_split_input_phrases_and_glossary(tmp_path):
     assert Terms(from_input=True).split(["the dog\tHund\t\t", "tea"]) == (["the dog", "tea"], [["Hund"], []])
     assert Terms(True, g).split(["the dog\tHund", "a dog\tKatze"]) == (["the dog", "a dog"],
                                                                        [["Hund"], ["Katze", "Hund"]])
+
+
+def test_a_term_given_or_found_twice_is_two_constraints(tmp_path):
+    g = _glossary(tmp_path, "dog\tHund\nhound\tHund\nred dog\troter Hund\n")
+    assert g.targets("a dog, a dog dog") == ["Hund"] * 3
+    assert g.targets("the red dog red dog") == ["roter Hund", "roter Hund"]
+    lines = ["a dog and a hound\tHund", "a dog\tHund\tHund\tKatze", "a cat\tHund\tHund", "dog dog"]
+    assert Terms(True, g).split(lines)[1] == [["Hund", "Hund"], ["Hund", "Hund", "Katze"], ["Hund", "Hund"],
+                                              ["Hund", "Hund"]]

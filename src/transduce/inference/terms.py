@@ -5,7 +5,10 @@ A glossary term applies to a sentence when its source term occurs in it, matched
 (runs of letters, digits and ``_``; a term of several words matches them in sequence),
 case-sensitively unless ``ignore_case``. The target terms of the terms that apply become the
 sentence's constraints (:mod:`~transduce.inference.search.constraints`), after those of the input
-line, each once.
+line: a target term as many times as its source terms occur (a sentence that says "dog" twice
+gets "Hund" twice), less the copies the input line already gives. Occurrences do not overlap, the
+longest source term first: with "dog" and "red dog" in the glossary, "a red dog" gets only the
+target of "red dog".
 """
 
 from __future__ import annotations
@@ -25,9 +28,17 @@ def _words(text: str, ignore_case: bool) -> list[str]:
     return _WORD.findall(text.lower() if ignore_case else text)
 
 
-def _occurs(term: list[str], words: list[str]) -> bool:
-    n = len(term)
-    return any(words[i:i + n] == term for i in range(len(words) - n + 1))
+def _matches(terms: list[list[str]], words: list[str]) -> list[int]:
+    """How many times each of ``terms`` occurs in ``words``: longest terms first (then the
+    earliest), each word in one occurrence at most."""
+    found = sorted((-len(t), i, j) for j, t in enumerate(terms) if t
+                   for i in range(len(words) - len(t) + 1) if words[i:i + len(t)] == t)
+    taken, counts = [False] * len(words), [0] * len(terms)
+    for minus_n, i, j in found:
+        if not any(taken[i:i - minus_n]):
+            taken[i:i - minus_n] = [True] * -minus_n
+            counts[j] += 1
+    return counts
 
 
 @dataclass(frozen=True)
@@ -53,9 +64,9 @@ class Glossary:
         return cls(tuple(terms), ignore_case)
 
     def targets(self, text: str) -> list[str]:
-        """The target terms of the source terms that occur in ``text``."""
-        words = _words(text, self.ignore_case)
-        return [tgt for src, tgt in self.terms if _occurs(_words(src, self.ignore_case), words)]
+        """The target terms of the source terms that occur in ``text``, each once per occurrence."""
+        counts = _matches([_words(src, self.ignore_case) for src, _ in self.terms], _words(text, self.ignore_case))
+        return [tgt for (_, tgt), n in zip(self.terms, counts) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,9 @@ class Terms:
             fields = line.split("\t") if self.from_input else [line]
             phrases = [p.strip() for p in fields[1:] if p.strip()]
             if self.glossary is not None:
-                phrases += [t for t in self.glossary.targets(fields[0]) if t not in phrases]
+                found = self.glossary.targets(fields[0])
+                for term in dict.fromkeys(found):  # the copies the line does not give already
+                    phrases += [term] * (found.count(term) - phrases.count(term))
             sources.append(fields[0])
             constraints.append(phrases)
         return sources, constraints

@@ -7,12 +7,13 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from inference_helpers import EOS, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference import SearchSpec
-from transduce.inference.search.constraints import ConstraintBeams, bank_order, constraint_ids
+from transduce.inference.search.constraints import ConstraintBeams, bank_order, constraint_ids, ready_to_complete
 from transduce.inference.search.forced import force_decode
 
 LENGTHS = [3, 9, 1, 14, 6, 5]
@@ -104,3 +105,94 @@ def test_bank_order_is_round_robin_fullest_first():
     assert order[:5] == [0, 3, 2, 4, 1]  # the best of all (bank 0); best of bank 2, 1; second best of 2, 0
     assert order[5] == 5                  # -inf last
     assert bank_order(scores, bank, 6, best_first=False)[0].tolist()[:5] == [3, 2, 0, 4, 1]  # plain round-robin
+
+
+def _count(ids: list[int], phrase: list[int]) -> int:
+    return sum(ids[i:i + len(phrase)] == phrase for i in range(len(ids) - len(phrase) + 1))
+
+
+def _fond_of(tokens: list[int], seed: int = 0):
+    """A tiny model whose every step prefers ``tokens`` (a bias on their logits): left alone it
+    repeats them until its length limit."""
+    model = tiny_transformer(seed=seed, tie_output=False)
+    proj = torch.nn.Linear(model.output_proj.in_features, model.output_proj.out_features, bias=True)
+    with torch.no_grad():
+        proj.weight.copy_(model.output_proj.weight)
+        proj.bias.zero_()
+        proj.bias[tokens] = 6.0
+    model.output_proj = proj
+    return model
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_met_constraint_is_not_produced_again_unless_given_twice(beam):
+    phrase = [5]
+    model, src = _fond_of(phrase), random_sources([6, 9, 4], seed=1)
+    decode = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
+    with torch.inference_mode():
+        plain = SearchSpec(decode).run(model, src)
+        once = SearchSpec(decode).run(model, src, constraints=constraint_ids([[phrase]] * 3))
+        twice = SearchSpec(decode).run(model, src, constraints=constraint_ids([[phrase, phrase]] * 3))
+    for i in range(3):
+        assert _count(plain.hypothesis(i), phrase) >= 2  # the model alone repeats it
+        for k in range(beam):
+            if once.scores[i, k] > -math.inf:
+                assert _count(once.hypothesis(i, k), phrase) == 1, once.hypothesis(i, k)
+            if twice.scores[i, k] > -math.inf:
+                assert _count(twice.hypothesis(i, k), phrase) == 2, twice.hypothesis(i, k)
+        assert once.scores[i, 0] > -math.inf and twice.scores[i, 0] > -math.inf
+
+
+def test_a_met_phrase_does_not_block_a_longer_one_that_ends_with_it():
+    model, src = _fond_of([5]), random_sources([6, 9], seed=1)
+    decode = DecodeConfig(beam=4, max_len_a=1.0, max_len_b=10)
+    with torch.inference_mode():
+        out = SearchSpec(decode).run(model, src, constraints=constraint_ids([[[5], [8, 5]]] * 2))
+    for i in range(2):
+        assert _contains(out.hypothesis(i), [8, 5]) and _contains(out.hypothesis(i), [5])
+
+
+def _follow(phrases: list[list[int]], output: list[int]) -> tuple[ConstraintBeams, Tensor, Tensor]:
+    """The state after ``output``, each phrase met wherever the output comes to end with it."""
+    ids = constraint_ids([phrases])
+    state = ConstraintBeams.start(ids)
+    rows, lengths = state.sentence_rows(torch.tensor([0]))
+    for t, token in enumerate(output):
+        ready = ready_to_complete(rows, lengths, torch.tensor([output[:t]]))
+        state = ConstraintBeams(ids, *state.step(rows, lengths, torch.tensor([token]), ready))
+    return state, rows, lengths
+
+
+def test_a_phrase_is_met_wherever_the_output_ends_with_it():
+    state, _, _ = _follow([[4, 5], [4, 6], [6, 7, 8], [7], [7]], [4, 6, 7, 8])
+    assert state.met.tolist() == [[False, True, True, True, False]]  # "4 6" begun as "4 5"; "7" inside "6 7 8", once
+    state, _, _ = _follow([[5], [5]], [5, 9, 5])
+    assert state.met.tolist() == [[True, True]]
+
+
+def test_repeats_names_the_completing_token_of_spent_phrases():
+    state, rows, lengths = _follow([[5, 6], [9], [9]], [5, 6, 9])   # "9" given twice
+    extra = state.next_tokens(rows, lengths)
+    ready = ready_to_complete(rows, lengths, torch.tensor([[5, 6, 9, 5]]))
+    assert state.repeats(rows, lengths, ready, extra).tolist() == [[6, -1, -1]]  # "5 6" spent; "9" has a copy left
+    ready = ready_to_complete(rows, lengths, torch.tensor([[5, 6, 9, 4]]))
+    assert state.repeats(rows, lengths, ready, extra).tolist() == [[-1, -1, -1]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_each_phrase_appears_as_often_as_it_is_given(seed):
+    """Random phrases, some given twice: a phrase whose tokens no other phrase shares (so that
+    it cannot be met inside another one) appears exactly as many times as it is given."""
+    model, src = _model(seed), random_sources(LENGTHS, seed=seed)
+    phrases = [p + p[:1] for p in _phrases(seed + 10, len(LENGTHS))]     # the first phrase twice
+    with torch.inference_mode():
+        out = SearchSpec(DecodeConfig(beam=4, max_len_a=1.0, max_len_b=20)).run(
+            model, src, constraints=constraint_ids(phrases))
+    checked = 0
+    for i, sentence in enumerate(phrases):
+        for p in sentence:
+            others = {t for q in sentence if q != p for t in q}
+            if len(set(p)) == len(p) and not others & set(p):
+                assert _count(out.hypothesis(i), p) == sentence.count(p), (i, p, sentence, out.hypothesis(i))
+                checked += 1
+    assert checked >= 3

@@ -277,7 +277,7 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
             cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)  # from (N, w) each
         else:
             logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len, forced, repeat)  # (N, V)
-            cand = cons.candidates(logp, beams, beam, step, cfg.eos_id)
+            cand = cons.candidates(logp, beams, beam, step, cfg.eos_id, forced)
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)

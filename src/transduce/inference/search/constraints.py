@@ -12,6 +12,12 @@ and so on. A hypothesis may end (EOS, or its length limit) only once every const
 scores stay the model's own log-probabilities. A phrase interrupted part-way is dropped back to
 not started (a token that repeats the phrase's own beginning may restart it, as fairseq).
 
+Each constraint appears once per time it is given: a phrase given twice is two constraints,
+both to be met. Once every copy of a phrase is met, the token that would complete it again (its
+last token, where the output ends with the rest of it) is refused (:meth:`ConstraintBeams.repeats`),
+unless that token starts or continues a phrase not yet met (a met "Haus" does not stop "großes
+Haus").
+
 :func:`~transduce.inference.search.beam.beam_search` runs it through two hooks:
 :meth:`ConstraintBeams.candidates` instead of the plain candidates, and
 :meth:`ConstraintBeams.advanced` when the beams are reordered. Without constraints beam search
@@ -104,8 +110,12 @@ class ConstraintBeams:
         in_progress = torch.full_like(first, -1).scatter_(1, self.cur.clamp(min=0).unsqueeze(1), nxt.unsqueeze(1))
         return torch.where(going.unsqueeze(1), in_progress, first)
 
-    def step(self, phrases: Tensor, lengths: Tensor, token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Each row's (met, cur, done) after it outputs ``token`` (N,)."""
+    def step(self, phrases: Tensor, lengths: Tensor, token: Tensor,
+             ready: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's (met, cur, done) after it outputs ``token`` (N,). With ``ready`` (N, C)
+        (:func:`ready_to_complete` of the output before ``token``), a phrase is met wherever the
+        output comes to end with it (one unmet copy per occurrence), tracked or not: inside another
+        phrase, or begun while another was in progress; without it, only the tracked phrase."""
         n, c, length = phrases.shape
         rows = torch.arange(n, device=token.device)
         expected = phrases[rows, self.cur.clamp(min=0), self.done.clamp(max=length - 1)]
@@ -117,7 +127,13 @@ class ConstraintBeams:
         cur = torch.where(restart, starts.long().argmax(dim=1), cur)
         done = torch.where(restart, 1, done)
         complete = (cur >= 0) & (done == lengths.gather(1, cur.clamp(min=0).unsqueeze(1)).squeeze(1))
-        met = self.met | (F.one_hot(cur.clamp(min=0), c).bool() & complete.unsqueeze(1))
+        if ready is None:
+            met = self.met | (F.one_hot(cur.clamp(min=0), c).bool() & complete.unsqueeze(1))
+        else:
+            occurs = ready & (last_tokens(phrases, lengths) == token.unsqueeze(1)) & ~self.met  # (N, C)
+            earlier = torch.ones(c, c, dtype=torch.bool, device=token.device).tril(-1)         # (C, C): j' < j
+            copy_before = (same_phrases(phrases) & earlier & occurs.unsqueeze(1)).any(dim=2)
+            met = self.met | (occurs & ~copy_before)                      # the first unmet copy of each
         return met, torch.where(complete, -1, cur), torch.where(complete, 0, done)
 
     def advanced(self, beams: Beams, rows: Tensor) -> "ConstraintBeams":
@@ -125,13 +141,27 @@ class ConstraintBeams:
         (B*K,) of the old ones (beam search's reorder)."""
         parent = ConstraintBeams(self.phrases, self.met[rows], self.cur[rows], self.done[rows])
         phrases, lengths = parent.sentence_rows(beams.ids)
-        met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1))
+        before = beams.tokens[:, :, 1:-1].reshape(rows.shape[0], -1)          # (N, t - 1) the output before the last
+        met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1),
+                                     ready_to_complete(phrases, lengths, before))
         return ConstraintBeams(self.phrases, met, cur, done)
 
-    def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int) -> Candidates:
+    def repeats(self, phrases: Tensor, lengths: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
+        """(N, C) the token that would complete each phrase again, where every copy of it is met
+        and the output is ``ready`` (N, C) for it (:func:`ready_to_complete`); -1 elsewhere and
+        where the token is one of ``extra`` (N, C), those that advance an unmet phrase
+        (:meth:`next_tokens`)."""
+        spent = (~same_phrases(phrases) | self.met.unsqueeze(1)).all(dim=2)  # (N, C) every copy met
+        last = last_tokens(phrases, lengths)
+        allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
+        return last.masked_fill(~(ready & spent) | allowed, -1)
+
+    def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int,
+                   forced: Tensor | None = None) -> Candidates:
         """The step's candidates in bank order (see the module doc): each row's best w tokens
         and the tokens that advance its constraints, scored, the top 2K kept; only the first K
-        may end, and only with every constraint met.
+        may end, and only with every constraint met; no met phrase is completed again
+        (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free).
 
         Shape: logp (N, V) step log-probs -> Candidates of width min(2K, M).
         """
@@ -139,8 +169,14 @@ class ConstraintBeams:
         b, k = beams.scores.shape
         logp = logp.clone()
         logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
-        top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
         extra = self.next_tokens(phrases, lengths)                        # (N, C)
+        ready = ready_to_complete(phrases, lengths, beams.tokens.view(b * k, -1)[:, 1:])
+        again = self.repeats(phrases, lengths, ready, extra)
+        if forced is not None:
+            again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
+        refused = torch.zeros_like(logp).scatter_add_(1, again.clamp(min=0), (again >= 0).to(logp.dtype)) > 0
+        logp = logp.masked_fill(refused, -math.inf)
+        top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
         c = extra.shape[1]
         earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
         repeated = ((extra.unsqueeze(2) == extra.unsqueeze(1)) & earlier).any(dim=2)
@@ -152,7 +188,8 @@ class ConstraintBeams:
         grown = ConstraintBeams(self.phrases, self.met.repeat_interleave(m, 0), self.cur.repeat_interleave(m, 0),
                                 self.done.repeat_interleave(m, 0))
         rows_l = lengths.repeat_interleave(m, 0)
-        met, _, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1))
+        met, _, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
+                                  ready.repeat_interleave(m, 0))
         bank = grown.progress(rows_l, met, done).view(b, k * m)
         ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
         total = total.masked_fill(ends & ~grown.all_met(rows_l, met).view(b, k * m), -math.inf)
@@ -162,6 +199,27 @@ class ConstraintBeams:
         ends = ends.gather(1, order) & (scores > -math.inf)
         ends[:, beam:] = False  # as beam search: only the first K may finish
         return Candidates(scores, parent, token.view(b, k * m).gather(1, order), ends)
+
+
+def last_tokens(phrases: Tensor, lengths: Tensor) -> Tensor:
+    """(N, C) each phrase's last token (PAD columns: their -1)."""
+    return phrases.gather(2, (lengths - 1).clamp(min=0).unsqueeze(2)).squeeze(2)
+
+
+def same_phrases(phrases: Tensor) -> Tensor:
+    """(N, C, C) bool: phrases i and j of a row are the same (copies of one constraint)."""
+    return (phrases.unsqueeze(2) == phrases.unsqueeze(1)).all(dim=3)
+
+
+def ready_to_complete(phrases: Tensor, lengths: Tensor, output: Tensor) -> Tensor:
+    """(N, C) bool: the ``output`` (N, t) ends with all of the phrase but its last token (so
+    that token would complete it); False for PAD columns."""
+    length = phrases.shape[2]
+    pos = torch.arange(length - 1, device=phrases.device) - length + lengths.unsqueeze(2)  # (N, C, L-1)
+    head = phrases.gather(2, pos.clamp(min=0))                            # the phrase but its last token,
+    tail = F.pad(output, (max(length - 1 - output.shape[1], 0), 0), value=-2)  # never matches a token
+    tail = tail[:, tail.shape[1] - (length - 1):]                         # (N, L-1) the output's last tokens
+    return ((head == tail.unsqueeze(1)) | (pos < 0)).all(dim=2) & (lengths > 0)  # right-aligned
 
 
 def bank_order(scores: Tensor, bank: Tensor, width: int, best_first: bool = True) -> Tensor:
