@@ -33,7 +33,7 @@ import numpy as np
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.checksums import sha256_file
-from transduce.data import toy
+from transduce.data import multilingual, toy
 from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, encode_chunk, is_gzip,
                                    read_parallel_chunks, read_tsv_chunks)
 from transduce.data.labelled import check_labels, encode_example, read_labelled, segments_of
@@ -107,12 +107,11 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
         s = toy.make_splits(seed=cfg.toy_seed, n_train=cfg.toy_train_size, n_valid=cfg.toy_valid_size,
                             n_test=cfg.toy_test_size)
         return {k: SplitSource((f"toy {k} (source)", f"toy {k} (target)"), generated=s[k]) for k in SPLITS}
+    if cfg.pairs is not None:
+        return {k: SplitSource(names, generated=texts) for k, (names, texts) in multilingual.split_texts(cfg).items()}
     if cfg.corpus in ("multi30k", "multi30k_tok"):
         from transduce.data import multi30k
-        root = cfg.root or multi30k.default_root()
-        if root is None:
-            raise DataError("data.root is not set and $TRANSDUCE_MULTI30K is empty: "
-                            "where are the Multi30k files? (transduce data multi30k --dest DIR)")
+        root = multi30k.root_of(cfg.root)
         find = multi30k.tok_files if cfg.corpus == "multi30k_tok" else multi30k.multi30k_files
         out = {}
         for name, split in zip(SPLITS, ("train", "val", "test_2016_flickr")):
@@ -157,7 +156,7 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
     logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
                 "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
     return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
-                           seed=seed, sentinels=cfg.sentinels)
+                           seed=seed, sentinels=cfg.sentinels, tags=multilingual.reserved_tags(cfg))
 
 
 def tokenizer_sample(cfg: DataConfig, train: SplitSource, seed: int) -> tuple[list[str], list[str], int]:
