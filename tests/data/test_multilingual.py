@@ -176,3 +176,4 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(tagge
         assert main(["translate", str(model_dir), "--input", str(src), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
+
