@@ -177,3 +177,15 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(tagge
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
 
+
+
+def test_multi30k_pairs_are_read_tagged_and_hashed(multi30k_root):
+    from transduce.data.prepare import split_sources
+    cfg = DataConfig(corpus="multi30k", root=str(multi30k_root), pairs=["en-de", "en-fr", "en-cs"])
+    sources = split_sources(cfg)
+    train, valid = sources["train"].generated, sources["valid"].generated
+    assert len(train) == 3 * 29000 and len(valid) == 3 * 1014
+    assert [s.split(" ", 1)[0] for s, _ in train[::29000]] == ["<2de>", "<2fr>", "<2cs>"]
+    assert [s.split(" ", 1)[0] for s, _ in valid[:6]] == ["<2de>", "<2fr>", "<2cs>"] * 2  # interleaved
+    assert valid[0][0] == valid[1][0].replace("<2fr>", "<2de>")  # the same English sentence
+    assert sorted(p.name for p in sources["valid"].read) == ["val.cs.gz", "val.de.gz", "val.en.gz", "val.fr.gz"]

@@ -80,9 +80,9 @@ def reserved_tags(cfg) -> list[str]:
     return [lang_tag(lang) for lang in target_langs(cfg.pairs or ())]
 
 
-def split_texts(cfg) -> dict[str, tuple[tuple[str, str], list[TaggedPair]]]:
+def split_texts(cfg) -> dict[str, tuple[tuple[str, str], list[TaggedPair], tuple]]:
     """The train/valid/test splits of ``data.pairs`` on Multi30k, each as (its two sides' names,
-    its tagged text pairs): in memory (Multi30k is small), line counts checked."""
+    its tagged text pairs, the files read): in memory (Multi30k is small), line counts checked."""
     from transduce.data import multi30k
 
     root = multi30k.root_of(cfg.root)
@@ -92,7 +92,9 @@ def split_texts(cfg) -> dict[str, tuple[tuple[str, str], list[TaggedPair]]]:
         texts = pair_texts(lambda s, t: multi30k.read_split(root, split, s, t, tokenized=tok), cfg.pairs,
                            interleave=name != "train")
         label = f"Multi30k {split} ({', '.join(map(pair_name, cfg.pairs))})"
-        out[name] = ((f"{label} source", f"{label} target"), texts)
+        find = multi30k.tok_files if tok else multi30k.multi30k_files
+        files = tuple(dict.fromkeys(f for p in cfg.pairs for f in find(root, split, p["src"], p["tgt"])))
+        out[name] = ((f"{label} source", f"{label} target"), texts, files)
     return out
 
 

@@ -57,15 +57,16 @@ TextPair = tuple[str, str]
 
 @dataclass
 class SplitSource:
-    """One split's aligned lines: a pair of files, or generated text (the toy corpus). ``expect``:
-    the official line count, checked once the files end (Multi30k); ``tsv``: the files are one
-    file of input<TAB>target lines, twice (data.corpus tsv)."""
+    """One split's aligned lines: a pair of files, or generated text (the toy corpus; ``read``: the
+    files it was read from, hashed into the manifest). ``expect``: the official line count, checked
+    once the files end (Multi30k); ``tsv``: the files are one file of input<TAB>target lines, twice."""
 
     names: tuple[str, str]
     files: tuple[Path, Path] | None = None
     generated: list[TextPair] | None = None
     expect: int | None = None
     tsv: bool = False
+    read: tuple[Path, ...] = ()
 
     def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
@@ -108,7 +109,7 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
                             n_test=cfg.toy_test_size)
         return {k: SplitSource((f"toy {k} (source)", f"toy {k} (target)"), generated=s[k]) for k in SPLITS}
     if cfg.pairs is not None:
-        return {k: SplitSource(names, generated=texts) for k, (names, texts) in multilingual.split_texts(cfg).items()}
+        return {k: SplitSource(v[0], generated=v[1], read=v[2]) for k, v in multilingual.split_texts(cfg).items()}
     if cfg.corpus in ("multi30k", "multi30k_tok"):
         from transduce.data import multi30k
         root = multi30k.root_of(cfg.root)
@@ -345,7 +346,7 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         return _fill_labelled(cfg, stage)
     t0 = time.monotonic()
     sources = split_sources(cfg)
-    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())], stage)
+    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or source.read)], stage)
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}
