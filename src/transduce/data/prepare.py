@@ -346,7 +346,7 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         return _fill_labelled(cfg, stage)
     t0 = time.monotonic()
     sources = split_sources(cfg)
-    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or source.read)], stage)
+    inputs = _inputs([(name, path) for name, src in sources.items() for path in (src.files or src.read)], stage)
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))
     splits = {}
