@@ -51,6 +51,8 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     """Decoding settings; each replaces one of the model directory's saved settings (its
     config.yaml ``decode`` section), those not given keep them."""
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
+    p.add_argument("--tgt-lang", default=None, metavar="LANG",
+                   help="a multilingual model's target language, e.g. de (its tag <2de> goes before each input)")
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
     p.add_argument("--max-len-b", type=int, default=None, help="(default B=50)")
@@ -111,7 +113,7 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
                 "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
                 "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples", "shortlist": "shortlist",
-                "alignment_layer": "alignment_layer", "alignment_head": "alignment_head"}
+                "alignment_layer": "alignment_layer", "alignment_head": "alignment_head", "tgt_lang": "tgt_lang"}
 
 
 def _rerank_choice(text: str) -> str:

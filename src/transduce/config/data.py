@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import check, one_of, positive, typecheck
+from .pairs import normalise_pairs
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,17 @@ class DataConfig:
     """A directory made by ``transduce prepare`` to train from; the corpus, tokenizer and filter
     settings are then the ones it was prepared with (its ``manifest.json``)."""
 
+    pairs: list | None = None
+    """Multilingual training (``data.corpus: multi30k`` or ``multi30k_tok``): the language pairs
+    of one model, each ``{src: en, tgt: de, weight: 1.0}`` (``weight`` optional) or ``en-de``.
+    Each source is prefixed with its target language's tag ``<2de>`` (a piece of its own in the
+    joint vocabulary); training draws each epoch's pairs per ``weight`` (given for all or none)
+    or else ``pair_temperature``; validation scores each pair (``val_bleu/en-de``). Replaces
+    ``src_lang``/``tgt_lang``; see :mod:`transduce.data.multilingual`."""
+    pair_temperature: float = 1.0
+    """Without weights: pair i is drawn with probability proportional to n_i^(1/T) (n_i its
+    training pairs): 1 is proportional to size, larger values flatten towards uniform."""
+
     def __post_init__(self) -> None:
         typecheck(self, "data")
         one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files", "tsv"))
@@ -114,6 +126,9 @@ class DataConfig:
               "needs data.tokenizer_type=bpe")
         if self.corpus == "tsv":
             self._check_tsv()
+        check(self.pair_temperature > 0, "data.pair_temperature", f"must be > 0; got {self.pair_temperature}")
+        if self.pairs is not None:
+            object.__setattr__(self, "pairs", normalise_pairs(self))
         if self.corpus == "files" and self.prepared is None:
             check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                   "is required when data.corpus=files (with data.train_src, except for a language model's "

@@ -72,6 +72,11 @@ class DecodeConfig:
     (``data.train_alignments``) trains this layer's head, head 0 when this is unset, and the run's
     saved decode settings then name it, so a guided model aligns with its guided head by default."""
 
+    tgt_lang: str | None = None
+    """A multilingual model's (``data.pairs``) target language, e.g. ``de``: its tag ``<2de>`` is
+    put before each input. None: each input must begin with a tag already; a model trained
+    without tags takes none (:func:`transduce.data.multilingual.with_tag`)."""
+
     def __post_init__(self) -> None:
         typecheck(self, "decode")
         check(self.min_len >= 0, "decode.min_len", f"must be >= 0; got {self.min_len}")

@@ -17,6 +17,7 @@ from typing import Sequence
 
 from transduce.atomic import atomic_path
 from transduce.checksums import sha256_file
+from transduce.config.pairs import MULTI30K_LANGS
 from transduce.data.corpus import read_parallel
 from transduce.errors import ConfigError, DataError
 from transduce.progress import progress_bar
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 ENV_VAR = "TRANSDUCE_MULTI30K"
 MULTI30K_SPLITS = {"train": 29000, "val": 1014, "test_2016_flickr": 1000}
-MULTI30K_LANGS = ("en", "de", "fr", "cs")
 MULTI30K_SHA256 = {
     "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -48,6 +48,15 @@ def default_root() -> Path | None:
     """The directory named by ``$TRANSDUCE_MULTI30K``, or None when it is unset or empty."""
     value = os.environ.get(ENV_VAR, "").strip()
     return Path(value).expanduser() if value else None
+
+
+def root_of(root: str | os.PathLike | None) -> Path:
+    """``root`` (``data.root``), or else :func:`default_root`; a DataError when neither is set."""
+    root = Path(root) if root else default_root()
+    if root is None:
+        raise DataError("data.root is not set and $TRANSDUCE_MULTI30K is empty: "
+                        "where are the Multi30k files? (transduce data multi30k --dest DIR)")
+    return root
 
 
 def file_name(split: str, lang: str) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.checksums import sha256_file
-from transduce.data import toy
+from transduce.data import multilingual, toy
 from transduce.data.alignments import AlignedWriter
 from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, is_gzip, read_parallel_chunks,
                                    read_tsv_chunks)
@@ -55,15 +55,16 @@ TextPair = tuple[str, str]
 
 @dataclass
 class SplitSource:
-    """One split's aligned lines: a pair of files, or generated text (the toy corpus). ``expect``:
-    the official line count, checked once the files end (Multi30k); ``tsv``: the files are one
-    file of input<TAB>target lines, twice (data.corpus tsv)."""
+    """One split's aligned lines: a pair of files, or generated text (the toy corpus; ``read``: the
+    files it was read from, hashed into the manifest). ``expect``: the official line count, checked
+    once the files end (Multi30k); ``tsv``: the files are one file of input<TAB>target lines, twice."""
 
     names: tuple[str, str]
     files: tuple[Path, Path] | None = None
     generated: list[TextPair] | None = None
     expect: int | None = None
     tsv: bool = False
+    read: tuple[Path, ...] = ()
 
     def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
@@ -104,12 +105,11 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
         s = toy.make_splits(seed=cfg.toy_seed, n_train=cfg.toy_train_size, n_valid=cfg.toy_valid_size,
                             n_test=cfg.toy_test_size)
         return {k: SplitSource((f"toy {k} (source)", f"toy {k} (target)"), generated=s[k]) for k in SPLITS}
+    if cfg.pairs is not None:
+        return {k: SplitSource(v[0], generated=v[1], read=v[2]) for k, v in multilingual.split_texts(cfg).items()}
     if cfg.corpus in ("multi30k", "multi30k_tok"):
         from transduce.data import multi30k
-        root = cfg.root or multi30k.default_root()
-        if root is None:
-            raise DataError("data.root is not set and $TRANSDUCE_MULTI30K is empty: "
-                            "where are the Multi30k files? (transduce data multi30k --dest DIR)")
+        root = multi30k.root_of(cfg.root)
         find = multi30k.tok_files if cfg.corpus == "multi30k_tok" else multi30k.multi30k_files
         out = {}
         for name, split in zip(SPLITS, ("train", "val", "test_2016_flickr")):
@@ -154,7 +154,7 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
     logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
                 "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
     return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
-                           seed=seed, sentinels=cfg.sentinels)
+                           seed=seed, sentinels=cfg.sentinels, tags=multilingual.reserved_tags(cfg))
 
 
 def tokenizer_sample(cfg: DataConfig, train: SplitSource, seed: int) -> tuple[list[str], list[str], int]:
@@ -267,7 +267,7 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
     t0 = time.monotonic()
     sources = split_sources(cfg)
     aligned = [("train", Path(cfg.train_alignments))] if cfg.train_alignments else []
-    inputs = _inputs([(name, path) for name, source in sources.items() for path in (source.files or ())] + aligned,
+    inputs = _inputs([(name, path) for name, src in sources.items() for path in (src.files or src.read)] + aligned,
                      stage)
     tokenizer = _tokenizer(cfg, sources["train"], stage / TOKENIZER_DIR, seed)
     dtype = token_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size))

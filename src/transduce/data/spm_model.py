@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import logging
 import struct
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
@@ -142,6 +142,12 @@ def add_sentinels(proto: bytes, count: int) -> bytes:
     T5's order: the last ids of the vocabulary counting down (``<extra_id_0>`` is the last id),
     as T5's tokenizer has them (and as :mod:`transduce.export.hf_t5_import` keeps them)."""
     return proto + b"".join(_piece_entry(sentinel_piece(n), 0.0, _USER_DEFINED) for n in range(count - 1, -1, -1))
+
+
+def add_user_pieces(proto: bytes, pieces: Sequence[str]) -> bytes:
+    """``proto`` with ``pieces`` appended as user-defined pieces (each always segmented whole), in
+    order: a multilingual model's target-language tags ``<2de>``... (:mod:`transduce.data.multilingual`)."""
+    return proto + b"".join(_piece_entry(piece, 0.0, _USER_DEFINED) for piece in pieces)
 
 
 def _normal_pieces(sp: spm.SentencePieceProcessor) -> list[tuple[str, float]]:

@@ -23,10 +23,12 @@ On disk a tokenizer is a directory holding ``spm.model`` (joint) or ``spm.src.mo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import random
+import re
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -39,7 +41,7 @@ from transduce.atomic import atomic_write_bytes
 from transduce.checksums import record, verify
 from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION_RULE, NUM_THREADS, PAD_ID,
                                       SPECIAL_PIECES, UNK_ID as UNK_ID, add_sentinels, extend_proto, load_proto,
-                                      train_proto)
+                                      train_proto, add_user_pieces)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from transduce.data.hf_tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
+_TAG = re.compile(r"<2([a-z]{2,3})>")  # a target-language tag (transduce.data.multilingual)
 
 SIDES = ("src", "tgt")
 META_FILE = "tokenizer.yaml"
@@ -93,6 +96,7 @@ class Tokenizer:
         max_sentences: int | None = None,
         seed: int = 0,
         sentinels: int = 0,
+        tags: Sequence[str] = (),
     ) -> "Tokenizer":
         """Train SentencePiece model(s) in memory, save them into ``out_dir`` and return them.
 
@@ -112,18 +116,21 @@ class Tokenizer:
             seed: seeds the sentence sample and SentencePiece's own generator.
             sentinels: T5's ``<extra_id_N>`` pieces reserved at the end of each model (within
                 ``vocab_size``; :func:`~transduce.data.spm_model.add_sentinels`).
+            tags: user-defined pieces reserved before the sentinels (within ``vocab_size``): a
+                multilingual model's target-language tags ``<2de>``... (each always one piece).
         """
         if model_type not in MODEL_TYPES:
             raise ConfigError(f"model_type: expected one of {MODEL_TYPES}, got {model_type!r}")
-        if vocab_size - sentinels <= len(SPECIAL_PIECES):
-            raise ConfigError(f"vocab_size: must be greater than 4 + {sentinels} sentinels, got {vocab_size}")
+        reserved = sentinels + len(tags)
+        if vocab_size - reserved <= len(SPECIAL_PIECES):
+            raise ConfigError(f"vocab_size: must be greater than 4 + {reserved} reserved pieces, got {vocab_size}")
         src = _sample_lines(src_lines, max_sentences, seed)
         tgt = _sample_lines(tgt_lines, max_sentences, seed + 1)
-        options = dict(vocab_size=vocab_size - sentinels, model_type=model_type,
+        options = dict(vocab_size=vocab_size - reserved, model_type=model_type,
                        character_coverage=character_coverage, seed=seed)
 
         def trained(lines: list[str]) -> bytes:
-            return add_sentinels(train_proto(lines, **options), sentinels)
+            return add_sentinels(add_user_pieces(train_proto(lines, **options), tags), sentinels)
         tok = cls(trained(src + tgt), name="joint") if joint else cls(trained(src), trained(tgt), name="separate")
         tok.save(out_dir)
         logger.info("trained %s %s tokenizer (vocab src %d, tgt %d) into %s",
@@ -231,6 +238,14 @@ class Tokenizer:
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     mask_id = None  # no [MASK] piece: an encoder-only model's is one id past the vocabulary
 
+    @functools.cached_property
+    def lang_tags(self) -> dict[str, int]:
+        """A multilingual model's target languages and their tags' ids (``{"de": id of <2de>}``):
+        the source side's user-defined pieces spelled ``<2xx>``; empty for any other model."""
+        sp = self._sp["src"]
+        return {m.group(1): i for i in range(sp.get_piece_size())
+                if (m := _TAG.fullmatch(sp.id_to_piece(i))) and _whole(sp, m.group(0))}
+
     @property
     def src_vocab_size(self) -> int:
         return self._sp["src"].get_piece_size()
@@ -334,6 +349,12 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(joint={self._joint}, src_vocab_size={self.src_vocab_size}, "
                 f"tgt_vocab_size={self.tgt_vocab_size})")
+
+
+def _whole(sp: spm.SentencePieceProcessor, piece: str) -> bool:
+    """Whether ``piece`` always segments whole (a user-defined piece: perhaps after a lone ``▁``)."""
+    pieces = sp.encode(piece, out_type=str)
+    return pieces[-1:] == [piece] and len(pieces) <= 2
 
 
 def load_tokenizer(directory: str | os.PathLike) -> "Tokenizer | HFTokenizer":

@@ -10,7 +10,7 @@ match, whitespace runs collapsed), as T5 scores classification tasks.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import DataError
 from .metrics import corpus_bleu
@@ -29,20 +29,23 @@ def metric_of(task: str) -> str:
     return "bleu" if task.startswith("translate") else "acc"
 
 
-def task_scores(inputs: Sequence[str], hyps: Sequence[str], refs: Sequence[str]) -> dict[str, dict[str, float]]:
+def task_scores(inputs: Sequence[str], hyps: Sequence[str], refs: Sequence[str],
+                task: Callable[[str], str] = task_of, metric: Callable[[str], str] = metric_of
+                ) -> dict[str, dict[str, float]]:
     """Each task's score over its lines: ``{task: {"bleu" or "acc": score, "n": lines}}``, tasks
-    sorted by name (BLEU 0-100, accuracy 0-1)."""
+    sorted by name (BLEU 0-100, accuracy 0-1). ``task`` names an input's task and ``metric`` a
+    task's metric (a multilingual model's: its language pair, by the input's tag, and BLEU)."""
     if not len(inputs) == len(hyps) == len(refs):
         raise DataError(f"{len(inputs)} inputs, {len(hyps)} outputs and {len(refs)} targets: expected as many of each")
     lines: dict[str, list[int]] = defaultdict(list)
     for i, text in enumerate(inputs):
-        lines[task_of(text)].append(i)
+        lines[task(text)].append(i)
     out = {}
-    for task in sorted(lines):
-        idx, metric = lines[task], metric_of(task)
+    for name in sorted(lines):
+        idx, how = lines[name], metric(name)
         h, r = [hyps[i] for i in idx], [refs[i] for i in idx]
-        score = corpus_bleu(h, r) if metric == "bleu" else sum(map(_same, h, r)) / len(idx)
-        out[task] = {metric: score, "n": len(idx)}
+        score = corpus_bleu(h, r) if how == "bleu" else sum(map(_same, h, r)) / len(idx)
+        out[name] = {how: score, "n": len(idx)}
     return out
 
 

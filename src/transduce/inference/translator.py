@@ -35,6 +35,7 @@ from .placement import ModelDirs, apply_threads, load_model_dir, model_dirs, pre
 from .rerank import mbr_rerank, reverse_rerank
 from .shortlist import Shortlist
 from .search.speculative import Speculation, check_draft
+from ..data.multilingual import with_tag
 from .speed import restore
 
 if TYPE_CHECKING:
@@ -236,6 +237,7 @@ class BaseTranslator:
         for name, given in (("prefix", prefix), ("constraints", constraints)):
             if given is not None and len(given) != len(texts):
                 raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
+        texts = with_tag(texts, spec.decode.tgt_lang, getattr(self.tokenizer, "lang_tags", {}))
         with scope(DATA):
             results = [self._source(text, spec.decode.max_input_len) for text in texts]
             todo = [i for i, r in enumerate(results) if r.source_tokens]

@@ -42,6 +42,7 @@ from typing import Any, Hashable
 
 from .. import __version__
 from ..config import ServeConfig
+from ..data.multilingual import with_tag
 from ..errors import ConfigError, TransduceError, require
 from ..inference.alignment import format_alignment
 from ..inference.pool import WorkerLost
@@ -162,6 +163,10 @@ async def translate_job(service: TranslationService, req) -> dict[str, list[str]
     constraints) items (422 unless one list of constraints per sentence); with ``alignment``
     the word alignments too."""
     decode = service.settings(**req.model_dump(exclude={"sentences", "constraints", "alignment"}, exclude_none=True))
+    try:  # a multilingual model's missing or unknown tag: this request's error, not its batch's
+        with_tag(req.sentences, decode.tgt_lang, getattr(service.translator.tokenizer, "lang_tags", {}))
+    except ConfigError as e:
+        raise ApiError(422, str(e)) from None
     if req.constraints is None and not req.alignment:
         return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
     if req.constraints is not None and len(req.constraints) != len(req.sentences):

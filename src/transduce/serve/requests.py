@@ -62,6 +62,7 @@ def request_models():
         max_len_b: int | None = Field(None, ge=0, le=1024)
         no_repeat_ngram_size: int | None = Field(None, ge=0, le=16)
         repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+        tgt_lang: str | None = Field(None, pattern=r"^[a-z]{2,3}$")  # a multilingual model's target language
         constraints: list[list[str]] | None = None  # per sentence: target phrases it must contain
         alignment: bool = False  # also answer each translation's word alignment
 

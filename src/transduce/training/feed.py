@@ -18,6 +18,7 @@ from ..data.batching import round_up, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
                                    next_sentence_batch)
+from ..data.multilingual import PairDraws
 from ..data.prepared import PreparedData, TokenPairs, length_dtype
 from ..data.span_corruption import span_batch, span_generator
 from ..errors import ConfigError
@@ -50,6 +51,7 @@ class StepFeed:
             tok = data.tokenizer
             self.guide = (data.alignments("train"), (word_starts(tok, "src", tok.src_vocab_size),
                                                      word_starts(tok, "tgt", tok.tgt_vocab_size)))
+        self.pair_draws = PairDraws.of(cfg.data, self.train_pairs, data.tokenizer) if cfg.data.pairs else None
 
     def epoch_data(self, epoch: int) -> EpochData:
         """The pairs and batch plan of ``epoch`` (a function of seed and epoch; the latest cached).
@@ -63,8 +65,13 @@ class StepFeed:
             if dc.bpe_dropout > 0:
                 pairs = self._resegmented(self.cfg.train.seed * 1_000_003 + epoch)
             multiple = self.pad_multiple if self.cfg.train.cuda_graphs else 1  # square buckets fit the budget
-            plan = token_budget_batches(*pairs.task_lengths(self.cfg.task), dc.max_tokens, self.cfg.train.seed,
-                                        epoch, multiple=multiple)
+            lengths = pairs.task_lengths(self.cfg.task)
+            drawn = None if self.pair_draws is None else self.pair_draws.epoch(self.cfg.train.seed, epoch)
+            if drawn is not None:  # multilingual: this epoch's sentences, drawn by language pair
+                lengths = (lengths[0][drawn], lengths[1][drawn])
+            plan = token_budget_batches(*lengths, dc.max_tokens, self.cfg.train.seed, epoch, multiple=multiple)
+            if drawn is not None:
+                plan.order = drawn[plan.order]
             self._epoch = EpochData(epoch, pairs, plan)
         return self._epoch
 

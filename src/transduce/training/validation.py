@@ -14,6 +14,7 @@ from ..config import RunConfig
 from ..data.batch import Batch
 from ..data.batching import token_budget_batches
 from ..data.encoder_inputs import classification_batch
+from ..data.multilingual import lang_tag, pair_name
 from ..data.prepared import TokenPairs
 from ..evaluation.heldout import heldout_loss
 from ..evaluation.metrics import corpus_bleu
@@ -67,7 +68,8 @@ def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]],
                     device: torch.device) -> dict[str, float]:
     """Corpus BLEU (sacrebleu, default 13a tokenisation) of greedy translations of ``texts``
     (``val_bleu``); for text-to-text data (``data.corpus: tsv``) each task's BLEU or accuracy
-    instead (:func:`~transduce.evaluation.text2text.task_scores`: ``val_bleu/TASK``, ``val_acc/TASK``)."""
+    instead (:func:`~transduce.evaluation.text2text.task_scores`: ``val_bleu/TASK``, ``val_acc/TASK``);
+    for a multilingual model (``data.pairs``) each language pair's BLEU too (``val_bleu/en-de``)."""
     from ..inference import Runtime, Translator
     # (the block's end gives the training model back as it was)
     with Translator(model, tokenizer, Runtime(device=str(device))) as translator:
@@ -75,4 +77,9 @@ def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]],
                                     max_len_b=cfg.decode.max_len_b, batch_tokens=cfg.decode.batch_tokens)
     if cfg.data.corpus == "tsv":
         return flat_scores(task_scores([s for s, _ in texts], hyps, [t for _, t in texts]))
+    if cfg.data.pairs:  # multilingual: each language pair's BLEU, by its tag (val_bleu/en-de), and over all
+        names = {lang_tag(p["tgt"]): pair_name(p) for p in cfg.data.pairs}
+        scores = task_scores([s for s, _ in texts], hyps, [t for _, t in texts],
+                             task=lambda text: names.get(text.split(" ", 1)[0], "other"), metric=lambda _: "bleu")
+        return {"val_bleu": corpus_bleu(hyps, [t for _, t in texts]), **flat_scores(scores)}
     return {"val_bleu": corpus_bleu(hyps, [t for _, t in texts])}
