@@ -161,7 +161,7 @@ class HangingSpec(SearchSpec):
     """A search that never ends: a stand-in for an endless loop in a decoding worker (a worker
     process imports it from here, as the test module put this directory on its sys.path)."""
 
-    def run(self, model, src, prefix=None, speculation=None, constraints=None):
+    def run(self, model, src, prefix=None, speculation=None, constraints=None, inside=None):
         while True:
             time.sleep(0.1)
 
@@ -173,9 +173,9 @@ class StallingSpec(SearchSpec):
 
     stall_pid: int = 0
 
-    def run(self, model, src, prefix=None, speculation=None, constraints=None):
+    def run(self, model, src, prefix=None, speculation=None, constraints=None, inside=None):
         import os
 
         while os.getpid() == self.stall_pid:
             time.sleep(0.1)
-        return super().run(model, src, prefix, speculation, constraints)
+        return super().run(model, src, prefix, speculation, constraints, inside=inside)

@@ -21,6 +21,7 @@ Legend: B pairs, S source length (EOS counted), T target length (EOS counted).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -35,6 +36,7 @@ WORD_START = "\u2581"  # SentencePiece's "▁"
 LINKS, OFFSETS = "align.npy", "align_offsets.npy"
 
 Alignment = list[tuple[int, int]]
+_WORD_CHAR = re.compile(r"\w")
 
 
 def word_index(pieces: Sequence[str]) -> list[int]:
@@ -146,6 +148,22 @@ def word_starts(tokenizer: Any, side: str, vocab_size: int) -> np.ndarray:
     """(V,) bool: which ids start a word (their piece begins with ``▁``)."""
     return np.fromiter((p.startswith(WORD_START) for p in tokenizer.pieces(range(vocab_size), side)), bool,
                        vocab_size)
+
+
+def word_continuations(tokenizer: Any, side: str, vocab_size: int) -> np.ndarray | None:
+    """(vocab_size,) bool: which ids continue the word before them: SentencePiece pieces without
+    ``▁`` whose first character is a word character (``\\w``: letter, digit, ``_``); punctuation,
+    special tokens and ids past the tokenizer's vocabulary do not. None for a Hugging Face
+    tokenizer (byte-level BPE and WordPiece mark words otherwise)."""
+    from transduce.data.hf_tokenizer import HFTokenizer
+
+    if isinstance(tokenizer, HFTokenizer):
+        return None
+    n = min(vocab_size, tokenizer.tgt_vocab_size if side == "tgt" else tokenizer.src_vocab_size)
+    out = np.zeros(vocab_size, bool)
+    out[:n] = [not p.startswith(WORD_START) and _WORD_CHAR.match(p) is not None
+               for p in tokenizer.pieces(range(n), side)]
+    return out
 
 
 def words_of(ids: Sequence[int], starts: np.ndarray) -> np.ndarray:

@@ -218,15 +218,18 @@ class SearchPool:
 
     def map(self, batches: Sequence[Tensor], spec: SearchSpec | ForceSpec,
             prefixes: Sequence[Tensor | None] | None = None,
-            constraints: Sequence[Tensor | None] | None = None) -> Iterator[SearchOutput | ForcedOutput]:
+            constraints: Sequence[Tensor | None] | None = None,
+            inside: Tensor | None = None) -> Iterator[SearchOutput | ForcedOutput]:
         """One :class:`SearchOutput` per batch, in order; the batches are searched concurrently
-        (each with its forced-prefix ids and its constraint ids, if given). With a
+        (each with its forced-prefix ids and its constraint ids, if given, whole words with
+        ``inside``: :meth:`~transduce.inference.search.SearchSpec.run`). With a
         :class:`ForceSpec` the prefixes are the targets, and each answer a :class:`ForcedOutput`."""
         prefixes = prefixes or [None] * len(batches)
         constraints = constraints or [None] * len(batches)
         positions = [_positions(src, spec) for src in batches]
-        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p), None if c is None else _Packed.of(c))
-                for src, p, c in zip(batches, prefixes, constraints)]
+        words = None if inside is None else _Packed.of(inside)
+        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p),
+                 None if c is None else (_Packed.of(c), words)) for src, p, c in zip(batches, prefixes, constraints)]
         call = _Call(jobs, [self._deadline(n) for n in positions], positions)
         call.pending.extend(range(len(batches)))
         call.losses = [0] * len(batches)
@@ -431,8 +434,8 @@ class TranslatorPool(BaseTranslator):
         return spread_batches(length_sorted_batches(lengths, budget), lengths, self.pool.workers)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
-                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
-        return self.pool.map(batches, spec, prefixes, constraints)
+                constraints: list[Tensor | None] | None = None, inside: Tensor | None = None) -> Iterator[SearchOutput]:
+        return self.pool.map(batches, spec, prefixes, constraints, inside)
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None
                ) -> ForcedOutput:

@@ -14,12 +14,14 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ..config import DecodeConfig, Runtime
+from ..data.alignments import word_continuations
 from ..data.batch import pad
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
@@ -120,10 +122,16 @@ class BaseTranslator:
     on_step: StepHook | None = None  # told each search step's settled tokens (in-process searches; streaming)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
-                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
-        """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order (with each
-        batch's forced-prefix ids and constraint ids, if given)."""
+                constraints: list[Tensor | None] | None = None, inside: Tensor | None = None) -> Iterator[SearchOutput]:
+        """One CPU :class:`SearchOutput` per (B, S) batch of source ids, in order (with each batch's
+        forced-prefix ids and constraint ids, if given; whole words with ``inside``, :attr:`word_pieces`)."""
         raise NotImplementedError
+
+    @cached_property
+    def word_pieces(self) -> Tensor | None:
+        """(V,) bool or None: :func:`~transduce.data.alignments.word_continuations` (whole-word constraints)."""
+        table = word_continuations(self.tokenizer, "tgt", self.config.tgt_vocab_size)
+        return None if table is None else torch.from_numpy(table)
 
     def _batches(self, lengths: list[int], batch_tokens: int) -> list[list[int]]:
         """Indices of ``lengths`` grouped into the batches to search."""
@@ -254,7 +262,8 @@ class BaseTranslator:
         if constraints is not None:
             ids = [[self.tokenizer.encode(p, side="tgt") for p in c if p.strip()] for c in constraints]
             phrases = [constraint_ids([ids[i] for i in index]) for index in batches]
-        for index, out in zip(batches, self._search(sources, spec, prefixes, phrases)):
+        inside = None if phrases is None else self.word_pieces
+        for index, out in zip(batches, self._search(sources, spec, prefixes, phrases, inside)):
             for row, i in enumerate(index):
                 results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
@@ -373,8 +382,9 @@ class Translator(BaseTranslator):
         return autocast_context(self.device, self.runtime.precision)
 
     def _search(self, batches: list[Tensor], spec: SearchSpec, prefixes: list[Tensor | None] | None = None,
-                constraints: list[Tensor | None] | None = None) -> Iterator[SearchOutput]:
+                constraints: list[Tensor | None] | None = None, inside: Tensor | None = None) -> Iterator[SearchOutput]:
         none = [None] * len(batches)
+        inside = None if inside is None else inside.to(self.device)
         if spec.decode.shortlist and self.shortlist is None:
             raise ConfigError("decode.shortlist: this model directory has no vocabulary shortlist; build one with "
                               "transduce shortlist MODEL_DIR --src S --tgt T")
@@ -382,7 +392,8 @@ class Translator(BaseTranslator):
             with torch.inference_mode(), self.autocast():
                 out = spec.run(self.model, src.to(self.device), None if prefix is None else prefix.to(self.device),
                                self.speculation, None if phrases is None else phrases.to(self.device),
-                               shortlist=self.shortlist, on_step=self.on_step).cpu()
+                               shortlist=self.shortlist, on_step=self.on_step,
+                               inside=inside).cpu()
             yield out  # outside the block: the caller does not run in inference mode
 
     def _force(self, src: Tensor, tgt: Tensor, decode: DecodeConfig, attention: AttentionChoice | None = None

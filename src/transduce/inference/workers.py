@@ -123,13 +123,16 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _search(translator: Translator, src: _Packed, spec: SearchSpec | ForceSpec, prefix: _Packed | None,
-            constraints: _Packed | None = None) -> tuple[float, Packed]:
-    """Search one batch (with its forced prefixes and constraint ids, if any), or force-decode it
-    (``prefix``: the targets): (seconds it took, the packed SearchOutput or ForcedOutput)."""
+            constraints: tuple[_Packed, _Packed | None] | None = None) -> tuple[float, Packed]:
+    """Search one batch (with its forced prefixes, and its constraint ids with the table of the
+    pieces that continue a word, if any), or force-decode it (``prefix``: the targets): (seconds
+    it took, the packed SearchOutput or ForcedOutput)."""
     start = time.perf_counter()
+    phrases, inside = (None, None) if constraints is None else constraints
     with torch.inference_mode(), translator.autocast():
         out = pack(spec.run(translator.model, src.tensor(), None if prefix is None else prefix.tensor(),
-                            translator.speculation, None if constraints is None else constraints.tensor()))
+                            translator.speculation, None if phrases is None else phrases.tensor(),
+                            inside=None if inside is None else inside.tensor()))
     return time.perf_counter() - start, out
 
 

@@ -196,3 +196,35 @@ def test_each_phrase_appears_as_often_as_it_is_given(seed):
                 assert _count(out.hypothesis(i), p) == sentence.count(p), (i, p, sentence, out.hypothesis(i))
                 checked += 1
     assert checked >= 3
+
+
+def _followers(ids: list[int], phrase: list[int]) -> list[int]:
+    """The token after each occurrence of ``phrase`` in ``ids`` (EOS where it ends the output)."""
+    n = len(phrase)
+    return [(ids + [EOS])[i + n] for i in range(len(ids) - n + 1) if ids[i:i + n] == phrase]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("phrase", [[5], [9, 5]])
+def test_with_the_word_table_a_constraint_is_not_glued_to_a_suffix(beam, phrase):
+    """A model fond of a word-continuing piece (7, think ``es``) glues it to the constraint
+    (``▁Hund`` + ``es``: the tokens met, the word "Hund" missed); given the table of such pieces
+    the search ends the word there, and scores stay the model's own."""
+    model, src = _fond_of([7]), random_sources([6, 9, 4], seed=1)
+    inside = torch.zeros(40, dtype=torch.bool)
+    inside[[7, 11, 12, 13]] = True                                         # pieces that continue a word
+    decode = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
+    ids = constraint_ids([[phrase]] * 3)
+    with torch.inference_mode():
+        tokens = SearchSpec(decode).run(model, src, constraints=ids)
+        words = SearchSpec(decode).run(model, src, constraints=ids, inside=inside)
+        forced = force_decode(model, src, words.tokens[:, 0], decode)
+    glued = [t for i in range(3) for t in _followers(tokens.hypothesis(i), phrase)]
+    assert any(inside[t] for t in glued), glued                           # the case arises without the table
+    for i in range(3):
+        for k in range(beam):
+            if words.scores[i, k] > -math.inf:
+                after = _followers(words.hypothesis(i, k), phrase)
+                assert after and not any(inside[t] for t in after), (words.hypothesis(i, k), after)
+        assert words.scores[i, 0] > -math.inf
+    torch.testing.assert_close(forced.log_probs, words.log_probs[:, 0], rtol=0, atol=1e-4)

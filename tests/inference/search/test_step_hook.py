@@ -10,6 +10,7 @@ from inference_helpers import EOS, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference.search import SearchSpec, Speculation
+from transduce.inference.search.constraints import constraint_ids
 
 VOCAB = 40
 
@@ -33,20 +34,22 @@ GREEDY = DecodeConfig(beam=1, max_len_a=1.0, max_len_b=6)
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("decode, draft", [
-    (GREEDY, False),
-    (GREEDY, True),  # speculative decoding: a disagreeing draft, so rounds commit different counts
-    (DecodeConfig(beam=4, nbest=1, max_len_a=1.0, max_len_b=6), False),
-    (DecodeConfig(beam=3, nbest=1, lenpen=0.0, stop="best_finished", max_len_a=1.0, max_len_b=6), False),
-], ids=["greedy", "speculative", "beam", "beam-best-finished"])
-def test_settled_tokens_grow_into_the_unchanged_output(decode, draft):
+@pytest.mark.parametrize("decode, draft, phrases", [
+    (GREEDY, False, None),
+    (GREEDY, True, None),  # speculative decoding: a disagreeing draft, so rounds commit different counts
+    (DecodeConfig(beam=4, nbest=1, max_len_a=1.0, max_len_b=6), False, None),
+    (DecodeConfig(beam=3, nbest=1, lenpen=0.0, stop="best_finished", max_len_a=1.0, max_len_b=6), False, None),
+    (DecodeConfig(beam=4, nbest=1, max_len_a=1.0, max_len_b=6), False, [[[5]], [[7, 8]], [], [[9]], [], [[6]]]),
+], ids=["greedy", "speculative", "beam", "beam-best-finished", "constrained"])
+def test_settled_tokens_grow_into_the_unchanged_output(decode, draft, phrases):
     model = tiny_transformer(VOCAB, seed=0)
     src = random_sources([5, 3, 9, 1, 7, 2], VOCAB, seed=0)
     speculation = Speculation(tiny_transformer(VOCAB, seed=1, n_decoder_layers=1)) if draft else None
     spec = SearchSpec(decode, static=False)
-    plain = spec.run(model, src, speculation=speculation)
+    ids = None if phrases is None else constraint_ids(phrases)
+    plain = spec.run(model, src, speculation=speculation, constraints=ids)
     hook = Recorder(src.shape[0])
-    out = spec.run(model, src, speculation=speculation, on_step=hook)
+    out = spec.run(model, src, speculation=speculation, constraints=ids, on_step=hook)
     assert torch.equal(out.tokens, plain.tokens) and torch.equal(out.lengths, plain.lengths)
     grew = 0
     for row, seen in enumerate(hook.seen):

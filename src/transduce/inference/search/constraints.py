@@ -18,6 +18,12 @@ last token, where the output ends with the rest of it) is refused (:meth:`Constr
 unless that token starts or continues a phrase not yet met (a met "Haus" does not stop "großes
 Haus").
 
+Constraints are whole words: given the table of the pieces that continue a word (``inside``,
+:func:`~transduce.data.alignments.word_continuations`), a hypothesis that has just completed a
+phrase may not go on with one of them (``▁Hund`` + ``es`` would meet the constraint "Hund" as
+tokens and miss it as a word), unless that piece advances a phrase not yet met; punctuation and
+EOS stay allowed. Without the table the constraints are token sequences.
+
 :func:`~transduce.inference.search.beam.beam_search` runs it through two hooks:
 :meth:`ConstraintBeams.candidates` instead of the plain candidates, and
 :meth:`ConstraintBeams.advanced` when the beams are reordered. Without constraints beam search
@@ -74,14 +80,19 @@ class ConstraintBeams:
     met: Tensor      # (N, C) bool: phrases completed
     cur: Tensor      # (N,) the phrase in progress, -1: none
     done: Tensor     # (N,) its tokens produced so far
+    inside: Tensor | None = None  # (V,) bool: the pieces that continue a word; None: token-level constraints
+    closed: Tensor | None = None  # (N,) bool: the last token completed a phrase (with ``inside``)
 
     @staticmethod
-    def start(phrases: Tensor) -> "ConstraintBeams":
-        """One hypothesis (BOS) per sentence, nothing met."""
+    def start(phrases: Tensor, inside: Tensor | None = None) -> "ConstraintBeams":
+        """One hypothesis (BOS) per sentence, nothing met; with ``inside`` (V,) bool, phrases
+        are whole words (see the module doc)."""
         b, c, _ = phrases.shape
         device = phrases.device
+        closed = None if inside is None else torch.zeros(b, dtype=torch.bool, device=device)
         return ConstraintBeams(phrases, torch.zeros(b, c, dtype=torch.bool, device=device),
-                               torch.full((b,), -1, device=device), torch.zeros(b, dtype=torch.long, device=device))
+                               torch.full((b,), -1, device=device), torch.zeros(b, dtype=torch.long, device=device),
+                               inside, closed)
 
     def sentence_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """The phrases (N, C, L) and their lengths (N, C) of each row, from its sentence's ``ids``."""
@@ -144,7 +155,8 @@ class ConstraintBeams:
         before = beams.tokens[:, :, 1:-1].reshape(rows.shape[0], -1)          # (N, t - 1) the output before the last
         met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1),
                                      ready_to_complete(phrases, lengths, before))
-        return ConstraintBeams(self.phrases, met, cur, done)
+        closed = None if self.inside is None else (met & ~parent.met).any(dim=1)
+        return ConstraintBeams(self.phrases, met, cur, done, self.inside, closed)
 
     def repeats(self, phrases: Tensor, lengths: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
         """(N, C) the token that would complete each phrase again, where every copy of it is met
@@ -155,6 +167,20 @@ class ConstraintBeams:
         last = last_tokens(phrases, lengths)
         allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
         return last.masked_fill(~(ready & spent) | allowed, -1)
+
+    def glued(self, extra: Tensor, forced: Tensor | None) -> Tensor | None:
+        """(N, V) bool: the pieces refused because they would continue the word of the phrase
+        just completed (none where the piece is one of ``extra`` (N, C), :meth:`next_tokens`, or
+        the row's token is ``forced`` (N,)); None without the ``inside`` table or a row that has
+        just completed a phrase (most steps: no (N, V) work)."""
+        if self.inside is None:
+            return None
+        closed = self.closed if forced is None else self.closed & (forced < 0)
+        if not bool(closed.any()):
+            return None
+        refused = closed.unsqueeze(1) & self.inside.unsqueeze(0)         # (N, V)
+        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)        # (N, C) False: an advancing token
+        return refused.scatter(1, extra.clamp(min=0), keep)
 
     def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int,
                    forced: Tensor | None = None) -> Candidates:
@@ -175,6 +201,9 @@ class ConstraintBeams:
         if forced is not None:
             again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
         refused = torch.zeros_like(logp).scatter_add_(1, again.clamp(min=0), (again >= 0).to(logp.dtype)) > 0
+        glued = self.glued(extra, forced)
+        if glued is not None:
+            refused |= glued
         logp = logp.masked_fill(refused, -math.inf)
         top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
         c = extra.shape[1]

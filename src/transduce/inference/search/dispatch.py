@@ -49,20 +49,24 @@ class SearchSpec:
 
     def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
             speculation: Speculation | None = None, constraints: Tensor | None = None,
-            shortlist: "Shortlist | None" = None, on_step: StepHook | None = None) -> SearchOutput:
+            shortlist: "Shortlist | None" = None, on_step: StepHook | None = None,
+            inside: Tensor | None = None) -> SearchOutput:
         """Search a (B, S) batch of source ids (EOS-terminated, PAD-padded), each output
         beginning with its row of ``prefix`` ids (-1-padded), if given; with a ``speculation``,
         greedy search or sampling with its draft model proposing tokens; with ``constraints``
         (B, C, L) phrase ids (-1-padded, :func:`~.constraints.constraint_ids`), constrained beam
-        search (any beam size, eager); with a ``shortlist`` and ``decode.shortlist``, greedy and beam
-        search over the batch's target shortlist (:mod:`~transduce.inference.shortlist`).
+        search (any beam size, eager), the phrases whole words given ``inside`` (V,) bool, the
+        target pieces that continue a word (:func:`~transduce.data.alignments.word_continuations`);
+        with a ``shortlist`` and ``decode.shortlist``, greedy and beam search over the batch's
+        target shortlist (:mod:`~transduce.inference.shortlist`).
         ``on_step`` is told each step's settled tokens (:data:`~.common.StepHook`; streaming: eager
         greedy, beam or speculative search)."""
         if on_step is not None and (self.static or (self.temperature and speculation is None)):
             raise ConfigError("stream: streams greedy, beam and speculative search, eagerly; not sampling or "
                               "static=True")
         if constraints is not None:
-            return self._constrained(model, src, prefix, speculation, constraints, on_step)
+            return self._constrained(model, src, prefix, speculation, ConstraintBeams.start(constraints, inside),
+                                     on_step)
         if speculation is not None:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work without a draft model")
@@ -91,14 +95,14 @@ class SearchSpec:
         return True
 
     def _constrained(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None,
-                     speculation: Speculation | None, constraints: Tensor, on_step: StepHook | None) -> SearchOutput:
+                     speculation: Speculation | None, constraints: ConstraintBeams,
+                     on_step: StepHook | None) -> SearchOutput:
         if speculation is not None or self.temperature:
             raise ConfigError("constraints: constrained decoding is beam search; drop the draft model and sampling")
         if self.static:
             raise ConfigError("static: constrained decoding runs eagerly; use static=False")
-        check_fits(constraints, max_lengths(src, model.config, self.decode.max_len_a, self.decode.max_len_b))
-        return beam_search(model, src, self.decode, self.attention, prefix, ConstraintBeams.start(constraints),
-                           on_step)
+        check_fits(constraints.phrases, max_lengths(src, model.config, self.decode.max_len_a, self.decode.max_len_b))
+        return beam_search(model, src, self.decode, self.attention, prefix, constraints, on_step=on_step)
 
     def _speculative(self, model: torch.nn.Module, src: Tensor, speculation: Speculation,
                      on_step: StepHook | None) -> SearchOutput:

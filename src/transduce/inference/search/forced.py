@@ -61,8 +61,9 @@ class ForceSpec:
     temperature: float = 0.0  # not sampling (what a pool's deadline estimate reads)
 
     def run(self, model: Seq2Seq, src: Tensor, tgt: Tensor | None = None, speculation: object = None,
-            constraints: Tensor | None = None) -> ForcedOutput:
-        """:func:`force_decode` of ``src`` (B, S) and ``tgt`` (B, T) on ``model`` (CPU output)."""
+            constraints: Tensor | None = None, inside: Tensor | None = None) -> ForcedOutput:
+        """:func:`force_decode` of ``src`` (B, S) and ``tgt`` (B, T) on ``model`` (CPU output);
+        the search's other arguments are unused."""
         if tgt is None:
             raise ValueError("ForceSpec.run: needs the targets")
         return force_decode(model, src, tgt, self.decode, self.attention).cpu()
