@@ -17,7 +17,6 @@ import argparse
 import gzip
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,30 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_load import free_port  # noqa: E402
+from serving import start, stop  # noqa: E402 - the bench's own server start (the triton extra)
 
 
 def read_lines(path: str) -> list[str]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 300.0) -> None:
-    import tritonclient.http as http
-
-    client = http.InferenceServerClient(url)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"triton_check: the server exited with {proc.returncode}")
-        try:
-            if client.is_model_ready("translate"):
-                return
-        except Exception:  # noqa: BLE001 - not listening yet
-            pass
-        time.sleep(0.5)
-    raise SystemExit("triton_check: the server was not ready in time")
 
 
 def ask(url: str, sentence: str) -> tuple[str, str]:
@@ -77,29 +59,23 @@ def main() -> None:
     with load(args.model) as translator:
         want = translator.translate(sentences)
     local_s = time.perf_counter() - started
-    port, grpc_port = free_port(), free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "transduce", "serve", args.model, "--engine", "triton",
-                                 "--port", str(port), "--grpc-port", str(grpc_port), "--threads", str(args.threads)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    with tempfile.TemporaryDirectory() as work:
+        proc, base = start("triton", Path(args.model), args.threads, Path(work))
         try:
-            url = f"127.0.0.1:{port}"
-            wait_ready(proc, url)
+            url = base.removeprefix("http://")
             started = time.perf_counter()
             with ThreadPoolExecutor(args.clients) as pool:
                 got = list(pool.map(lambda s: ask(url, s), sentences))
             served_s = time.perf_counter() - started
         finally:
-            proc.terminate()
-            proc.wait(60)
+            exit_code = stop(proc)
     differ = [i for i, (w, (g, _)) in enumerate(zip(want, got)) if w != g]
     print(json.dumps({"model": args.model, "src": args.src, "sentences": len(sentences),
                       "identical": len(sentences) - len(differ), "errors": sum(1 for _, e in got if e),
                       "first_differences": [{"line": i + 1, "translate": want[i], "triton": got[i][0]}
                                             for i in differ[:5]],
                       "clients": args.clients, "triton_seconds": round(served_s, 1),
-                      "in_process_seconds": round(local_s, 1), "server_exit": proc.returncode,
+                      "in_process_seconds": round(local_s, 1), "server_exit": exit_code,
                       "load_average_1min": os.getloadavg()[0]}, indent=1, ensure_ascii=False))
 
 
