@@ -186,18 +186,8 @@ def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str
     arch, family, head = bert_architecture(config, where)
     state = read_weights(where)
     cfg, offset = bert_model_config(config, where, family, head, is_tied(state, family, head))
-    original, tokenizer, order = imported_tokenizer(where, cfg.src_vocab_size)
-    model = EncoderOnly(cfg)
-    load_state_checked(model, our_bert_state(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
-    model.eval()
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        transformers = require("transformers", "export", "transduce import")
-        checks = verify_bert_import(model, load_hf_model(getattr(transformers, arch), where), order)
-        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-    logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
+    return write_encoder_import(where, arch, out, force, our_bert_state, state, cfg, family, offset,
+                                verify_bert_import)
 
 
 def imported_tokenizer(where: Path, n_rows: int) -> tuple["HFTokenizer", "HFTokenizer", Tensor]:
@@ -244,4 +234,23 @@ def verify_bert_import(model: EncoderOnly, hf, order: Tensor, atol: float = 1e-4
         checks["max_nsp_logit_diff"] = check_close("imported next-sentence logits",
                                                    model.next_sentence_logits(states), out.seq_relationship_logits,
                                                    atol)
+    return checks
+
+
+def write_encoder_import(where: Path, arch: str, out, force: bool, mapping, state: dict, cfg, family: str,
+                         offset: int, verify) -> dict[str, object]:
+    """The end of an encoder import (BERT, RoBERTa, Longformer): ``state`` mapped by ``mapping`` into
+    an :class:`EncoderOnly` of ``cfg`` with the renumbered tokenizer, checked by ``verify`` against
+    transformers' ``arch`` model of ``where`` and the original tokenizer, then written to ``out``."""
+    original, tokenizer, order = imported_tokenizer(where, cfg.src_vocab_size)
+    model = EncoderOnly(cfg)
+    load_state_checked(model, mapping(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
+    model.eval()
+    with staging_dir(out, force) as tmp, torch_threads(1):
+        transformers = require("transformers", "export", "transduce import")
+        checks = verify(model, load_hf_model(getattr(transformers, arch), where), order)
+        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
+        save_model(model, tmp)
+        tokenizer.save(tmp)
+    logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
     return checks

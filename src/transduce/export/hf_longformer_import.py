@@ -41,13 +41,11 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
-from ..errors import ConfigError, one_line, require
-from ..model import EncoderOnly, save_model
-from ..model.io import load_state_checked
-from .base import staging_dir, torch_threads
+from ..errors import ConfigError, one_line
+from ..model import EncoderOnly
 from .hf_bert import bert_names, probe_inputs
-from .hf_bert_import import bert_model_config, check_same_ids, imported_tokenizer, is_tied, our_bert_state
-from .hf_read import HFImportError, load_hf_model, read_weights
+from .hf_bert_import import bert_model_config, is_tied, our_bert_state, write_encoder_import
+from .hf_read import HFImportError, read_weights
 from .verify import check_close
 
 logger = logging.getLogger(__name__)
@@ -115,19 +113,8 @@ def import_longformer(where: Path, config: dict, out, force: bool = False) -> di
     if arch == "LongformerModel":
         state = _with_new_head(state, cfg)
         logger.warning("%s: LongformerModel has no head; the masked-LM head is new (train it)", where)
-    original, tokenizer, order = imported_tokenizer(where, cfg.src_vocab_size)
-    model = EncoderOnly(cfg)
-    load_state_checked(model, our_bert_state(state, cfg, "longformer", order, offset),
-                       f"{where} (mapped to transduce)")
-    model.eval()
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        transformers = require("transformers", "export", "transduce import")
-        checks = verify_longformer_import(model, load_hf_model(getattr(transformers, arch), where), order)
-        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-    logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
+    return write_encoder_import(where, arch, out, force, our_bert_state, state, cfg, "longformer", offset,
+                                verify_longformer_import)
 
 
 def probe_lengths(cfg: ModelConfig) -> tuple[int, ...]:
