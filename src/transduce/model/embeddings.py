@@ -133,16 +133,18 @@ class RelativePositionBias(nn.Module):
 
 
 class TokenEmbedding(nn.Module):
-    """Embedding lookup multiplied by sqrt(d_model) (Sec. 3.4) when ``scale`` is set."""
+    """Embedding lookup multiplied by sqrt(d_model) (Sec. 3.4) when ``scale`` is set.
+    ``init_std`` overrides the initial spread (T5 starts its unscaled embeddings at 1.0)."""
 
-    def __init__(self, vocab_size: int, dim: int, pad_id: int | None, scale: bool = True):
+    def __init__(self, vocab_size: int, dim: int, pad_id: int | None, scale: bool = True,
+                 init_std: float | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, dim))
         self.pad_id = pad_id
         self.scale = math.sqrt(dim) if scale else 1.0
         # N(0, D^-0.5) so that after the sqrt(D) scale embeddings have unit variance, the
         # usual choice when the matrix is shared with the output projection (fairseq, T2T).
-        nn.init.normal_(self.weight, std=dim ** -0.5)
+        nn.init.normal_(self.weight, std=dim ** -0.5 if init_std is None else init_std)
         if pad_id is not None:  # PAD's row stays zero (no gradient through the lookup)
             with torch.no_grad():
                 self.weight[pad_id].zero_()

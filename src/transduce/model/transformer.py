@@ -102,9 +102,12 @@ class Transformer(nn.Module):
         if cfg.arch == "encoder_only":  # a config for EncoderOnly must not quietly build a translation model
             raise ConfigError("model.arch: encoder_only models are built by build_model (EncoderOnly), not Transformer")
         self.config = cfg
-        src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
+        # Without the sqrt(D) scale (T5) the embeddings start at unit variance, as T5's do: at
+        # D^-0.5 the first layers' outputs would drown the tokens in the residual stream.
+        std = None if cfg.scale_embeddings else 1.0
+        src_tokens = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings, std)
         tgt_tokens = src_tokens if cfg.share_embeddings else TokenEmbedding(
-            cfg.tgt_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings)
+            cfg.tgt_vocab_size, cfg.d_model, cfg.embedding_pad_id, cfg.scale_embeddings, std)
         self.src_embed = Embedder(cfg, src_tokens)
         self.tgt_embed = Embedder(cfg, tgt_tokens)
         rope = RotaryEmbedding(cfg.d_head, cfg.rope_base) if cfg.positions == "rope" else None
