@@ -81,3 +81,12 @@ def test_sampling_arguments_of_a_call_are_named_alone():
     with pytest.raises(ConfigError, match=r"^top_k: must be >= 0"):
         check_sampling(1.0, -2, 1.0)
     check_sampling(0.5, 3, 0.9)
+
+
+def test_quantize_config_float_layers_are_names():
+    from transduce.config import QuantizeConfig
+    assert QuantizeConfig().float_layers == ("output_proj",)
+    assert QuantizeConfig(float_layers=["*.fc2"]).float_layers == ("*.fc2",)  # a YAML list
+    for bad in (("",), (3,), "output_proj"):
+        with pytest.raises(ConfigError, match="quantize.float_layers"):
+            QuantizeConfig(float_layers=bad)

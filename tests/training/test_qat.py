@@ -62,3 +62,14 @@ def test_a_qat_run_trains_and_quantizes(tmp_path):
     assert main(["quantize", str(out / "model"), "--calibrate", str(sample), "--out", str(tmp_path / "int8")]) == 0
     with load(tmp_path / "int8") as tr:
         assert len(tr.translate(["the red dog sleeps"], beam=2)) == 1
+
+
+def test_layers_quantize_keeps_in_float_train_in_float():
+    """QAT rounds what ``transduce quantize`` rounds: the layers ``quantize.float_layers`` keeps
+    in float32 (by default the vocabulary projection) are left plain, the others fake-quantised."""
+    from transduce.config import ModelConfig, QuantizeConfig
+    from transduce.model import Transformer
+    model = prepare_qat(Transformer(ModelConfig(src_vocab_size=50, tgt_vocab_size=50, **MODEL)))
+    linears = {n: type(m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    assert QuantizeConfig().float_layers == ("output_proj",)
+    assert linears.pop("output_proj") is nn.Linear and set(linears.values()) == {FakeQuantLinear}

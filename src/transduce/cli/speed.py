@@ -88,12 +88,19 @@ def _add_quantize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--calibrate", required=True, metavar="FILE",
                    help="source sentences, one per line (a few hundred like the text to translate)")
     p.add_argument("--out", required=True, help="the static int8 model directory to write (atomically)")
+    p.add_argument("--float-layers", nargs="*", default=None, metavar="PATTERN",
+                   help="linear layers kept in float32, names or fnmatch patterns (quantize.float_layers; "
+                   "default: output_proj, the vocabulary projection; given with no pattern: none)")
     p.set_defaults(func=_cmd_quantize)
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
+    from ..config import QuantizeConfig
     from ..inference.quantize import quantize_directory
-    from ..inference.speed.static import FILE
-    absmax = quantize_directory(args.model_dir, args.calibrate, args.out)
-    print(f"wrote {args.out}: {len(absmax)} linear layers in static int8 ({FILE}); translate it like any model")
+    from ..inference.speed.static import FILE, read_float_layers
+    config = QuantizeConfig() if args.float_layers is None else QuantizeConfig(float_layers=tuple(args.float_layers))
+    absmax = quantize_directory(args.model_dir, args.calibrate, args.out, config)
+    kept = read_float_layers(args.out)
+    print(f"wrote {args.out}: {len(absmax) - len(kept)} linear layers in static int8 ({FILE}), "
+          f"{len(kept)} in float32; translate it like any model")
     return 0

@@ -14,6 +14,7 @@ from .data import DataConfig
 from .decode import DecodeConfig
 from .generation import GenerationConfig, check_sampling
 from .model import MODEL_PRESETS, ModelConfig, model_preset, model_task, with_vocab
+from .quantize import QuantizeConfig
 from .run import RunConfig, load_run_config
 from .runtime import WORKER_TIMEOUT_S, Runtime
 from .serve import ServeConfig
@@ -21,7 +22,7 @@ from .train import EXTEND_VOCAB, TrainConfig
 
 __all__ = [
     "ModelConfig", "DataConfig", "TrainConfig", "DecodeConfig", "GenerationConfig", "ServeConfig", "RunConfig",
-    "Runtime",
+    "Runtime", "QuantizeConfig",
     "model_preset", "MODEL_PRESETS", "model_task", "with_vocab",
     "EXTEND_VOCAB", "WORKER_TIMEOUT_S", "check_sampling",
     "from_dict", "load_run_config", "apply_overrides", "read_yaml", "save_yaml",

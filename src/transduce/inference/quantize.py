@@ -3,7 +3,8 @@ static int8 model directory (:mod:`~transduce.inference.speed.static`).
 
 Calibration (:func:`calibrate`) translates the sample greedily, then runs the model once over
 the sample and its own translations (teacher-forced), recording each linear layer's largest
-absolute input: the decoder sees what it sees when it decodes.
+absolute input: the decoder sees what it sees when it decodes. The layers named in
+``quantize.float_layers`` (:class:`~transduce.config.QuantizeConfig`) stay in float32.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+from fnmatch import fnmatchcase
 from typing import Iterator
 
 import torch
 from torch import Tensor, nn
 
-from ..config import Runtime, model_task
+from ..config import QuantizeConfig, Runtime, model_task
 from ..errors import ConfigError, DataError
-from .speed.static import FILE, SCHEME, linear_names, read_scales, torchao_quantization
+from .speed.static import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
 from .translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -79,9 +81,22 @@ def calibrate(translator, lines: list[str]) -> dict[str, float]:
     return absmax
 
 
-def quantize_directory(model_dir: str, calibration: str, out: str) -> dict[str, float]:
+def float_layer_names(model: nn.Module, patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """``model``'s linear layers that ``patterns`` (``quantize.float_layers``) keep in float32;
+    a pattern naming none of them is a one-line error (a typo would silently quantise it)."""
+    names = linear_names(model)
+    for pattern in patterns:
+        if not any(fnmatchcase(n, pattern) for n in names):
+            raise ConfigError(f"quantize.float_layers: {pattern!r} names no linear layer of this model "
+                              f"(they are named like {names[-1]!r})")
+    return tuple(n for n in names if any(fnmatchcase(n, p) for p in patterns))
+
+
+def quantize_directory(model_dir: str, calibration: str, out: str,
+                       config: QuantizeConfig = QuantizeConfig()) -> dict[str, float]:
     """Calibrate ``model_dir`` on the source sentences in ``calibration`` and write the static
-    int8 model directory ``out`` (atomically); returns the calibrated maxima."""
+    int8 model directory ``out`` (atomically), the layers ``config.float_layers`` names kept in
+    float32; returns the calibrated maxima."""
     from ..atomic import atomic_dir
     from ..data.corpus import read_lines
     from ..model.io import load_model_config, save_weights
@@ -95,9 +110,12 @@ def quantize_directory(model_dir: str, calibration: str, out: str) -> dict[str, 
     if not lines:
         raise DataError(f"--calibrate: {calibration} has no sentences to calibrate on")
     with Translator.load(model_dir, Runtime(device="cpu")) as translator:
+        keep_float = float_layer_names(translator.model, config.float_layers)
         absmax = calibrate(translator, lines)
     with atomic_dir(out) as tmp:
         shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
-        save_weights({name: torch.tensor(v) for name, v in absmax.items()}, tmp / FILE, {"scheme": SCHEME})
-    logger.info("calibrated %d linear layers on %d sentences", len(absmax), len(lines))
+        save_weights({name: torch.tensor(v) for name, v in absmax.items()}, tmp / FILE,
+                     {"scheme": SCHEME, FLOAT_KEY: ",".join(keep_float)})
+    logger.info("calibrated %d linear layers on %d sentences; %d kept in float32", len(absmax), len(lines),
+                len(keep_float))
     return absmax

@@ -8,17 +8,22 @@ row and its input per tensor (symmetric, scale = largest magnitude / 127.5, as
 ``fake_quantize_per_channel_affine`` / ``fake_quantize_per_tensor_affine``, whose gradient is
 the straight-through estimator. torchao's QAT configs fake-quantise activations per token only,
 not per tensor as the static int8 model computes. Attention projections run one layer at a time
-(:class:`FakeQuantAttention`), so each sees its own rounding. Parameters, names and the state
+(:class:`FakeQuantAttention`), so each sees its own rounding. The layers ``transduce quantize``
+keeps in float32 by default (``quantize.float_layers``: the vocabulary projection) train in
+float32 too. Parameters, names and the state
 dict stay as they are: checkpoints, resume and the saved model are a float model's, which
 ``transduce quantize`` then converts.
 """
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import QuantizeConfig
 from ..inference.speed.static import SYMMETRIC_LEVELS
 from ..model.attention import MultiHeadAttention
 
@@ -51,10 +56,11 @@ class FakeQuantAttention(MultiHeadAttention):
         return tuple(self.split_heads(m(x)) for m in layers)                    # (B, H, T, Dh) each
 
 
-def prepare_qat(model: nn.Module) -> nn.Module:
-    """Switch ``model``'s linear and attention layers to their fake-quantised versions, in place."""
-    for module in model.modules():
-        if type(module) is nn.Linear:
+def prepare_qat(model: nn.Module, float_layers: tuple[str, ...] = QuantizeConfig().float_layers) -> nn.Module:
+    """Switch ``model``'s linear layers (but those ``float_layers`` names, as ``transduce quantize``
+    leaves them) and attention layers to their fake-quantised versions, in place."""
+    for name, module in model.named_modules():
+        if type(module) is nn.Linear and not any(fnmatchcase(name, p) for p in float_layers):
             module.__class__ = FakeQuantLinear
         elif type(module) is MultiHeadAttention:
             module.__class__ = FakeQuantAttention

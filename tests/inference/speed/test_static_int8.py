@@ -12,8 +12,10 @@ from transduce.cli import main
 from transduce.config import Runtime
 from transduce.errors import ConfigError
 from transduce.inference import Translator, load
+from transduce.inference.placement import load_model_dir
 from transduce.inference.quantize import calibrate
-from transduce.inference.speed.static import FILE, Int8Kernel, StaticInt8Linear, quantize_static
+from transduce.inference.speed.static import (FILE, Int8Kernel, StaticInt8Linear, is_quantized, quantize_static,
+                                              read_float_layers)
 
 need_extra("quant", "torchao")
 
@@ -32,11 +34,19 @@ def quantized(trained_dir, calibration, tmp_path_factory):
     return out
 
 
-def test_every_linear_layer_is_int8_and_greedy_stays_with_fp32(trained_dir, quantized):
+def int8_and_float(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+    """The names of ``model``'s static int8 linear layers, and of its float ones."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return ({n for n, m in linears.items() if isinstance(m, StaticInt8Linear)},
+            {n for n, m in linears.items() if not is_quantized(m)})
+
+
+def test_every_linear_layer_but_the_vocabulary_projection_is_int8_and_greedy_stays_with_fp32(trained_dir, quantized):
     sources = [s for s, _ in toy_pairs(60, seed=3)]
     with load(trained_dir) as fp32, load(quantized) as int8:
-        kinds = {type(m) for m in int8.model.modules() if isinstance(m, torch.nn.Linear)}
-        assert kinds == {StaticInt8Linear}
+        quantized_names, float_names = int8_and_float(int8.model)
+        assert float_names == {"output_proj"} and len(quantized_names) > 1  # quantize.float_layers' default
+        assert read_float_layers(quantized) == ("output_proj",)
         want, got = fp32.translate(sources, beam=1), int8.translate(sources, beam=1)
         # int8 rounding flips a near-tie now and then; a broken scale garbles every sentence
         assert sum(g == w for g, w in zip(got, want)) >= 0.85 * len(want)
@@ -52,7 +62,7 @@ def test_saved_model_is_the_one_calibrated_in_memory(trained_dir, quantized, cal
     sources = [s for s, _ in toy_pairs(30, seed=4)]
     with Translator.load(trained_dir) as tr:
         absmax = calibrate(tr, calibration.read_text(encoding="utf-8").splitlines())
-        quantize_static(tr.model, absmax)
+        quantize_static(tr.model, absmax, keep_float=("output_proj",))
         in_memory = tr.translate(sources, beam=4)
     with load(quantized) as loaded:  # same kernels on both sides: identical
         assert loaded.translate(sources, beam=4) == in_memory
@@ -87,7 +97,6 @@ def test_heldout_loss_of_a_quantised_directory_is_the_int8_models(trained_dir, q
     from transduce.data.prepared import TokenPairs, length_dtype, token_dtype
     from transduce.data.tokenizer import load_tokenizer
     from transduce.evaluation.heldout import heldout_loss
-    from transduce.inference.placement import load_model_dir
     from transduce.inference.speed.static import read_scales
     from transduce.model.io import load_model
 
@@ -100,8 +109,8 @@ def test_heldout_loss_of_a_quantised_directory_is_the_int8_models(trained_dir, q
 
     loaded = load_model_dir(quantized)
     with load(quantized) as tr:  # what translate runs: the same layers
-        assert {type(m) for m in tr.model.modules() if isinstance(m, torch.nn.Linear)} == {StaticInt8Linear}
-    int8 = quantize_static(load_model(trained_dir).eval(), read_scales(quantized))
+        assert int8_and_float(tr.model)[1] == {"output_proj"}
+    int8 = quantize_static(load_model(trained_dir).eval(), read_scales(quantized), read_float_layers(quantized))
     batch = collate(pairs, Specials.of(int8.config))
     with torch.no_grad():  # the direct computation: one batch, the int8 model's logits
         logits = int8(batch.src, batch.tgt_in)  # (B, T, V)
@@ -144,3 +153,44 @@ def test_projections_side_by_side_give_each_layers_numbers():
         fused = Int8Kernel.side_by_side([model["q"], model["k"], model["v"]])(x)                # (3, 4, 72)
         assert torch.equal(fused, torch.cat([model[n](x) for n in ("q", "k", "v")], dim=-1))
     assert Int8Kernel.side_by_side([model["q"], model["other"]]) is None  # another input scale
+
+
+def test_float_layers_choose_which_layers_stay_float(trained_dir, calibration, tmp_path, capsys):
+    """``--float-layers`` (``quantize.float_layers``): the layers it names stay float32 and compute
+    exactly the float model's numbers (same kernels), every other one is int8; with no pattern,
+    every layer is int8; a pattern naming no layer is a one-line error and writes nothing."""
+    ffn = tmp_path / "ffn_float"
+    assert main(["quantize", str(trained_dir), "--calibrate", str(calibration), "--out", str(ffn),
+                 "--float-layers", "decoder_layers.*.ffn.fc2", "output_proj"]) == 0
+    assert "in float32" in capsys.readouterr().out
+    float_model = load_model_dir(trained_dir)
+    model = load_model_dir(ffn)
+    quantized_names, float_names = int8_and_float(model)
+    want = {n for n, m in float_model.named_modules() if n.startswith("decoder_layers.") and n.endswith("ffn.fc2")}
+    assert want and float_names == want | {"output_proj"} and quantized_names.isdisjoint(float_names)
+    x = torch.randn(3, 5, model.output_proj.in_features)
+    with torch.inference_mode():
+        for name in float_names:
+            layer, reference = model.get_submodule(name), float_model.get_submodule(name)
+            y = torch.randn(3, 5, layer.in_features)
+            assert torch.equal(layer(y), reference(y))
+        assert not torch.equal(model.encoder_layers[0].ffn.fc1(x), float_model.encoder_layers[0].ffn.fc1(x))
+    every = tmp_path / "all_int8"
+    assert main(["quantize", str(trained_dir), "--calibrate", str(calibration), "--out", str(every),
+                 "--float-layers"]) == 0
+    assert read_float_layers(every) == () and int8_and_float(load_model_dir(every))[1] == set()
+    assert main(["quantize", str(trained_dir), "--calibrate", str(calibration), "--out", str(tmp_path / "typo"),
+                 "--float-layers", "output_projection"]) == 2
+    assert "quantize.float_layers: 'output_projection' names no linear layer" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_a_scales_file_without_the_float_entry_is_all_int8(trained_dir, quantized, tmp_path):
+    """Directories written before ``quantize.float_layers`` keep loading as they were made."""
+    import shutil
+    from transduce.inference.speed.static import SCHEME, read_scales
+    from transduce.model.io import save_weights
+    old = tmp_path / "old"
+    shutil.copytree(quantized, old)
+    save_weights({n: torch.tensor(v) for n, v in read_scales(quantized).items()}, old / FILE, {"scheme": SCHEME})
+    assert read_float_layers(old) == () and int8_and_float(load_model_dir(old))[1] == set()

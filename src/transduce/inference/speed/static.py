@@ -5,8 +5,9 @@ deprecated for torchao's; the ``quant`` extra).
 
 A statically quantised model directory is its float model directory plus ``quant.safetensors``:
 each ``nn.Linear``'s largest absolute input seen in calibration, by name (the observer
-statistics; the scale is that / 127.5). Loading (:func:`apply_saved`, when a translation model
-loads) rebuilds the int8 layers from the float
+statistics; the scale is that / 127.5), and in its header the layers kept in float32
+(``quantize.float_layers``; a file without that entry has every layer in int8). Loading
+(:func:`apply_saved`, when a translation model loads) rebuilds the int8 layers from the float
 weights and those scales, which gives the same int8 model every time: no pickles, and every other
 tool (export, info, average) still reads the directory as the float model it came from.
 
@@ -26,6 +27,7 @@ from ...model.attention import MultiHeadAttention
 
 FILE = "quant.safetensors"
 SCHEME = "static_int8"
+FLOAT_KEY = "float_layers"  # header entry: the linear layers left in float32, comma-separated
 # torchao's symmetric int8 scale is max |x| / ((127 - -128) / 2): -max|x| rounds to -128.
 SYMMETRIC_LEVELS = 127.5
 
@@ -121,16 +123,17 @@ def is_quantized(module: nn.Module) -> bool:
     return isinstance(weight, Tensor) and type(weight.data) is not Tensor
 
 
-def quantize_static(model: nn.Module, absmax: dict[str, float]) -> nn.Module:
-    """``model`` (CPU, float32) with each named linear layer in static int8, in place: weights
-    per output row, inputs with the scale ``absmax / 127.5``; returns ``model``."""
+def quantize_static(model: nn.Module, absmax: dict[str, float], keep_float: tuple[str, ...] = ()) -> nn.Module:
+    """``model`` (CPU, float32) with each linear layer in static int8 but those named in
+    ``keep_float``, in place: weights per output row, inputs with the scale ``absmax / 127.5``;
+    returns ``model``."""
     tq = torchao_quantization()
     from torchao.quantization.granularity import PerRow, PerTensor
-    missing = sorted(set(linear_names(model)) - set(absmax))
+    missing = sorted(set(linear_names(model)) - set(absmax) - set(keep_float))
     if missing:
         raise CheckpointError(f"{FILE}: no calibrated scale for {len(missing)} linear layer(s), e.g. {missing[0]}")
     model.to("cpu").float().eval()
-    for name in list(absmax):
+    for name in [n for n in absmax if n not in keep_float]:
         scale = torch.tensor(max(absmax[name], 1e-8) / SYMMETRIC_LEVELS).reshape(1, 1)  # per tensor, (N, D) inputs
         config = tq.Int8StaticActivationInt8WeightConfig(act_quant_scale=scale, granularity=[PerTensor(), PerRow()],
                                                          set_inductor_config=False)
@@ -151,6 +154,14 @@ def read_scales(directory: str | os.PathLike) -> dict[str, float] | None:
     return {name: float(t) for name, t in read_weights(path).items()}
 
 
+def read_float_layers(directory: str | os.PathLike) -> tuple[str, ...]:
+    """The linear layers a static int8 model directory keeps in float32 (its header's entry)."""
+    from safetensors import safe_open
+    with safe_open(str(Path(directory) / FILE), framework="pt") as f:
+        names = (f.metadata() or {}).get(FLOAT_KEY, "")
+    return tuple(n for n in names.split(",") if n)
+
+
 def apply_saved(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
     """``model``, loaded from ``directory``, in static int8 if the directory says so (CPU only)."""
     absmax = read_scales(directory)
@@ -158,4 +169,4 @@ def apply_saved(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError(f"runtime.device: {directory} is a static int8 model, which runs on the CPU")
-    return quantize_static(model, absmax)
+    return quantize_static(model, absmax, read_float_layers(directory))
