@@ -23,12 +23,15 @@ its time limit keeps what it measured):
   default Adam: what their users get). Target tokens/s and MFU (matmul FLOPs / s over the peak),
   systems interleaved run by run. Then the Multi30k recipe's small model, where per-step
   overhead rules: steps/s eager, compiled and in CUDA graphs, on one and on four length buckets.
+- ``tensorrt``: fp16 TensorRT engines vs the bf16 model, greedy and beam 4, on a random base
+  model and on the trained model of ``--model-dir`` (Multi30k test BLEU): ``bench/gpu_tensorrt.py``;
+  ``{"skipped": ...}`` without the tensorrt package.
 
 ``--dry`` runs every section on the CPU with tiny shapes and a few steps (CI runs it), so the
 script never reaches a GPU broken; its numbers mean nothing.
 
 Usage:
-    python bench/gpu.py [--out gpu.json] [--sections env,checks,decode,multi30k,train]
+    python bench/gpu.py [--out gpu.json] [--sections env,checks,decode,multi30k,train,tensorrt] [--model-dir M]
     python bench/gpu.py --dry
 """
 
@@ -53,6 +56,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_tensorrt import tensorrt_section  # noqa: E402
 from train_throughput import TorchTransformer, flops_per_step, marian_model  # noqa: E402
 
 from transduce.config import DecodeConfig, ModelConfig, TrainConfig  # noqa: E402
@@ -434,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (CI): checks the script, not speed")
     ap.add_argument("--out", help="also write the JSON here (rewritten after each section)")
-    ap.add_argument("--sections", default="env,checks,decode,multi30k,train")
+    ap.add_argument("--sections", default="env,checks,decode,multi30k,train,tensorrt")
+    ap.add_argument("--model-dir", default=None, help="tensorrt: a trained Multi30k en->de model directory")
     ap.add_argument("--runs", type=int, default=3, help="timed runs per system (interleaved)")
     ap.add_argument("--steps", type=int, default=5, help="training steps per timed run")
     ap.add_argument("--run-dir", default=None, help="the Multi30k run directory (default: a temporary one)")
@@ -474,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(args.run_dir) if args.run_dir else Path(
                 __import__("tempfile").mkdtemp(prefix="gpu_m30k_")) / "run"
             report["multi30k"] = guarded(multi30k_section, device, args.dry, run_dir)
+        elif name == "tensorrt":
+            report["tensorrt"] = guarded(tensorrt_section, device, runs, args.model_dir, measure, guarded)
         else:
             print(f"bench/gpu.py: unknown section {name!r}", file=sys.stderr)
             return 2

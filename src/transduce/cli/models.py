@@ -20,13 +20,19 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a model to Hugging Face (Marian; GPT-2 for a language model), "
                        "CTranslate2 or ONNX (verified), or a Triton model repository")
     p.add_argument("model_dir", help="model directory (config.yaml, model.safetensors, tokenizer)")
-    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx", "triton"],
-                   help="target format")
+    p.add_argument("--format", required=True, choices=["hf", "ctranslate2", "onnx", "triton", "tensorrt"],
+                   help="target format (tensorrt: the ONNX graphs and their TensorRT engines, built on a CUDA GPU "
+                        "for it; translate with --backend tensorrt --engines OUT)")
     p.add_argument("--out", required=True, help="directory to write (written atomically); --format triton: the "
                                                 "model repository (created, or added to)")
     p.add_argument("--name", default=None, help="--format triton: the model's name in the repository (default: "
                                                 "translate)")
     p.add_argument("--quantization", default=None, choices=["int8"], help="int8 weights (ctranslate2 only)")
+    p.add_argument("--precision", default=None, choices=["fp32", "fp16", "bf16"],
+                   help="--format tensorrt: the engines' precision (default: fp32; fp16/bf16 keep layer norms and "
+                        "softmax in fp32)")
+    p.add_argument("--max-batch", type=int, default=None, metavar="ROWS",
+                   help="--format tensorrt: the most decoder rows (sentences x beam) a call takes (default: 128)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_export)
 
@@ -35,8 +41,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from ..export import export_model
     if args.name is not None and args.format != "triton":
         raise ConfigError("--name: is for --format triton")
+    build = None
+    if args.precision is not None or args.max_batch is not None:
+        from ..export.tensorrt import EngineBuild
+        given = {"precision": args.precision, "max_batch": args.max_batch}
+        build = EngineBuild(**{k: v for k, v in given.items() if v is not None})
     report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force,
-                          args.name or "translate")
+                          args.name or "translate", build)
     print(report.summary())
     return 0
 

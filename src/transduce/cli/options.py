@@ -36,6 +36,12 @@ def add_runtime_options(p: argparse.ArgumentParser, workers: bool = True) -> Non
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's choice; with --workers: per worker, default 1)")
+    p.add_argument("--backend", default="torch", choices=["torch", "onnx", "tensorrt"],
+                   help="what runs the encoder and decoder step: torch (default); onnx, the exported graphs in ONNX "
+                        "Runtime (CPU); tensorrt, their TensorRT engines (CUDA, at the --precision they were built "
+                        "for). Same searches; the graphs come from transduce export --format onnx|tensorrt (--engines)")
+    p.add_argument("--engines", default=None, metavar="DIR",
+                   help="with --backend onnx|tensorrt: the directory transduce export --format onnx|tensorrt wrote")
     if not workers:
         return
     p.add_argument("--workers", type=int, default=0,
@@ -148,7 +154,7 @@ def runtime_of(args: argparse.Namespace):
     from ..inference import Runtime
     extra = {} if getattr(args, "worker_timeout", None) is None else {"worker_timeout_s": args.worker_timeout}
     return Runtime(device=args.device, precision=args.precision, int8=args.int8, workers=getattr(args, "workers", 0),
-                   threads=args.threads, **extra)
+                   threads=args.threads, backend=args.backend, engines=args.engines, **extra)
 
 
 def load_translator(args: argparse.Namespace):
@@ -159,7 +165,8 @@ def load_translator(args: argparse.Namespace):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")
     translator = load([args.model_dir, *args.ensemble], runtime_of(args), args.draft)
     if (getattr(args, "rerank", None) or "").startswith("reverse:"):
-        translator.reverse = load(args.rerank.split(":", 1)[1], replace(runtime_of(args), workers=0))
+        plain = replace(runtime_of(args), workers=0, backend="torch", engines=None)  # the engines are the model's
+        translator.reverse = load(args.rerank.split(":", 1)[1], plain)
     if args.draft is not None and translator.settings(**decode_overrides(args)).batch_tokens > 1:
         logging.getLogger("transduce.inference").warning(
             "--draft: a batch advances by its sentences' smallest number of accepted proposals, so speculative "

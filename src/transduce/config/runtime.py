@@ -11,6 +11,9 @@ from .base import check, one_of, typecheck
 WORKER_TIMEOUT_S = 120.0
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+# What runs the model's encoder and decoder step: PyTorch, or the exported graphs in ONNX Runtime (CPU)
+# or as TensorRT engines (CUDA), built by ``transduce export --format onnx|tensorrt``.
+BACKENDS = ("torch", "onnx", "tensorrt")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,13 @@ class Runtime:
     worker_timeout_s: float = WORKER_TIMEOUT_S
     """With ``workers``: a batch not answered within this many seconds (more for large batches
     once the workers' speed is measured) counts as a hung worker, replaced and retried once."""
+    backend: str = "torch"
+    """What runs the encoder and the decoder step (one of ``BACKENDS``): ``torch``, or with
+    ``engines`` the exported graphs in ONNX Runtime (``onnx``, CPU) or TensorRT (``tensorrt``, CUDA);
+    the searches are the same."""
+    engines: str | None = None
+    """With ``backend`` onnx or tensorrt: the directory ``transduce export --format onnx|tensorrt``
+    wrote for the model."""
 
     def __post_init__(self) -> None:
         typecheck(self, "runtime")
@@ -44,6 +54,12 @@ class Runtime:
               f"worker processes decode on the CPU; got device {self.device!r}")
         check(not self.int8 or self.device in ("cpu", "auto"), "runtime.int8",
               f"dynamic int8 quantisation runs on the CPU; got device {self.device!r}")
+        one_of(self.backend, "runtime.backend", BACKENDS)
+        check((self.backend == "torch") == (self.engines is None), "runtime.engines",
+              f"names the exported graphs of backend onnx or tensorrt; got backend {self.backend!r} with engines "
+              f"{self.engines!r}")
+        check(self.backend == "torch" or not (self.workers or self.int8), "runtime.backend",
+              f"{self.backend} runs in this process on its own weights; drop workers and int8")
 
     @property
     def worker_threads(self) -> int:

@@ -5,18 +5,23 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..model.io import load_model_config
 from .base import ExportError, ExportReport, staging_dir, torch_threads
 
+if TYPE_CHECKING:
+    from .tensorrt import EngineBuild
+
 logger = logging.getLogger(__name__)
 
-FORMATS = ("hf", "ctranslate2", "onnx", "triton")
+FORMATS = ("hf", "ctranslate2", "onnx", "triton", "tensorrt")
 QUANTIZATIONS = ("int8",)
 
 
 def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
-                 quantization: str | None = None, force: bool = False, name: str = "translate") -> ExportReport:
+                 quantization: str | None = None, force: bool = False, name: str = "translate",
+                 build: "EngineBuild | None" = None) -> ExportReport:
     """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified: an
     :class:`ExportReport` of the verification's measurements.
 
@@ -26,10 +31,12 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
             GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
             for an encoder_only one), "ctranslate2", "onnx" (both also for decoder_only and encoder_only
             models: :mod:`~transduce.export.ct2_family`, :mod:`~transduce.export.onnx_family`) or "triton"
-            (:mod:`~transduce.export.triton`, translation models only).
+            (:mod:`~transduce.export.triton`, translation models only) or "tensorrt" (the ONNX graphs and
+            their TensorRT engines, :mod:`~transduce.export.tensorrt`; on a CUDA GPU, translation models only).
         out: destination directory (must not exist unless ``force``); "triton": the repository.
         quantization: None or "int8" (CTranslate2, translation models only).
         force: replace an existing ``out`` (a Triton repository's model ``name``).
+        build: "tensorrt": the engines' precision and largest batch (default: fp32, 128 rows).
 
     Raises:
         ExportError: unsupported format/option, missing package, or a failed verification.
@@ -40,8 +47,10 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
     cfg = load_model_config(model_dir)
     arch = cfg.arch
-    if arch != "encoder_decoder" and fmt == "triton":
-        raise ExportError(f"--format triton: exports encoder_decoder models; this one is {arch} (use --format hf, "
+    if build is not None and fmt != "tensorrt":
+        raise ExportError(f"--precision/--max-batch: are for --format tensorrt; got --format {fmt}")
+    if arch != "encoder_decoder" and fmt in ("triton", "tensorrt"):
+        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf, "
                           "onnx or ctranslate2)")
     if arch != "encoder_decoder" and quantization is not None:
         raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
@@ -49,7 +58,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
     with staging_dir(out, force) as tmp, torch_threads(1):
-        checks = _export_to(fmt, cfg, model_dir, tmp, quantization)
+        if fmt == "tensorrt":
+            from .tensorrt import EngineBuild, export_tensorrt
+            checks = export_tensorrt(model_dir, tmp, build or EngineBuild())
+        else:
+            checks = _export_to(fmt, cfg, model_dir, tmp, quantization)
     report = ExportReport(fmt, Path(out), checks)
     logger.debug(report.summary())
     return report

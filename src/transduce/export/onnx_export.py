@@ -34,13 +34,14 @@ from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
 from ..errors import one_line, require
+from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names
 from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
 from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
 
 logger = logging.getLogger(__name__)
 
-ENCODER, DECODER, META = "encoder.onnx", "decoder.onnx", "onnx_config.json"
+ENCODER, DECODER, META = ENCODER_ONNX, DECODER_ONNX, ONNX_META
 OPSET = 18
 
 
@@ -79,8 +80,7 @@ class DecoderStepGraph(nn.Module):
         return (out.logits[:, -1], *new)                                   # (B, V), 2n x (B, H, t+1, Dh)
 
 
-def _names(n: int, prefix: str) -> list[str]:
-    return [f"{prefix}_{kind}_{i}" for i in range(n) for kind in ("k", "v")]
+_names = io_names  # the graphs' I/O contract is written once, beside its runner (inference.graphs)
 
 
 def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],

@@ -46,7 +46,11 @@ def load_model_dir(directory: str | os.PathLike, device: torch.device | str = "c
 def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
     """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says
     (:func:`~transduce.inference.speed.prepare_for_decoding`): int8, or weights kept in the
-    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers."""
+    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers. With ``runtime.backend`` onnx or
+    tensorrt, the exported graphs of ``runtime.engines`` in its place (:func:`~.graphs.open_graphs`)."""
+    if runtime.backend != "torch":
+        from .graphs import open_graphs
+        return open_graphs(model.config, device, runtime)
     from .speed import prepare_for_decoding
     return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8,
                                 cast=PRECISIONS[runtime.precision])

@@ -34,6 +34,9 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
     """
     from ..model.io import load_model_config
     dirs = model_dirs(paths)
+    if runtime.backend != "torch" and (len(dirs) > 1 or draft is not None):
+        raise ConfigError(f"runtime.backend: {runtime.backend} runs one model's exported graphs; ensembles and draft "
+                          "models run with backend torch")
     task = model_task(load_model_config(dirs[0]))
     if task == "translation":
         from .pool import TranslatorPool

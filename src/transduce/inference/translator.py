@@ -374,7 +374,7 @@ class Translator(BaseTranslator):
         tokenizer = shared_tokenizer(dirs, draft)
         device = resolve_device(runtime.device, "runtime.device")
         apply_threads(runtime)
-        model, speculation = load_search_model(dirs, draft, device)
+        model, speculation = load_search_model(dirs, draft, torch.device("cpu") if runtime.engines else device)
         return cls(model, tokenizer, runtime, load_decode_config(dirs[0]), speculation, Shortlist.load(dirs[0]))
 
     def autocast(self) -> contextlib.AbstractContextManager:

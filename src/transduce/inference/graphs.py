@@ -1,0 +1,215 @@
+"""Search over exported graphs: the encoder and one-step decoder graphs that ``transduce export
+--format onnx`` writes (:mod:`transduce.export.onnx_export`), run by ONNX Runtime on the CPU or,
+built into engines by ``--format tensorrt``, by TensorRT on a GPU (:mod:`.tensorrt_run`).
+
+:class:`GraphModel` presents them as the interface every search uses
+(:class:`~transduce.inference.search.common.Seq2Seq`: ``encode``, ``decode`` one step with a KV
+cache, ``new_cache``, ``output_proj``), so greedy search, beam search, n-best lists, length
+penalties, prefixes and the rest run unchanged over them (nothing of the search is written
+again). The graphs' I/O contract, shared by both runtimes (:class:`Steps`):
+
+``encoder``:  src (B, S) int64 -> cross_k_i, cross_v_i (B, H, S, Dh) for each decoder layer i.
+``decoder``:  tokens (B, 1) int64, src_mask (B, S) bool, self_k_i / self_v_i (B, H, t, Dh),
+              cross_k_i / cross_v_i -> logits (B, V), new_self_k_i / new_self_v_i (B, H, t+1, Dh).
+
+The decoder graph ends in the output projection, so ``decode`` returns the logits as its
+"states" and ``output_proj`` is the identity. Cross-attention keys/values are kept per decoder
+row in the cache (a sentence's beams hold equal rows), because the graphs take one row per row.
+
+Legend: B sentences, N decoder rows (B * beams), S source length, t cached positions, H heads,
+Dh head dim, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..config import Runtime
+from ..errors import CheckpointError, ConfigError, require
+from ..model.transformer import DecoderOutput
+
+ENCODER_ONNX, DECODER_ONNX, ONNX_META = "encoder.onnx", "decoder.onnx", "onnx_config.json"
+# What the exported graphs' onnx_config.json must agree on with the model directory's config.
+_SAME = (("n_heads", "n_heads"), ("head_dim", "d_head"), ("tgt_vocab_size", "tgt_vocab_size"),
+         ("pad_id", "pad_id"), ("bos_id", "bos_id"), ("eos_id", "eos_id"))
+
+
+def io_names(n_layers: int, prefix: str) -> list[str]:
+    """The graphs' names of ``n_layers`` layers' key/value tensors: prefix_k_0, prefix_v_0, ..."""
+    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("k", "v")]
+
+
+class Steps(Protocol):
+    """What runs the two graphs (ONNX Runtime or TensorRT), torch tensors in and out."""
+
+    max_rows: int | None       # decoder rows one call takes at most (None: no limit)
+    max_src: int               # source positions the graphs take at most
+    max_cache: int             # cached target positions a decoder step takes at most
+
+    def encode(self, src: Tensor) -> list[Tensor]: ...
+
+    def step(self, feeds: dict[str, Tensor]) -> list[Tensor]: ...
+
+
+class OrtSteps:
+    """The graphs in ONNX Runtime's CPU provider (torch CPU tensors in and out, numpy between)."""
+
+    def __init__(self, root: Path, meta: dict, threads: int | None = None):
+        ort = require("onnxruntime", "export", "backend onnx")
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        providers = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(str(root / ENCODER_ONNX), opts, providers=providers)
+        self.decoder = ort.InferenceSession(str(root / DECODER_ONNX), opts, providers=providers)
+        self.max_rows, self.max_src, self.max_cache = None, meta["max_positions"], meta["max_positions"] - 1
+
+    def encode(self, src: Tensor) -> list[Tensor]:
+        return [torch.from_numpy(a) for a in self.encoder.run(None, {"src": src.contiguous().numpy()})]
+
+    def step(self, feeds: dict[str, Tensor]) -> list[Tensor]:
+        out = self.decoder.run(None, {name: t.contiguous().numpy() for name, t in feeds.items()})
+        return [torch.from_numpy(a) for a in out]
+
+
+@dataclass
+class GraphEncoderOutput:
+    """The source mask and the cross-attention keys/values the encoder graph gave, one row per sentence."""
+
+    mask: Tensor          # (B, S) bool: True = a real source token
+    cross: list[Tensor]   # 2 x layers of (B, H, S, Dh)
+
+    def index_select(self, index: Tensor) -> "GraphEncoderOutput":
+        return GraphEncoderOutput(self.mask.index_select(0, index), [c.index_select(0, index) for c in self.cross])
+
+
+@dataclass
+class GraphCache:
+    """Per decoder row: the self-attention keys/values so far, the source mask and the
+    cross-attention keys/values (taken from the encoder output at the first step). The
+    interface of :class:`~transduce.model.attention.KVCache` that searches use: ``reorder``."""
+
+    self_kv: list[Tensor] | None = None   # 2 x layers of (N, H, t, Dh)
+    mask: Tensor | None = None            # (N, S)
+    cross: list[Tensor] | None = None     # 2 x layers of (N, H, S, Dh)
+    length: int = 0
+
+    def reorder(self, index: Tensor, cross: Tensor | bool = True) -> "GraphCache":
+        """A cache of rows ``index`` (N',) of this one. ``cross`` False promises that ``index``
+        only permutes beams of one sentence, whose source rows are equal: when the row count is
+        unchanged they stay as they are; otherwise (and for True, or a tensor of kept
+        sentences) the source rows follow ``index``, since they are kept per row."""
+        self_kv = None if self.self_kv is None else [t.index_select(0, index) for t in self.self_kv]
+        if self.mask is None or (cross is False and index.numel() == self.mask.shape[0]):
+            return GraphCache(self_kv, self.mask, self.cross, self.length)
+        return GraphCache(self_kv, self.mask.index_select(0, index), [c.index_select(0, index) for c in self.cross],
+                          self.length)
+
+
+class GraphModel(nn.Module):
+    """The exported graphs as a :class:`~transduce.inference.search.common.Seq2Seq` (see the module doc).
+
+    Args:
+        steps: what runs the graphs (:class:`OrtSteps`, :class:`~.tensorrt_run.TrtSteps`).
+        config: the model directory's :class:`~transduce.config.ModelConfig`.
+        n_layers, n_heads, head_dim: the decoder's shape, from the graphs' onnx_config.json.
+    """
+
+    def __init__(self, steps: Steps, config, n_layers: int, n_heads: int, head_dim: int):
+        super().__init__()
+        self.steps, self.config = steps, config
+        self.shape = (n_heads, head_dim)
+        self.self_names, self.cross_names = io_names(n_layers, "self"), io_names(n_layers, "cross")
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> GraphEncoderOutput:
+        """Run the encoder graph. (B, S) -> :class:`GraphEncoderOutput`."""
+        if src.shape[1] > self.steps.max_src:
+            raise ConfigError(f"decode.max_input_len: a source of {src.shape[1]} tokens is longer than the exported "
+                              f"graphs take ({self.steps.max_src}); lower max_input_len or use backend torch")
+        self._check_rows(src.shape[0])
+        return GraphEncoderOutput(src != self.config.pad_id, self.steps.encode(src))
+
+    def new_cache(self) -> GraphCache:
+        return GraphCache()
+
+    def decode(self, tgt: Tensor, enc: GraphEncoderOutput, cache: GraphCache | None = None,
+               need_weights: bool = False, project: bool = True) -> DecoderOutput:
+        """One decoder step of every row: tgt (N, 1) -> states = logits (N, 1, V); ``cache`` is
+        extended in place (as the model's own)."""
+        if cache is None or tgt.shape[1] != 1 or need_weights:
+            raise ConfigError("runtime.backend: the exported graphs decode one token a step with a cache and record "
+                              "no attention; use backend torch for scoring, attention and alignments")
+        self._check_rows(tgt.shape[0])
+        if cache.mask is None:  # the first step: one row per sentence
+            cache.mask, cache.cross = enc.mask, enc.cross
+        if cache.self_kv is None:
+            empty = cache.cross[0].new_zeros(tgt.shape[0], self.shape[0], 0, self.shape[1])  # (N, H, 0, Dh)
+            cache.self_kv = [empty] * len(self.self_names)
+        if cache.self_kv[0].shape[2] > self.steps.max_cache:
+            raise ConfigError(f"decode.max_len_a/max_len_b: outputs longer than {self.steps.max_cache + 1} tokens do "
+                              "not fit the exported graphs; lower the output limit (or rebuild the engines after "
+                              "raising the model's saved one)")
+        feeds = {"tokens": tgt, "src_mask": cache.mask, **dict(zip(self.self_names, cache.self_kv)),
+                 **dict(zip(self.cross_names, cache.cross))}
+        logits, *new = self.steps.step(feeds)                              # (N, V), 2 x layers of (N, H, t+1, Dh)
+        cache.self_kv = new
+        cache.length += 1
+        states = logits.float()[:, None]                                   # (N, 1, V)
+        return DecoderOutput(states, states if project else None, cache)
+
+    def output_proj(self, states: Tensor) -> Tensor:
+        """The identity: the decoder graph's outputs are already logits."""
+        return states
+
+    def _check_rows(self, rows: int) -> None:
+        if self.steps.max_rows is not None and rows > self.steps.max_rows:
+            raise ConfigError(f"decode.batch_tokens: a batch of {rows} decoder rows (sentences x beam) is more than "
+                              f"the engines take ({self.steps.max_rows}); lower batch_tokens or rebuild them with a "
+                              "larger --max-batch")
+
+
+def read_graph_meta(root: str | os.PathLike, config, backend: str) -> dict:
+    """The exported graphs' onnx_config.json in ``root``, after a one-line error unless it is
+    there and describes a model of ``config``'s shape and vocabulary."""
+    path = Path(root) / ONNX_META
+    if not path.is_file():
+        raise CheckpointError(f"{root}: no exported graphs ({ONNX_META}); write them with transduce export MODEL_DIR "
+                              f"--format {backend} --out {root}")
+    meta = json.loads(path.read_text(encoding="utf-8"))
+    for key, field in _SAME:
+        if meta.get(key) != getattr(config, field):
+            raise CheckpointError(f"{root}: the graphs are of another model ({key} {meta.get(key)}, the model "
+                                  f"directory's {field} is {getattr(config, field)}); export this model")
+    return meta
+
+
+def open_graphs(config, device: torch.device, runtime: Runtime) -> GraphModel:
+    """The exported graphs of ``runtime.engines`` for a model of ``config``, on ``device``, as
+    ``runtime.backend`` says: ONNX Runtime (CPU, fp32) or TensorRT engines (CUDA, at the
+    precision they were built for)."""
+    backend = runtime.backend
+    if getattr(config, "arch", None) != "encoder_decoder":
+        raise ConfigError(f"runtime.backend: {backend} runs translation (encoder_decoder) models; this one is "
+                          f"{getattr(config, 'arch', None)}")
+    if backend == "onnx" and device.type != "cpu":
+        raise ConfigError(f"runtime.backend: onnx runs ONNX Runtime on the CPU; got device {device} (use backend "
+                          "tensorrt on a GPU)")
+    if backend == "tensorrt":
+        from .tensorrt_run import check_can_run
+        check_can_run(device)  # what is missing (a GPU, the package) before what is wrong
+    meta = read_graph_meta(runtime.engines, config, backend)
+    if backend == "onnx":
+        if runtime.precision != "fp32":
+            raise ConfigError(f"runtime.precision: the ONNX graphs compute in fp32; got {runtime.precision}")
+        steps: Steps = OrtSteps(Path(runtime.engines), meta, runtime.threads)
+    else:
+        from .tensorrt_run import TrtSteps
+        steps = TrtSteps.open(Path(runtime.engines), device, runtime.precision)
+    return GraphModel(steps, config, meta["n_decoder_layers"], meta["n_heads"], meta["head_dim"])
