@@ -151,7 +151,9 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, D)."""
-        return nn.functional.embedding(tokens, self.weight, self.pad_id) * self.scale
+        x = nn.functional.embedding(tokens, self.weight, self.pad_id)
+        # unscaled (T5, GPT-2, BERT): no multiply by 1, a pass over (B, T, D) each way for nothing
+        return x if self.scale == 1.0 else x * self.scale
 
 
 class TokenTypeEmbedding(nn.Module):
