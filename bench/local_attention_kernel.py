@@ -19,7 +19,8 @@ Each (length, path) point runs in a fresh process: "peak MB" is that process's p
 above what it held once q, k and v existed (so one point's garbage cannot inflate the next);
 "saved MB" is the size of the distinct storages autograd keeps for the backward pass (the
 activation memory that grows with T), counted with ``saved_tensors_hooks``; time is the median
-of ``--repeats`` forward+backward passes after one warm-up. Prints JSON.
+of ``--repeats`` forward+backward passes after one warm-up (``--repeats 0``: one pass, peak
+and saved memory only, no time: full SDPA at 16k takes minutes a pass). Prints JSON.
 
 Usage:
     python bench/local_attention_kernel.py [--lengths 4096,16384] [--paths full,full_math,local,bigbird,lsh]
@@ -102,7 +103,7 @@ def measure(fn, t: int, repeats: int) -> dict:
         del out
         q.grad = k.grad = v.grad = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"ms": round(1000 * statistics.median(times), 1), "saved_mb": round(saved / 2**20, 1),
+    return {"ms": round(1000 * statistics.median(times), 1) if times else None, "saved_mb": round(saved / 2**20, 1),
             "peak_mb": round(peak - base, 1)}
 
 
@@ -133,7 +134,8 @@ def run_point(args: argparse.Namespace, t: int, name: str) -> dict:
 def ratios(rows: list[dict], peer: str) -> list[dict]:
     """Each path against ``peer`` at each length both reached: time and peak-memory ratios."""
     by = {(r["length"], r["path"]): r for r in rows if "error" not in r}
-    return [{"length": t, "path": p, "peer": peer, "time": round(r["ms"] / by[t, peer]["ms"], 3),
+    return [{"length": t, "path": p, "peer": peer,
+             "time": round(r["ms"] / by[t, peer]["ms"], 3) if r["ms"] and by[t, peer]["ms"] else None,
              "peak_memory": round(r["peak_mb"] / max(by[t, peer]["peak_mb"], 1.0), 3)}
             for (t, p), r in sorted(by.items()) if p != peer and (t, peer) in by]
 
@@ -148,7 +150,7 @@ def main() -> int:
     ap.add_argument("--hashes", type=int, default=2)
     ap.add_argument("--buckets", type=int, default=32)
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes after a warm-up; 0: one pass, memory only")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-math-above", type=int, default=8192)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point before it is given up")

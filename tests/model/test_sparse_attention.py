@@ -55,33 +55,32 @@ def test_bigbird_blocks_equal_the_masked_reference(t, block, n_random, b, padded
     _assert_equal_forward_and_gradients(ours, ref, (q, k, v))
 
 
-@pytest.mark.parametrize("chunk_tokens", [1, 8, 20])
-def test_bigbird_chunks_equal_the_reference(chunk_tokens):
-    """Middle query blocks a chunk at a time (checkpointed: the backward pass recomputes the chunk),
-    with dropout drawn again identically: forward and gradients equal the one-call version's."""
+@pytest.mark.parametrize("step_scores", [1, 100, 600])
+def test_bigbird_steps_equal_the_reference(step_scores):
+    """The global query blocks over a few keys a step, the middle blocks a few a step (at 1: one
+    block, one key block a step): forward and gradients, recomputed step by step in the backward
+    pass, equal the reference's."""
     q, k, v = _qkv(2, 70, seed=1)
     mask = _padding(2, 70)
     ref = bigbird_reference(q, k, v, mask, 4, 2, seed=3)
-    _assert_equal_forward_and_gradients(bigbird_attention(q, k, v, mask, 4, 2, 3, chunk_tokens=chunk_tokens),
+    _assert_equal_forward_and_gradients(bigbird_attention(q, k, v, mask, 4, 2, 3, step_scores=step_scores),
                                         ref, (q, k, v))
 
 
-def test_bigbird_checkpointed_chunks_draw_the_same_dropout_again(monkeypatch):
-    """The backward pass recomputes each chunk with the forward's dropout masks: gradients equal
-    those of the same chunks kept alive (checkpointing off), under the same seed."""
-    import transduce.model.bigbird as bigbird
-    q, k, v = _qkv(2, 70, seed=1)
+@pytest.mark.parametrize("kind", ["bigbird", "lsh"])
+def test_dropout_gradients_are_those_of_the_forward(kind):
+    """The backward pass draws each step's dropout mask again from the forward's seed: gradcheck
+    (float64) under a fixed global seed, which fixes the masks, holds; and dropout drops."""
+    q, k, v = (x.detach().double().requires_grad_() for x in _qkv(1, 19, seed=2))
+    mask = _padding(1, 19)
 
-    def run():
+    def attend(q, k, v, dropout=0.3):
         torch.manual_seed(0)
-        out = bigbird_attention(q, k, v, _padding(2, 70), 4, 2, 3, dropout=0.5, chunk_tokens=8)
-        return out, _grads(out, (q, k, v))
-    out, grads = run()
-    monkeypatch.setattr(bigbird, "checkpoint", lambda f, *a, use_reentrant: f(*a))
-    kept, kept_grads = run()
-    torch.testing.assert_close(out, kept, atol=0, rtol=0)
-    for g, r in zip(grads, kept_grads):
-        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-6)
+        if kind == "bigbird":
+            return bigbird_attention(q, k, v, mask, 4, 2, 3, dropout=dropout, step_scores=50)
+        return lsh_attention(q, k, v, mask, LSHAttention(4, 2, 4, seed=1), dropout=dropout, step_scores=20)
+    assert not torch.allclose(attend(q, k, v), attend(q, k, v, dropout=0.0))
+    assert torch.autograd.gradcheck(attend, (q, k, v), fast_mode=True)
 
 
 def test_bigbird_pattern_is_window_global_and_r_random_blocks():

@@ -16,10 +16,10 @@ Two implementations of the same function, proven equal in tests/model/test_spars
 
 * :func:`bigbird_reference`: full attention under the explicit (T x T) mask the block pattern
   draws; O(T^2), readable, what the blocked version is checked against.
-* :func:`bigbird_attention`: the blocked kernel: every middle query block with its (5 + r) key
-  blocks gathered beside it, as one SDPA call whose batch is the blocks; the two global query
-  blocks as one call over all keys. No (T x T) tensor is made; the middle blocks go a chunk at
-  a time under activation checkpointing, so the gathered keys of one chunk are alive at once.
+* :func:`bigbird_attention`: the blocked kernel: every middle query block over its (5 + r) key
+  blocks gathered beside it, the two global query blocks over all keys, a few blocks at a time,
+  in :mod:`~transduce.model.gathered_attention` (flash-style: nothing gathered is kept for the
+  backward pass, which gathers again). No (T x T) tensor is made.
 
 Legend: B batch, H heads, T length, Dh head dim, nb blocks, bs block size, r random blocks,
 K = 5 + r key blocks per middle query block.
@@ -28,16 +28,16 @@ K = 5 + r key blocks per middle query block.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
+from .gathered_attention import STEP_SCORES, Step, gathered_attention
 from .masks import combine
-
-CHUNK_TOKENS = 2048  # middle query tokens per checkpointed chunk: at 16k, 1/8 of the gathered keys alive
 
 
 @dataclass(frozen=True)
@@ -124,52 +124,46 @@ def key_blocks(n_blocks: int, n_heads: int, n_random: int, seed: int) -> tuple[T
 
 
 def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, block: int, n_random: int,
-                      seed: int, dropout: float = 0.0, chunk_tokens: int = CHUNK_TOKENS) -> Tensor:
-    """:func:`bigbird_reference` in blocks, without a (T x T) tensor: the two global query blocks
-    over every key, then the middle query blocks, each over its K gathered key blocks (the
-    blocks are SDPA's batch). A sequence of one or two blocks is all global: full attention.
+                      seed: int, dropout: float = 0.0, step_scores: int = STEP_SCORES) -> Tensor:
+    """:func:`bigbird_reference` in blocks, without a (T x T) tensor, through
+    :func:`~transduce.model.gathered_attention.gathered_attention`: the two global query blocks
+    over every key, then each middle query block over its K key blocks. A sequence of one or two
+    blocks is all global: full attention.
 
-    The middle blocks go ``chunk_tokens`` query tokens at a time, each chunk under activation
-    checkpointing when gradients are on: only one chunk's gathered keys and values (K blocks per
-    query block) are alive at once, and the backward pass recomputes them (same dropout draws),
-    so peak memory grows with T by the size of q, k and v alone.
+    Neither the gathered key blocks nor the scores are kept for the backward pass (it gathers
+    and recomputes them a step at a time): what is kept is q, k, v, the output and a log-sum-exp
+    per row, as SDPA's flash kernel keeps. ``step_scores`` bounds the scores of one step.
 
     Shape: q, k, v (B, H, T, Dh), mask (B, 1, 1, T) key mask or None -> (B, H, T, Dh).
     """
-    b, h, t, dh = q.shape
+    b, h, t, _ = q.shape
     n_blocks = -(-t // block)
     if n_blocks <= 2:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    pad = n_blocks * block - t
     keep = torch.ones(b, t, dtype=torch.bool, device=q.device) if mask is None else mask.reshape(b, t)
-    keep = F.pad(keep, (0, pad), value=False)                               # (B, nb*bs)
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))               # (B, H, nb*bs, Dh)
-    ends = torch.cat([q[:, :, :block], q[:, :, -block:]], dim=2)           # (B, H, 2bs, Dh)
-    ends = F.scaled_dot_product_attention(ends, k, v, attn_mask=keep[:, None, None], dropout_p=dropout)
     idx, used = (x.to(q.device) for x in key_blocks(n_blocks, h, n_random, seed))  # (H, nb-2, K)
-    step = max(1, chunk_tokens // block)
-    middle = [_middle_blocks(q, k, v, keep, idx[:, i:i + step], used[:, i:i + step], i + 1, block, dropout)
-              if not torch.is_grad_enabled() else
-              checkpoint(_middle_blocks, q, k, v, keep, idx[:, i:i + step], used[:, i:i + step], i + 1, block,
-                         dropout, use_reentrant=False)
-              for i in range(0, n_blocks - 2, step)]
-    out = torch.cat([ends[:, :, :block], *middle, ends[:, :, block:]], dim=2)
-    return out[:, :, :t]                                                    # (B, H, T, Dh)
+    return gathered_attention(q, k, v, partial(_steps, keep, idx, used, block, step_scores), dropout)
 
 
-def _middle_blocks(q: Tensor, k: Tensor, v: Tensor, keep: Tensor, idx: Tensor, used: Tensor, first: int,
-                   block: int, dropout: float) -> Tensor:
-    """Query blocks ``first`` .. ``first + n - 1`` of padded q, k, v (B, H, nb*bs, Dh), over their
-    key blocks ``idx`` (H, n, K) where ``used`` -> (B, H, n*bs, Dh)."""
-    b, h, _, dh = q.shape
-    n = idx.shape[1]
-    n_keys = idx.shape[-1] * block
-    heads = torch.arange(h, device=q.device)[:, None, None]
-    kb = k.view(b, h, -1, block, dh)[:, heads, idx]                         # (B, H, n, K, bs, Dh)
-    vb = v.view(b, h, -1, block, dh)[:, heads, idx]
-    ok = keep.view(b, -1, block)[:, idx] & used[None, ..., None]           # (B, H, n, K, bs)
-    qb = q[:, :, first * block:(first + n) * block].reshape(b, h * n, block, dh)  # (B, H*n, bs, Dh)
-    out = F.scaled_dot_product_attention(
-        qb, kb.reshape(b, h * n, n_keys, dh), vb.reshape(b, h * n, n_keys, dh),
-        attn_mask=ok.reshape(b, h * n, 1, n_keys), dropout_p=dropout)
-    return out.view(b, h, n * block, dh)
+def _steps(keep: Tensor, idx: Tensor, used: Tensor, block: int, step_scores: int) -> Iterator[Step]:
+    """The plan: the global query blocks (first, last) over the keys a range at a time, then the
+    middle query blocks a few at a time, each over its key blocks ``idx`` (H, nb - 2, K) where
+    ``used``; ``keep`` (B, T) the key mask. Padding positions (T .. nb * bs - 1) are T: none."""
+    (b, t), (h, n_middle, n_keys) = keep.shape, idx.shape
+    inf = float("-inf")
+    pos = torch.arange((n_middle + 2) * block, device=keep.device).clamp(max=t).view(-1, block)  # (nb, bs)
+    keep = F.pad(keep, (0, 1), value=False)                                 # (B, T + 1): none is not kept
+    ends = torch.cat([pos[0], pos[-1]]).expand(b, h, 1, 2 * block)          # (B, H, 1, 2bs)
+    span = max(block, step_scores // (2 * block))
+    for first in range(0, t, span):
+        cols = torch.arange(first, min(first + span, t), device=keep.device)  # (L,)
+        bias = torch.zeros(b, 1, 1, 1, len(cols), device=keep.device).masked_fill(~keep[:, None, None, None, cols], inf)
+        yield Step(ends, cols.expand(b, h, 1, -1), bias)                    # bias (B, 1, 1, 1, L)
+    per_step = max(1, step_scores // (block * n_keys * block))
+    for first in range(0, n_middle, per_step):
+        blocks = idx[:, first:first + per_step]                             # (H, n, K)
+        rows = pos[1 + first:1 + first + blocks.shape[1]].expand(b, h, -1, -1)  # (B, H, n, bs)
+        cols = pos[blocks].flatten(-2)                                      # (H, n, K*bs)
+        ok = keep[:, cols] & used[:, first:first + per_step].repeat_interleave(block, -1)  # (B, H, n, K*bs)
+        bias = torch.zeros(ok.shape, device=keep.device).masked_fill(~ok, inf)[..., None, :]
+        yield Step(rows, cols.expand(b, -1, -1, -1), bias)                  # bias (B, H, n, 1, K*bs)

@@ -20,7 +20,8 @@ fall in its hash bucket.
 Two implementations of the same function, proven equal in tests/model/test_sparse_attention.py:
 :func:`lsh_reference` (dense: full attention under the mask "same bucket, same or previous chunk",
 counted over the rounds; O(T^2); it also runs the few queries of a decoding step) and
-:func:`lsh_attention` (the sorted, chunked kernel, O(T * chunk)).
+:func:`lsh_attention` (the sorted, chunked kernel, O(T * chunk), in
+:mod:`~transduce.model.gathered_attention`: flash-style, nothing sorted is kept for the backward pass).
 
 Legend: B batch, H heads, T length, Tq query length, Tk key length, Dh head dim, n rounds,
 nbk buckets, c chunk, P slots of the sorted, chunk-padded layout, nc = P / c chunks.
@@ -30,12 +31,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
+from .gathered_attention import STEP_SCORES, Step, gathered_attention
 
 SELF_PENALTY = 1e5  # Reformer's score for a token's own key: used only when nothing else is visible
 
@@ -129,26 +133,15 @@ def _slots(bucket: Tensor, lsh: LSHAttention) -> tuple[Tensor, int]:
     return slot, int(padded.sum(-1).max())
 
 
-def _sorted(x: Tensor, at: Tensor) -> Tensor:
-    """Rows ``at`` (B, H, n, P) of x (B, H, T + 1, ...) (row T: an empty slot) -> (B, H, n, P, ...)."""
-    b, h, n, p = at.shape
-    x = x[:, :, None].expand(b, h, n, *x.shape[2:])
-    idx = at.view(b, h, n, p, *([1] * (x.dim() - 4))).expand(b, h, n, p, *x.shape[4:])
-    return x.gather(3, idx)
-
-
-def _with_previous(x: Tensor, empty: float | int) -> Tensor:
-    """Each chunk's rows after the previous chunk's (``empty`` before the first):
-    (B, H, n, nc, c, ...) -> (B, H, n, nc, 2c, ...)."""
-    prev = torch.cat([torch.full_like(x[:, :, :, :1], empty), x[:, :, :, :-1]], dim=3)
-    return torch.cat([prev, x], dim=4)
-
-
 def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSHAttention, is_causal: bool = False,
-                  dropout: float = 0.0) -> Tensor:
+                  dropout: float = 0.0, step_scores: int = STEP_SCORES) -> Tensor:
     """:func:`lsh_reference` of self-attention (Tq = Tk = T, start 0) in O(T * c): per round, the
-    positions sorted into chunks, each chunk attending to itself and the chunk before; the
-    rounds combined by their log-sum-exp.
+    positions sorted into chunks, each chunk attending to itself and the chunk before, through
+    :func:`~transduce.model.gathered_attention.gathered_attention`, which combines the rounds by
+    their softmax statistics; it also scales the keys to unit length, a step at a time. Kept for
+    the backward pass: q, k, v, the output, two statistics per position and the layout (the
+    position in each slot); the sorted copies, the normalised keys and the chunks' scores are
+    recomputed a step (``step_scores`` scores at most) at a time.
 
     Shape: q, k, v (B, H, T, Dh), mask (B, 1, 1, T) or None -> (B, H, T, Dh).
     """
@@ -157,45 +150,55 @@ def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
     slot, n_slots = _slots(bucket, lsh)
     at = torch.full((*slot.shape[:-1], n_slots), t, dtype=torch.long, device=q.device)
     at.scatter_(-1, slot, torch.arange(t, device=q.device).expand_as(slot))  # position in each slot (T: empty)
-    rows = [F.pad(x, (0, 0, 0, 1)) for x in (q, F.normalize(k, dim=-1), v)]  # (B, H, T + 1, Dh)
-    c, nc = lsh.chunk, n_slots // lsh.chunk
-    qs, ks, vs = (_sorted(x, at).unflatten(3, (nc, c)) for x in rows)      # (B, H, n, nc, c, Dh)
-    bias = _chunk_bias(at.unflatten(3, (nc, c)), bucket, _key_mask(mask, b, t, q.device), is_causal)
-    ks, vs = _with_previous(ks, 0.0), _with_previous(vs, 0.0)               # (B, H, n, nc, 2c, Dh)
-    scores = qs @ ks.transpose(-2, -1) / math.sqrt(dh) + bias               # (B, H, n, nc, c, 2c)
-    lse = scores.logsumexp(dim=-1, keepdim=True)
-    out = F.dropout(torch.exp(scores - lse), dropout) @ vs                  # (B, H, n, nc, c, Dh)
-    out, lse = out.flatten(3, 4), lse.flatten(3, 5)                         # (B, H, n, P, Dh), (B, H, n, P)
-    out = out.gather(3, slot[..., None].expand(-1, -1, -1, -1, dh))          # (B, H, n, T, Dh): unsorted
-    share = torch.softmax(lse.gather(3, slot), dim=2)                       # (B, H, n, T): each round's weight
-    return (out * share[..., None]).sum(2)                                  # (B, H, T, Dh)
+    plan = partial(_steps, at, bucket, _key_mask(mask, b, t, q.device), lsh.chunk, is_causal, step_scores)
+    return gathered_attention(q, k, v, plan, dropout, unit_keys=True)
 
 
-def _chunk_bias(q_pos: Tensor, bucket: Tensor, keep: Tensor, is_causal: bool) -> Tensor:
-    """The additive mask of each chunk's (c x 2c) scores, from the layout: a chunk holds one
+def _steps(at: Tensor, bucket: Tensor, keep: Tensor, c: int, is_causal: bool, step_scores: int) -> Iterator[Step]:
+    """The plan: round by round, a few chunks a step, each chunk's c query slots over the 2c key
+    slots of the chunk before and itself. ``at`` (B, H, n, P) the position in each slot (T: empty),
+    ``bucket`` (B, H, n, T), ``keep`` (B, T) the key mask."""
+    (b, _, n, p), t = at.shape, bucket.shape[-1]
+    chunks = at.unflatten(3, (p // c, c))                                   # (B, H, n, nc, c)
+    chunk_bucket = F.pad(bucket, (0, 1), value=-1).gather(3, chunks[..., 0])  # (B, H, n, nc): its first slot's
+    same = F.pad(chunk_bucket[..., 1:] == chunk_bucket[..., :-1], (1, 0), value=False)  # previous chunk: same bucket
+    key_ok = F.pad(keep, (0, 1), value=False).gather(1, chunks.reshape(b, -1)).view(chunks.shape)  # real, not padded
+    key_ok = torch.cat([_previous(key_ok) & same[..., None], key_ok], dim=-1)  # (B, H, n, nc, 2c)
+    cols = _with_previous(chunks, t)                                        # (B, H, n, nc, 2c)
+    per_step = max(1, step_scores // (2 * c * c))
+    for r in range(n):
+        for first in range(0, p // c, per_step):
+            part = slice(first, first + per_step)
+            yield Step(chunks[:, :, r, part], cols[:, :, r, part], _chunk_bias(key_ok[:, :, r, part], is_causal))
+
+
+def _with_previous(x: Tensor, empty: int) -> Tensor:
+    """Each chunk's rows after the previous chunk's (``empty`` before the first):
+    (B, H, n, nc, c) -> (B, H, n, nc, 2c)."""
+    prev = torch.cat([torch.full_like(x[:, :, :, :1], empty), x[:, :, :, :-1]], dim=3)
+    return torch.cat([prev, x], dim=4)
+
+
+def _chunk_bias(key_ok: Tensor, is_causal: bool) -> Tensor:
+    """The additive mask of some chunks' (c x 2c) scores, from the layout: a chunk holds one
     bucket, its positions in order, then the empty slots; so the previous chunk is either all
     visible (the same bucket: earlier positions) or not at all, and causality inside a chunk is
     a triangle. 0: visible; -inf: another bucket, an empty slot, a padded key, a later key;
-    -SELF_PENALTY on the query's own key (visible even if padded). An empty query slot sees its
-    own (empty, zero) key, so that no row is all -inf.
+    -SELF_PENALTY on the query's own key (visible even if padded; an empty slot's is masked by
+    :func:`~transduce.model.gathered_attention.gathered_attention`).
 
-    Shape: q_pos (B, H, n, nc, c) the position in each slot (T: empty), bucket (B, H, n, T),
-    keep (B, T) -> (B, H, n, nc, c, 2c).
+    Shape: key_ok (B, H, g, 2c) whether each key slot is a real, kept key of the query's bucket
+    -> (B, H, g, c, 2c).
     """
-    b, h, n, nc, c = q_pos.shape
-    t = bucket.shape[-1]
-    chunk_bucket = F.pad(bucket, (0, 1), value=-1).gather(3, q_pos[..., 0])  # (B, H, n, nc): its first slot's
-    same = F.pad(chunk_bucket[..., 1:] == chunk_bucket[..., :-1], (1, 0), value=False)  # previous chunk: same bucket
-    key_ok = F.pad(keep, (0, 1), value=False).gather(1, q_pos.reshape(b, -1)).view(q_pos.shape)  # real, not padded
-    key_ok = torch.cat([_previous(key_ok) & same[..., None], key_ok], dim=-1)  # (B, H, n, nc, 2c)
+    c = key_ok.shape[-1] // 2
     inf = float("-inf")
-    bias = torch.zeros(key_ok.shape, device=q_pos.device).masked_fill(~key_ok, inf)[..., None, :]
+    bias = torch.zeros(key_ok.shape, device=key_ok.device).masked_fill(~key_ok, inf)[..., None, :]
     if is_causal:  # (later slots of the chunk are later positions, or empty)
-        bias = bias + F.pad(torch.full((c, c), inf, device=q_pos.device).triu(1), (c, 0))  # (.., c, 2c)
+        bias = bias + F.pad(torch.full((c, c), inf, device=key_ok.device).triu(1), (c, 0))  # (.., c, 2c)
     else:
-        bias = bias.expand(b, h, n, nc, c, 2 * c)
+        bias = bias.expand(*key_ok.shape[:-1], c, 2 * c)
     bias = bias.contiguous()
-    bias.diagonal(offset=c, dim1=-2, dim2=-1).copy_(torch.where(q_pos < t, -SELF_PENALTY, 0.0))
+    bias.diagonal(offset=c, dim1=-2, dim2=-1).fill_(-SELF_PENALTY)
     return bias
 
 
