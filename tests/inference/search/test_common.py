@@ -62,6 +62,18 @@ def test_topk_rows_matches_topk(v, k):
     assert torch.equal(values, expected.values)
     assert torch.equal(x.gather(1, index), values)
 
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_topk_rows_with_ties_returns_distinct_columns_of_the_top_values(k):
+    """Rows of few distinct values (ties within and across blocks): the same values as ``topk``,
+    and the columns returned are distinct and hold them."""
+    x = torch.randint(0, 3, (5, 8000), generator=torch.Generator().manual_seed(k)).float()
+    from transduce.inference.search.common import topk_rows
+    values, index = topk_rows(x, k)
+    assert torch.equal(values, x.topk(k, dim=1).values)
+    assert torch.equal(x.gather(1, index), values)
+    assert all(len(set(row)) == k for row in index.tolist())
+
 @pytest.mark.parametrize("search", ["greedy", "beam", "sample"])
 def test_search_works_with_gradients_enabled(search):
     """A model straight from training (grad mode on) decodes like one under inference_mode."""

@@ -72,3 +72,15 @@ def test_kept_fused_weights_follow_in_place_updates_and_stay_out_of_copies():
     assert "_fused_layers" not in copy.deepcopy(attn).__dict__
     assert set(attn.state_dict()) == {f"{n}.{p}" for n in ("q_proj", "k_proj", "v_proj", "out_proj")
                                       for p in ("weight", "bias")}
+
+
+@pytest.mark.parametrize("t_q", [1, 3])
+def test_few_query_path_boolean_mask_equals_its_additive_form_exactly(t_q):
+    """The few-query path applies a boolean mask as one ``where``: the same numbers as adding its
+    additive form (0 where allowed, -inf where hidden), bit for bit (same kernels)."""
+    q, k, v = _qkv(t_q=t_q)
+    mask = _key_mask()
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    out, _ = fast_attention(q, k, v, mask)
+    ref, _ = fast_attention(q, k, v, additive)
+    assert torch.equal(out, ref)

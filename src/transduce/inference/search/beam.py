@@ -287,12 +287,13 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
             done = fin.count[beams.ids] >= beam                           # (B,)
         else:
             done = fin.best_ended[beams.ids] & (fin.count[beams.ids] >= decode.nbest)
-        if bool(done.all()):
+        finished = int(done.sum())  # one read of a device value for both tests
+        if finished == done.shape[0]:
             break
         # The encoder output and cross-attention K/V stay one row per sentence, shared by its
         # beams; they only change when sentences leave.
         keep: Tensor | bool = False
-        if bool(done.any()):
+        if finished:
             beams, rows, keep = drop_done(beams, rows, done)
             enc = enc.index_select(keep)
         if cons is not None:

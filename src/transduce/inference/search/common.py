@@ -15,6 +15,7 @@ Conventions (all searches):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -129,18 +130,18 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
 
     Shape: logits (N, V) -> (N, V) float32.
     """
-    logits = logits.float()
+    logits = logits if logits.dtype == torch.float32 else logits.float()
     if repeat is not None:
         logits = repeat.penalise(logits)
     logp = output_log_softmax(logits, config)
     if repeat is not None:
         logp = repeat.block(logp)
     for never in never_generated(config.pad_id, config.bos_id, config.eos_id):  # not one that is EOS too (GPT-2)
-        logp[:, never] = -math.inf
+        logp.select(1, never).fill_(-math.inf)
     if isinstance(step, Tensor):
         logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
     elif step < min_len:
-        logp[:, config.eos_id] = -math.inf
+        logp.select(1, config.eos_id).fill_(-math.inf)
     if forced is not None:
         token = forced.clamp(min=0).unsqueeze(1)                          # (N, 1)
         only = torch.full_like(logp, -math.inf).scatter_(1, token, logp.gather(1, token))
@@ -228,6 +229,7 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
 
 
+@functools.lru_cache(maxsize=None)
 def _block_size(v: int, k: int) -> int | None:
     """A divisor of ``v`` near 100 leaving at least ``k`` blocks, or None."""
     for c in sorted(range(64, 161), key=lambda c: abs(c - 100)):
@@ -250,10 +252,17 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     if c is None or x.device.type != "cpu":
         return x.topk(k, dim=1)
     blocks = x.view(n, v // c, c)                                         # (N, V/c, c)
-    best = blocks.amax(dim=2).topk(k, dim=1).indices                      # (N, k) blocks
-    rows = torch.arange(n, device=x.device).unsqueeze(1)
-    values, i = blocks[rows, best].view(n, k * c).topk(k, dim=1)          # (N, k)
-    return values, best.gather(1, i // c) * c + i % c
+    best = blocks.amax(dim=2).topk(k, dim=1).indices.unsqueeze(2)         # (N, k, 1) blocks
+    values, i = blocks.gather(1, best.expand(n, k, c)).view(n, k * c).topk(k, dim=1)  # (N, k)
+    # each candidate's column in x, read off by i (no division: one integer op per entry)
+    columns = (best * c + _offsets(c, x.device)).view(n, k * c)           # (N, k*c)
+    return values, columns.gather(1, i)
+
+
+@functools.lru_cache(maxsize=8)
+def _offsets(c: int, device: torch.device) -> Tensor:
+    """0..c-1 as a (1, 1, c) long tensor, made once per block size (read-only)."""
+    return torch.arange(c, device=device).view(1, 1, c)
 
 
 def cross_attention_row(cross: list[Tensor] | None, choice: AttentionChoice) -> Tensor:

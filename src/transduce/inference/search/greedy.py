@@ -70,6 +70,9 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
     out_attn = torch.zeros(b, t_cap, src.shape[1], device=device) if need_attention else None
     enc = model.encode(src)
     cache = new_cache(model) if use_cache else None
+    # BOS + the tokens so far, kept only for what reads it (the uncached path, the repetition
+    # controls, streaming); otherwise each row's last token is all a step needs.
+    history = not use_cache or on_step is not None or Repetition.of(decode, src[:, :0]) is not None
     bos = torch.full((b, 1), cfg.bos_id, dtype=torch.long, device=device)
     rows = _Rows(torch.arange(b, device=device), bos, bos, limit)
     for step in range(t_cap):
@@ -77,22 +80,25 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
                            project=False)
         repeat = Repetition.of(decode, rows.prefix[:, 1:])
         token, token_logp = choose(out.states[:, -1], step, forced_tokens(prefix, rows.ids, step), repeat)  # (N,), (N,)
-        out_tokens[rows.ids, step] = token
-        out_logp[rows.ids] += token_logp
+        out_tokens[:, step].index_copy_(0, rows.ids, token)
+        out_logp.index_add_(0, rows.ids, token_logp)
         if need_attention:
             out_attn[rows.ids, step] = cross_attention_row(out.cross_attentions, attention).float()
         done = (token == cfg.eos_id) | (rows.limit <= step + 1)           # (N,)
-        out_lengths[rows.ids[done]] = step + 1
-        rows = _Rows(rows.ids, token[:, None], torch.cat([rows.prefix, token[:, None]], dim=1), rows.limit)
+        last = token[:, None]
+        rows = _Rows(rows.ids, last, torch.cat([rows.prefix, last], dim=1) if history else last, rows.limit)
         if on_step is not None:
             on_step(rows.ids, rows.prefix[:, 1:], torch.full_like(rows.ids, step + 1))
-        if bool(done.all()):
+        finished = int(done.sum())  # the step's one read of a device value
+        if finished == 0:
+            continue
+        out_lengths[rows.ids[done]] = step + 1
+        if finished == done.shape[0]:
             break
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)                           # (N',)
-            rows = _Rows(rows.ids[keep], rows.last[keep], rows.prefix[keep], rows.limit[keep])
-            enc = enc.index_select(keep)
-            cache = cache.reorder(keep) if cache is not None else None
+        keep = (~done).nonzero().squeeze(1)                               # (N',)
+        rows = _Rows(rows.ids[keep], rows.last[keep], rows.prefix[keep], rows.limit[keep])
+        enc = enc.index_select(keep)
+        cache = cache.reorder(keep) if cache is not None else None
     return SearchOutput(out_tokens[:, None], out_lengths[:, None], out_logp[:, None].clone(),
                         out_logp[:, None], None if out_attn is None else out_attn[:, None])
 

@@ -37,9 +37,13 @@ def _few_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: fl
     t_k = k.shape[-2]
     scores = torch.bmm(q.reshape(b * h, t_q, dh), k.reshape(b * h, t_k, dh).transpose(1, 2))  # (BH, Tq, Tk)
     scores = scores.view(b, h, t_q, t_k).mul_(1.0 / math.sqrt(dh) if scale is None else scale)
-    if mask is not None:
-        scores = apply_mask(scores, mask)
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    if mask is not None:  # (a boolean mask as one op: no inverted copy of it each step)
+        scores = apply_mask(scores, mask) if mask.is_floating_point() else torch.where(mask, scores, -math.inf)
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    weights = torch.softmax(scores, dim=-1)
+    if weights.dtype != q.dtype:
+        weights = weights.to(q.dtype)
     return torch.bmm(weights.view(b * h, t_q, t_k), v.reshape(b * h, t_k, dh)).view(b, h, t_q, dh)
 
 

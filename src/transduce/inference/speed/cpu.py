@@ -62,8 +62,8 @@ class OneDNNLinear(nn.Linear):
     """
 
     def _fast(self, x: Tensor) -> bool:
-        return (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu"))
+        return (x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
+                and not torch.is_autocast_enabled("cpu") and self.weight.dtype == torch.float32)
 
     def _packed_weight(self) -> Tensor:
         w = self.weight

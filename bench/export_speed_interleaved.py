@@ -1,0 +1,111 @@
+"""Eager float32 beside CTranslate2 float32 on a loaded machine: the two systems of
+``export_speed.py`` (its own runners) alternated round by round in one process, timed by the
+process's CPU time as well as wall time, so that other jobs on the machine move both alike.
+
+Prints one JSON object: sentences per CPU second of each system (median of ``--rounds``), the
+ratio eager / CTranslate2 of each round and their median, by CPU time and by wall time, and,
+with ``--ops``, the aten operators per decoder step of one eager run under ``torch.profiler``
+(a count that does not depend on the load).
+
+Needs the ``export`` extra. Usage:
+    python bench/export_speed_interleaved.py [--model DIR --src FILE | --shape demo] [--sentences 1000]
+        [--beam 1] [--rounds 3] [--ops]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import export_speed as X
+from transduce.data.tokenizer import Tokenizer
+from transduce.data.toy import generate_pairs
+
+SYSTEMS = ("eager_fp32", "ct2_fp32")
+
+
+def ops_per_step(run, texts: list[str], model) -> float:
+    """aten operators per decoder step of one ``run(texts)`` under ``torch.profiler``."""
+    steps = [0]
+    decode = model.decode  # (search calls decode, not forward: count its calls)
+
+    def counted(*args, **kwargs):
+        steps[0] += 1
+        return decode(*args, **kwargs)
+    model.decode = counted
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run(texts)
+    finally:
+        del model.decode
+    ops = sum(1 for e in prof.events() if e.name.startswith("aten::"))
+    return round(ops / max(steps[0], 1), 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="trained model directory (default: a random one of --shape)")
+    ap.add_argument("--src", default=None, help="source sentences, one a line (default: toy sentences)")
+    ap.add_argument("--shape", default="demo", choices=sorted(X.SHAPES))
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
+    ap.add_argument("--ops", action="store_true", help="also count aten operators per decoder step")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    texts = (Path(args.src).read_text(encoding="utf-8").splitlines() if args.src
+             else [s for s, _ in generate_pairs(args.sentences, X.SEED)])[:args.sentences]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = Path(args.model) if args.model else X.random_model_dir(tmp / "random", texts, args.shape)
+        out_len = None if args.model else args.out_len
+        tok = Tokenizer.load(model_dir)
+        batch_tokens = int(64 * np.mean([len(tok.encode(t, "src")) + 1 for t in texts]))
+        settings = argparse.Namespace(threads=1, batch_size=64, beam=args.beam, qat=None, calibrate=None)
+        runs = {}
+        for name in SYSTEMS:
+            runs[name] = X.system(name, model_dir, tmp, tok, settings, out_len, batch_tokens)[1]()
+            runs[name](texts[:32])
+        cpu = {n: [] for n in SYSTEMS}
+        wall = {n: [] for n in SYSTEMS}
+        for r in range(args.rounds):
+            for name in (SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]):
+                w, c = time.perf_counter(), time.process_time()
+                runs[name](texts)
+                wall[name].append(time.perf_counter() - w)
+                cpu[name].append(time.process_time() - c)
+        report = {"benchmark": "export_speed_interleaved", "model": args.model or f"random ({args.shape} shape)",
+                  "search": "greedy" if args.beam == 1 else f"beam {args.beam}", "sentences": len(texts),
+                  "rounds": args.rounds, "threads": 1, "machine": X.machine(), "torch": torch.__version__}
+        for name in SYSTEMS:
+            report[f"{name}_sentences_per_cpu_s"] = round(len(texts) / statistics.median(cpu[name]), 1)
+        for clock, times in (("cpu", cpu), ("wall", wall)):
+            # eager's speed over CTranslate2's, round by round
+            ratios = [ct2 / eager for eager, ct2 in zip(times["eager_fp32"], times["ct2_fp32"])]
+            report[f"ratio_{clock}"] = round(statistics.median(ratios), 3)
+            report[f"ratio_{clock}_rounds"] = [round(x, 3) for x in ratios]
+        if args.ops:
+            from transduce.inference import Runtime, Translator
+            translator = Translator.load(model_dir, Runtime(device="cpu"))
+            kwargs = {"beam": args.beam} if out_len is None else {
+                "beam": args.beam, "max_len_a": 0.0, "max_len_b": out_len, "min_len": out_len}
+            translator.translate(texts[:64], **kwargs)
+            report["eager_aten_ops_per_step"] = ops_per_step(lambda t: translator.translate(t, **kwargs),
+                                                             texts[:64], translator.model)
+        with open("/proc/loadavg", encoding="utf-8") as f:
+            report["loadavg"] = f.read().split()[:3]
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
