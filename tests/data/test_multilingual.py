@@ -150,6 +150,22 @@ def test_translate_with_a_target_language_puts_its_tag_first(tagged_tokenizer, o
             translator.translate(["the dog runs"], tgt_lang="cs")
 
 
+def test_word_alignments_number_the_users_words_not_the_tag(tagged_tokenizer, one_thread):
+    from transduce.inference import Translator
+    from transduce.data.multilingual import tag_length
+    tok = tagged_tokenizer
+    for tokens, pieces, n in (([7, 1], ["<2de>", "\u2581a"], 1), ([3, 7, 1], ["\u2581", "<2de>", "\u2581a"], 2),
+                              ([3, 1], ["\u2581", "\u2581a"], 0), ([], [], 0)):
+        assert tag_length(tokens, pieces, {7}) == n
+    with Translator(_tiny_model(tok), tok, decode=DecodeConfig(beam=1, max_len_b=6)) as translator:
+        links = [link for lang in ("de", "fr") for text in EN
+                 for link in translator.translate_detailed([text], tgt_lang=lang, alignment=True)[0].best.alignment
+                 if link[0] >= len(text.split())]
+        assert links == []  # a source word index past the user's words: the tag counted as a word
+        tagged_first = translator.translate_detailed(["<2de> the dog runs"], alignment=True)[0]
+        assert max(i for i, _ in tagged_first.best.alignment) <= 2
+
+
 def test_validation_scores_each_language_pair(tagged_tokenizer, one_thread):
     from transduce.training.validation import validation_bleu
     tok = tagged_tokenizer
