@@ -53,6 +53,7 @@ from ..inference.streaming import stream_translation
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
 from .openapi import openapi_document
+from .signals import sigterm_as_interrupt
 from .requests import ApiError, BodyLimit, check_sentences, optional, parse_body, request_models
 
 logger = logging.getLogger(__name__)
@@ -340,21 +341,25 @@ def _health_report(service: TranslationService) -> dict[str, Any]:
 def serve(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None,
           defaults: dict[str, Any] | None = None) -> None:
     """Load the model directories as :func:`load_service` does and serve them with uvicorn until
-    interrupted (``transduce serve``)."""
+    SIGINT (Ctrl-C) or SIGTERM, then close the service (``transduce serve``; it exits 0)."""
     uvicorn = require("uvicorn", "serve", "serving")
     require("fastapi", "serve", "serving")
-    service = load_service(paths, cfg, runtime, draft, defaults)
     model_dir = model_dirs(paths)[0]
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
         logger.warning("serving on %s: reachable from other machines, and without an API key anyone can use "
                        "it (serve --api-key-file FILE or $TRANSDUCE_API_KEY)", cfg.host)
     settings = {**asdict(cfg), "api_key": None if cfg.api_key is None else "(set)"}
-    logger.info("serving %s on http://%s:%d (settings: %s; %s)", model_dir, cfg.host, cfg.port, settings, runtime)
-    try:
-        uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
-                    host=cfg.host, port=cfg.port, log_level="info")
-    finally:
-        service.close()
+    with sigterm_as_interrupt():
+        service = load_service(paths, cfg, runtime, draft, defaults)
+        logger.info("serving %s on http://%s:%d (settings: %s; %s)", model_dir, cfg.host, cfg.port, settings, runtime)
+        try:
+            uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
+                        host=cfg.host, port=cfg.port, log_level="info")
+        except KeyboardInterrupt:  # SIGINT or SIGTERM after uvicorn's shutdown: how a server is stopped
+            pass
+        finally:
+            service.close()
+    logger.info("stopped serving %s (requests in flight answered, batcher and model closed)", model_dir)
 
 
 def index_html() -> str:
