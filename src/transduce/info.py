@@ -24,7 +24,7 @@ def model_info(model_dir: str | os.PathLike) -> dict:
     root = Path(model_dir)
     cfg = load_model_config(root)
     info: dict = {"model_dir": str(root), "arch": cfg.arch, "task": _task(cfg),
-                  "shape": _shape(cfg), "options": _options(cfg),
+                  "shape": _shape(cfg), "options": _options(cfg), "attention": attention_settings(cfg),
                   "parameters": parameter_count(root / WEIGHTS), "tokenizer": _tokenizer(root)}
     if cfg.arch == "encoder_decoder":
         info["decode"] = dataclasses.asdict(load_decode_config(root))
@@ -53,6 +53,7 @@ def format_info(info: dict) -> str:
     """The description as aligned ``key: value`` lines for a terminal."""
     lines = [f"{info['model_dir']}: {info['arch']} ({info['task']}), {info['parameters']:,} parameters"]
     rows = [("shape", _pairs(info["shape"])), ("options", _pairs(info["options"])),
+            ("attention", _pairs(info["attention"])),
             ("tokenizer", _pairs(info["tokenizer"]))]
     for key in ("labels",):
         if key in info:
@@ -102,10 +103,40 @@ def _options(cfg: ModelConfig) -> dict:
         keys += ["embed_norm", "type_vocab_size"]
     if cfg.positions == "relative":
         keys += ["relative_buckets", "relative_max_distance"]
+    if cfg.positions == "rope":
+        keys.append("rope_base")
     # T5's options, shown where they differ from the paper's
     keys += [k for k, plain in (("norm_kind", "layer"), ("scale_attention", True), ("scale_output", False))
              if getattr(cfg, k) != plain]
     return {k: getattr(cfg, k) for k in keys}
+
+
+# The settings of each kind of attention (model.attention / model.cross_attention), shown with it
+_KIND_KEYS = {"local": ("attention_window",), "linformer": ("linformer_k",),
+              "bigbird": ("attention_block", "random_blocks", "attention_seed"),
+              "lsh": ("attention_block", "lsh_hashes", "lsh_buckets", "attention_seed")}
+
+
+def attention_settings(cfg: ModelConfig) -> dict:
+    """The attention a model runs: its self-attention kind and, for an encoder-decoder, its
+    cross-attention kind, each with the settings that kind reads (a window, blocks, hashes...),
+    Longformer's global tokens and per-layer windows where set, and attention dropout if any."""
+    out: dict = {"attention": cfg.attention}
+    keys = list(_KIND_KEYS.get(cfg.attention, ()))
+    if cfg.attention == "local":
+        if cfg.attention_windows:
+            keys = ["attention_windows"]
+        keys += [k for k in ("global_tokens", "global_projections") if getattr(cfg, k)]
+    if cfg.arch == "encoder_decoder":
+        out["cross_attention"] = cfg.cross_attention
+        if cfg.cross_attention == "local" and "attention_window" not in keys:
+            keys.append("attention_window")
+    if cfg.attention_dropout:
+        keys.append("attention_dropout")
+    out.update({k: getattr(cfg, k) for k in keys})
+    if cfg.attention_windows:
+        out["attention_windows"] = list(cfg.attention_windows)
+    return out
 
 
 def _tokenizer(root: Path) -> dict:

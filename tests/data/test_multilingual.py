@@ -150,6 +150,22 @@ def test_translate_with_a_target_language_puts_its_tag_first(tagged_tokenizer, o
             translator.translate(["the dog runs"], tgt_lang="cs")
 
 
+def test_word_alignments_number_the_users_words_not_the_tag(tagged_tokenizer, one_thread):
+    from transduce.inference import Translator
+    from transduce.data.multilingual import tag_length
+    tok = tagged_tokenizer
+    for tokens, pieces, n in (([7, 1], ["<2de>", "\u2581a"], 1), ([3, 7, 1], ["\u2581", "<2de>", "\u2581a"], 2),
+                              ([3, 1], ["\u2581", "\u2581a"], 0), ([], [], 0)):
+        assert tag_length(tokens, pieces, {7}) == n
+    with Translator(_tiny_model(tok), tok, decode=DecodeConfig(beam=1, max_len_b=6)) as translator:
+        links = [link for lang in ("de", "fr") for text in EN
+                 for link in translator.translate_detailed([text], tgt_lang=lang, alignment=True)[0].best.alignment
+                 if link[0] >= len(text.split())]
+        assert links == []  # a source word index past the user's words: the tag counted as a word
+        tagged_first = translator.translate_detailed(["<2de> the dog runs"], alignment=True)[0]
+        assert max(i for i, _ in tagged_first.best.alignment) <= 2
+
+
 def test_validation_scores_each_language_pair(tagged_tokenizer, one_thread):
     from transduce.training.validation import validation_bleu
     tok = tagged_tokenizer
@@ -189,3 +205,51 @@ def test_multi30k_pairs_are_read_tagged_and_hashed(multi30k_root):
     assert [s.split(" ", 1)[0] for s, _ in valid[:6]] == ["<2de>", "<2fr>", "<2cs>"] * 2  # interleaved
     assert valid[0][0] == valid[1][0].replace("<2fr>", "<2de>")  # the same English sentence
     assert sorted(p.name for p in sources["valid"].read) == ["val.cs.gz", "val.de.gz", "val.en.gz", "val.fr.gz"]
+
+
+def _saved(tok: Tokenizer, model_dir):
+    from transduce.model import save_model
+    tok.save(model_dir)
+    save_model(_tiny_model(tok), model_dir, DecodeConfig(beam=1, max_len_b=3))
+    return model_dir
+
+
+def test_cli_score_takes_tgt_lang_as_translate_does(tagged_tokenizer, tmp_path, capsys, one_thread):
+    from transduce.cli import main
+    model_dir = _saved(tagged_tokenizer, tmp_path / "model")
+    (tmp_path / "src").write_text("the dog runs\na cat sleeps\n", encoding="utf-8")
+    (tmp_path / "tagged").write_text("<2fr> the dog runs\n<2fr> a cat sleeps\n", encoding="utf-8")
+    (tmp_path / "tgt").write_text("le chien court\nun chat dort\n", encoding="utf-8")
+    args = ["score", str(model_dir), "--tgt", str(tmp_path / "tgt"), "--output-format", "jsonl"]
+    assert main([*args, "--src", str(tmp_path / "tagged")]) == 0
+    want = capsys.readouterr().out
+    assert main([*args, "--src", str(tmp_path / "src"), "--tgt-lang", "fr"]) == 0
+    assert capsys.readouterr().out == want
+    assert main([*args, "--src", str(tmp_path / "src"), "--tgt-lang", "de"]) == 0
+    assert capsys.readouterr().out != want  # the tag is the model's input: another language, another score
+    for extra, message in (([], "say which (--tgt-lang)"), (["--tgt-lang", "cs"], "unknown target language 'cs'")):
+        assert main([*args, "--src", str(tmp_path / "src"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_document_counts_the_tag_in_each_sentence_length(tagged_tokenizer, tmp_path, capsys, caplog, one_thread):
+    from extra_helpers import need_extra
+    need_extra("documents", "sentencex")
+    from transduce.cli import main
+    from transduce.inference import Translator
+    from transduce.inference.documents import translate_document
+    text = "the red bird sings. an old man eats the dog.\n\na cat sleeps."
+    with Translator(_tiny_model(tagged_tokenizer), tagged_tokenizer, decode=DecodeConfig(beam=1, max_len_b=3)) as tr:
+        with caplog.at_level("WARNING", logger="transduce"):
+            out = translate_document(tr, text, tgt_lang="fr", max_input_len=6)
+        assert "truncated" not in caplog.text  # each piece fits with its tag: cut finer, never truncated
+        assert out.count("\n") == 2
+        want = translate_document(tr, text, tgt_lang="fr") + "\n"
+    model_dir = _saved(tagged_tokenizer, tmp_path / "model")
+    doc = tmp_path / "doc.txt"
+    doc.write_text(text + "\n", encoding="utf-8")
+    args = ["translate", str(model_dir), "--documents", "--input", str(doc)]
+    assert main([*args, "--tgt-lang", "fr"]) == 0
+    assert capsys.readouterr().out == want
+    assert main(args) == 2 and "say which (--tgt-lang)" in capsys.readouterr().err

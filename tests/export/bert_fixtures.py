@@ -46,7 +46,12 @@ def build_hf(where: Path, case: str, tokenizer_dirs: dict[str, Path], seed: int 
     config = (transformers.RobertaConfig if family == "roberta" else transformers.BertConfig)(
         vocab_size=tok.vocab_size, **SHAPE, **options, **CASES[case])
     torch.manual_seed(seed)
-    model = getattr(transformers, arch)(config).eval()
+    return perturbed_and_saved(getattr(transformers, arch)(config).eval(), where)
+
+
+def perturbed_and_saved(model, where: Path):
+    """``model`` (a transformers model, freshly initialised) with its LayerNorms and biases
+    perturbed so that none is the identity or zero, saved in ``where``; returns it."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):

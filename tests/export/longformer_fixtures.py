@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from bert_fixtures import SHAPE, perturbed_and_saved
+
 # Windows of 4, 6 and 8 tokens (2, 3 and 4 each side) on short probes, so that the band, the global
 # rows and the edges are all exercised; one case with a window per layer.
 CASES = {
@@ -16,7 +18,6 @@ CASES = {
     "LongformerForMaskedLM-per-layer": dict(attention_window=[4, 8]),
     "LongformerModel": dict(attention_window=6),
 }
-SHAPE = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
 
 def build_longformer(where: Path, case: str, roberta_tokenizer: Path, seed: int = 0):
@@ -33,10 +34,4 @@ def build_longformer(where: Path, case: str, roberta_tokenizer: Path, seed: int 
         eos_token_id=2, sep_token_id=2, max_position_embeddings=42, type_vocab_size=1, initializer_range=0.2,
         **CASES[case])
     torch.manual_seed(seed)
-    model = getattr(transformers, case.split("-")[0])(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(where)
-    return model
+    return perturbed_and_saved(getattr(transformers, case.split("-")[0])(config).eval(), where)

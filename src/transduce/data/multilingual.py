@@ -14,10 +14,11 @@ exact resume continues them. A sentence's pair is read off its first source toke
 from __future__ import annotations
 
 import logging
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
+from transduce.data.alignments import WORD_START
 from transduce.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,15 @@ def with_tag(texts: Sequence[str], tgt_lang: str | None, tags: dict[str, int]) -
     if tgt_lang not in tags:
         raise ConfigError(f"decode.tgt_lang: unknown target language {tgt_lang!r}; this model knows {known}")
     return [tagged(text, tgt_lang) for text in texts]
+
+
+def tag_length(tokens: Sequence[int], pieces: Sequence[str], tag_ids: Collection[int]) -> int:
+    """How many leading source tokens are a target-language tag (``tag_ids``), with the lone ``▁``
+    SentencePiece may put before it: 0, 1 or 2. They are the model's input but no word of the
+    user's text (word alignments skip them)."""
+    if tokens[:1] and tokens[0] in tag_ids:
+        return 1
+    return 2 if len(tokens) > 1 and pieces[0] == WORD_START and tokens[1] in tag_ids else 0
 
 
 def pair_texts(read, pairs: Sequence[dict[str, Any]], interleave: bool = False) -> list[TaggedPair]:

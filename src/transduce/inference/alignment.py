@@ -7,6 +7,7 @@ subword is linked to the source subword its cross-attention weighs most (layer
 ``extract_hard_alignment`` and Marian's ``--alignment hard`` do; the EOS column and row take no
 part. Subword links become word links through SentencePiece's ``▁`` word starts: words are
 numbered from 0 on each side, in the order of the detokenized text's whitespace-separated words.
+A multilingual model's target-language tag (``<2de>``) is no source word: its columns take no part.
 
 Legend: B pairs, S source length (EOS counted), T target length (EOS counted).
 """
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from ..config import DecodeConfig
 from ..data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
+from ..data.multilingual import tag_length
 from ..errors import ConfigError
 from .search.common import AttentionChoice
 
@@ -72,6 +74,7 @@ def forced_details(translator, results: Sequence, decode: DecodeConfig, alignmen
     from .scoring import forced_batches
 
     eos = translator.config.eos_id
+    tag_ids = set(getattr(translator.tokenizer, "lang_tags", {}).values())
     choice = alignment_choice(translator.config, decode) if alignment else None
     todo = [i for i, r in enumerate(results) if r.source_tokens and (r.best.tokens or r.best.ended)]
     src_ids = [results[i].source_tokens + [eos] for i in todo]
@@ -83,8 +86,10 @@ def forced_details(translator, results: Sequence, decode: DecodeConfig, alignmen
             for row, j in enumerate(index):
                 r = results[todo[j]]
                 log_probs[todo[j]] = forced.token_log_probs[row, : len(tgt_ids[j])].tolist()
-                if alignment:
-                    links[todo[j]] = hard_alignment(forced.cross_attention[row], r.source_pieces, r.best.pieces)
+                if alignment:  # the words of the user's text: a multilingual model's tag is none of them
+                    skip = tag_length(r.source_tokens, r.source_pieces, tag_ids)
+                    links[todo[j]] = hard_alignment(forced.cross_attention[row][:, skip:], r.source_pieces[skip:],
+                                                    r.best.pieces)
     return log_probs, links
 
 

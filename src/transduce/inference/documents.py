@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, TextIO
 
 from ..config import DecodeConfig
+from ..data.multilingual import with_tag
 from ..errors import ConfigError, require
 from .files import atomic_output, iter_lines
 from .translator import input_limit
@@ -130,12 +131,15 @@ def translate_document(translator, text: str, decode: DecodeConfig | None = None
                        **overrides) -> str:
     """Translate a document (see the module doc) with ``decode`` (default: the translator's
     settings) and ``overrides`` of its fields; blank lines, paragraph breaks and the whitespace
-    between sentences are kept. An empty document gives an empty one."""
+    between sentences are kept. An empty document gives an empty one. A multilingual model's
+    ``tgt_lang`` tags every sentence (and counts in its length)."""
     decode = translator.settings(decode, **overrides)
     limit = input_limit(translator.config, decode.max_input_len)
 
-    def count(piece: str) -> int:
-        return len(translator.tokenizer.encode(piece, side="src"))
+    tags = getattr(translator.tokenizer, "lang_tags", {})
+
+    def count(piece: str) -> int:  # as the model sees it: a multilingual model's tag included
+        return len(translator.tokenizer.encode(with_tag([piece], decode.tgt_lang, tags)[0], side="src"))
 
     blocks = split_blocks(text)
     paragraphs = [split_paragraph(b, language, limit, count) for b in blocks if isinstance(b, list)]

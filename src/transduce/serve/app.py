@@ -4,16 +4,16 @@
 Routes:
     POST /translate  {"sentences": [...], "beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50,
                       "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "constraints": [[...], ...],
-                      "alignment": false}
+                      "alignment": false, "tgt_lang": "de"}
                      -> {"translations": [...]} in input order (settings not given: the model's); with
                      "alignment": true also {"alignments": ["0-0 1-2 ...", ...]}, word alignments
                      (source word i - target word j, :mod:`transduce.inference.alignment`)
-    POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null}
+    POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null, "tgt_lang": "de"}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
-    POST /translate_document  {"text": "paragraphs...", "language": "en", "beam": 4, "lenpen": 0.6}
+    POST /translate_document  {"text": "paragraphs...", "language": "en", "beam": 4, "lenpen": 0.6, "tgt_lang": "de"}
                      -> {"translation": "..."}: blank lines and paragraphs kept, nothing cut
                      (:mod:`~transduce.inference.documents`; the ``documents`` extra)
-    POST /translate_stream  {"sentence": "...", "beam": 4, "lenpen": 0.6} -> Server-Sent Events:
+    POST /translate_stream  {"sentence": "...", "beam": 4, "lenpen": 0.6, "tgt_lang": "de"} -> Server-Sent Events:
                      ``delta`` {"text"} as the search settles it, then ``done`` {"translation"} (or
                      ``error`` {"error", "status"}); the deltas joined are the translation
     GET  /health     -> {"status": "ok", "batching": {...counters...}, ...}
@@ -53,6 +53,7 @@ from ..inference.streaming import stream_translation
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
 from .openapi import openapi_document
+from .signals import sigterm_as_interrupt
 from .requests import ApiError, BodyLimit, check_sentences, optional, parse_body, request_models
 
 logger = logging.getLogger(__name__)
@@ -158,15 +159,23 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
         raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
 
 
+def request_settings(service: TranslationService, req, texts: list[str], **fields) -> Any:
+    """A request's decoding settings (its fields ``model_dump(**fields)`` picks), its ``tgt_lang``
+    checked against the model's target-language tags for ``texts`` (:func:`with_tag`): a missing
+    or unknown one is this request's 422, not a failure of the batch it would join."""
+    decode = service.settings(**req.model_dump(exclude_none=True, **fields))
+    try:
+        with_tag(texts, decode.tgt_lang, getattr(service.translator.tokenizer, "lang_tags", {}))
+    except ConfigError as e:
+        raise ApiError(422, str(e)) from None
+    return decode
+
+
 async def translate_job(service: TranslationService, req) -> dict[str, list[str]]:
     """A /translate request's answer: one job of plain sentences, or of (sentence, its
     constraints) items (422 unless one list of constraints per sentence); with ``alignment``
     the word alignments too."""
-    decode = service.settings(**req.model_dump(exclude={"sentences", "constraints", "alignment"}, exclude_none=True))
-    try:  # a multilingual model's missing or unknown tag: this request's error, not its batch's
-        with_tag(req.sentences, decode.tgt_lang, getattr(service.translator.tokenizer, "lang_tags", {}))
-    except ConfigError as e:
-        raise ApiError(422, str(e)) from None
+    decode = request_settings(service, req, req.sentences, exclude={"sentences", "constraints", "alignment"})
     if req.constraints is None and not req.alignment:
         return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
     if req.constraints is not None and len(req.constraints) != len(req.sentences):
@@ -269,7 +278,7 @@ def _add_decode_routes(app, service: TranslationService) -> None:
             check_layer_head(model_cfg, req.layer, req.head, "layer")
         except ConfigError as e:
             raise ApiError(422, str(e)) from None
-        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        decode = request_settings(service, req, [req.sentence], include={"beam", "lenpen", "tgt_lang"})
         key = ("attention", decode, AttentionChoice(req.layer, req.head))
         return (await run_job(service, key, [req.sentence]))[0]
 
@@ -277,7 +286,7 @@ def _add_decode_routes(app, service: TranslationService) -> None:
     async def translate_document_route(request: Request):
         optional("sentencex", "documents", "document translation")
         req = await parse_body(request, DocumentRequest)
-        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        decode = request_settings(service, req, [req.text], include={"beam", "lenpen", "tgt_lang"})
         return {"translation": (await run_job(service, ("document", decode, None), [(req.text, req.language)]))[0]}
 
     @app.post("/translate_stream")
@@ -285,7 +294,7 @@ def _add_decode_routes(app, service: TranslationService) -> None:
         sse = optional("sse_starlette", "serve", "streaming")
         req = await parse_body(request, StreamRequest)
         check_sentences([req.sentence], cfg)
-        decode = service.settings(**req.model_dump(include={"beam", "lenpen"}, exclude_none=True))
+        decode = request_settings(service, req, [req.sentence], include={"beam", "lenpen", "tgt_lang"})
         loop, deltas = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(delta: str) -> None:  # called from the batcher's thread
@@ -332,21 +341,25 @@ def _health_report(service: TranslationService) -> dict[str, Any]:
 def serve(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None,
           defaults: dict[str, Any] | None = None) -> None:
     """Load the model directories as :func:`load_service` does and serve them with uvicorn until
-    interrupted (``transduce serve``)."""
+    SIGINT (Ctrl-C) or SIGTERM, then close the service (``transduce serve``; it exits 0)."""
     uvicorn = require("uvicorn", "serve", "serving")
     require("fastapi", "serve", "serving")
-    service = load_service(paths, cfg, runtime, draft, defaults)
     model_dir = model_dirs(paths)[0]
     if cfg.host not in ("127.0.0.1", "localhost", "::1") and cfg.api_key is None:
         logger.warning("serving on %s: reachable from other machines, and without an API key anyone can use "
                        "it (serve --api-key-file FILE or $TRANSDUCE_API_KEY)", cfg.host)
     settings = {**asdict(cfg), "api_key": None if cfg.api_key is None else "(set)"}
-    logger.info("serving %s on http://%s:%d (settings: %s; %s)", model_dir, cfg.host, cfg.port, settings, runtime)
-    try:
-        uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
-                    host=cfg.host, port=cfg.port, log_level="info")
-    finally:
-        service.close()
+    with sigterm_as_interrupt():
+        service = load_service(paths, cfg, runtime, draft, defaults)
+        logger.info("serving %s on http://%s:%d (settings: %s; %s)", model_dir, cfg.host, cfg.port, settings, runtime)
+        try:
+            uvicorn.run(create_app(service, title=f"transduce: {os.path.basename(os.path.abspath(model_dir))}"),
+                        host=cfg.host, port=cfg.port, log_level="info")
+        except KeyboardInterrupt:  # SIGINT or SIGTERM after uvicorn's shutdown: how a server is stopped
+            pass
+        finally:
+            service.close()
+    logger.info("stopped serving %s (requests in flight answered, batcher and model closed)", model_dir)
 
 
 def index_html() -> str:

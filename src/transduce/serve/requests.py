@@ -71,6 +71,7 @@ def request_models():
         sentence: str
         beam: int | None = Field(None, ge=1, le=16)
         lenpen: float | None = Field(None, ge=0.0, le=5.0)
+        tgt_lang: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
         layer: int = -1
         head: int | None = None
 
@@ -80,12 +81,14 @@ def request_models():
         language: str = Field("en", pattern=r"^[A-Za-z]{2,3}([-_][A-Za-z0-9]+)?$")
         beam: int | None = Field(None, ge=1, le=16)
         lenpen: float | None = Field(None, ge=0.0, le=5.0)
+        tgt_lang: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
 
     class StreamRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
         sentence: str
         beam: int | None = Field(None, ge=1, le=16)
         lenpen: float | None = Field(None, ge=0.0, le=5.0)
+        tgt_lang: str | None = Field(None, pattern=r"^[a-z]{2,3}$")
 
     return TranslateRequest, AttentionRequest, DocumentRequest, StreamRequest
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sysconfig
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,6 +22,7 @@ from ..errors import TransduceError, require
 from ..export.triton import preferred_batch_sizes
 from ..inference.runtime import ModelDirs, Runtime, load
 from ..inference.triton_rows import PARAMETERS, Rows, TritonTranslate
+from .signals import sigterm_as_interrupt
 
 logger = logging.getLogger(__name__)
 MODEL_NAME = "translate"
@@ -108,27 +108,22 @@ def start_triton(model: TritonTranslate, cfg: ServeConfig):
     return triton
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def serve_triton(paths: ModelDirs, cfg: ServeConfig, runtime: Runtime = Runtime(),
                  draft: str | os.PathLike | None = None, defaults: dict[str, Any] | None = None) -> None:
     """Load the model directories (the one front door) and serve them with Triton until SIGINT
     or SIGTERM; then stop the server and the translator."""
     require_triton()
     model = TritonTranslate(load(paths, runtime, draft), defaults, cfg.max_sentence_chars)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     triton = None
     try:
-        triton = start_triton(model, cfg)
-        logger.info("Triton serving model %r on http://%s:%d (KServe v2) and grpc %s:%d; parameters: %s",
-                    MODEL_NAME, cfg.host, cfg.port, cfg.host, grpc_port(cfg), ", ".join(PARAMETERS))
-        triton.serve()
+        with sigterm_as_interrupt():
+            triton = start_triton(model, cfg)
+            logger.info("Triton serving model %r on http://%s:%d (KServe v2) and grpc %s:%d; parameters: %s",
+                        MODEL_NAME, cfg.host, cfg.port, cfg.host, grpc_port(cfg), ", ".join(PARAMETERS))
+            triton.serve()
     except KeyboardInterrupt:
         logger.info("stopping Triton")
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if triton is not None:
             triton.stop()
         model.close()
