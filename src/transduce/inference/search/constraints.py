@@ -82,6 +82,9 @@ class ConstraintBeams:
     done: Tensor     # (N,) its tokens produced so far
     inside: Tensor | None = None  # (V,) bool: the pieces that continue a word; None: token-level constraints
     closed: Tensor | None = None  # (N,) bool: the last token completed a phrase (with ``inside``)
+    # each candidate's progress, kept by :meth:`candidates` for :meth:`advanced`: the (N, m) tokens
+    # of each row and, after each, met (N*m, C), cur (N*m,), done (N*m,)
+    grown: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @staticmethod
     def start(phrases: Tensor, inside: Tensor | None = None) -> "ConstraintBeams":
@@ -149,14 +152,16 @@ class ConstraintBeams:
 
     def advanced(self, beams: Beams, rows: Tensor) -> "ConstraintBeams":
         """The progress of the new ``beams`` (after their last token), which continue ``rows``
-        (B*K,) of the old ones (beam search's reorder)."""
-        parent = ConstraintBeams(self.phrases, self.met[rows], self.cur[rows], self.done[rows])
-        phrases, lengths = parent.sentence_rows(beams.ids)
-        before = beams.tokens[:, :, 1:-1].reshape(rows.shape[0], -1)          # (N, t - 1) the output before the last
-        met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1),
-                                     ready_to_complete(phrases, lengths, before))
-        closed = None if self.inside is None else (met & ~parent.met).any(dim=1)
-        return ConstraintBeams(self.phrases, met, cur, done, self.inside, closed)
+        (B*K,) of the old ones (beam search's reorder): each new beam's is that of the candidate
+        of its parent row with its last token, which :meth:`candidates` computed (a row's
+        candidates with the same token, if any, have the same progress)."""
+        token, met, cur, done = self.grown
+        m = token.shape[1]
+        last = beams.tokens[:, :, -1].reshape(-1, 1)                           # (N', 1)
+        pick = rows * m + (token[rows] == last).int().argmax(dim=1)          # (N',) into the N*m candidates
+        met = met[pick]
+        closed = None if self.inside is None else (met & ~self.met[rows]).any(dim=1)
+        return ConstraintBeams(self.phrases, met, cur[pick], done[pick], self.inside, closed)
 
     def repeats(self, phrases: Tensor, lengths: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
         """(N, C) the token that would complete each phrase again, where every copy of it is met
@@ -168,43 +173,45 @@ class ConstraintBeams:
         allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
         return last.masked_fill(~(ready & spent) | allowed, -1)
 
-    def glued(self, extra: Tensor, forced: Tensor | None) -> Tensor | None:
-        """(N, V) bool: the pieces refused because they would continue the word of the phrase
-        just completed (none where the piece is one of ``extra`` (N, C), :meth:`next_tokens`, or
-        the row's token is ``forced`` (N,)); None without the ``inside`` table or a row that has
-        just completed a phrase (most steps: no (N, V) work)."""
+    def refuse_glued(self, logp: Tensor, extra: Tensor, forced: Tensor | None) -> None:
+        """Refuse (-inf in ``logp`` (N, V), in place) the pieces that would continue the word of
+        the phrase a row has just completed, except those of ``extra`` (N, C) (:meth:`next_tokens`),
+        and not where the row's token is ``forced`` (N,). Nothing without the ``inside`` table;
+        (R, V) work for the R rows that have just completed a phrase, none on most steps."""
         if self.inside is None:
-            return None
+            return
         closed = self.closed if forced is None else self.closed & (forced < 0)
-        if not bool(closed.any()):
-            return None
-        refused = closed.unsqueeze(1) & self.inside.unsqueeze(0)         # (N, V)
-        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)        # (N, C) False: an advancing token
-        return refused.scatter(1, extra.clamp(min=0), keep)
+        rows = closed.nonzero().squeeze(1)                                 # (R,)
+        if not rows.numel():
+            return
+        extra = extra[rows]
+        refused = self.inside.expand(rows.shape[0], -1).clone()            # (R, V)
+        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)          # (R, C) False: an advancing token
+        refused.scatter_(1, extra.clamp(min=0), keep)
+        logp[rows] = logp[rows].masked_fill(refused, -math.inf)
 
     def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int,
                    forced: Tensor | None = None) -> Candidates:
         """The step's candidates in bank order (see the module doc): each row's best w tokens
         and the tokens that advance its constraints, scored, the top 2K kept; only the first K
         may end, and only with every constraint met; no met phrase is completed again
-        (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free).
+        (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free). Each candidate's
+        progress is kept for :meth:`advanced`.
 
-        Shape: logp (N, V) step log-probs -> Candidates of width min(2K, M).
+        Shape: logp (N, V) step log-probs, which the refusals overwrite (-inf; no (N, V) copy, no
+        (N, V) mask) -> Candidates of width min(2K, M).
         """
         phrases, lengths = self.sentence_rows(beams.ids)
         b, k = beams.scores.shape
-        logp = logp.clone()
         logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
         extra = self.next_tokens(phrases, lengths)                        # (N, C)
         ready = ready_to_complete(phrases, lengths, beams.tokens.view(b * k, -1)[:, 1:])
         again = self.repeats(phrases, lengths, ready, extra)
         if forced is not None:
             again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
-        refused = torch.zeros_like(logp).scatter_add_(1, again.clamp(min=0), (again >= 0).to(logp.dtype)) > 0
-        glued = self.glued(extra, forced)
-        if glued is not None:
-            refused |= glued
-        logp = logp.masked_fill(refused, -math.inf)
+        never = torch.full(again.shape, math.inf, device=logp.device).masked_fill(again >= 0, -math.inf)
+        logp.scatter_reduce_(1, again.clamp(min=0), never, "amin")        # -inf where again names the token
+        self.refuse_glued(logp, extra, forced)
         top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
         c = extra.shape[1]
         earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
@@ -217,8 +224,9 @@ class ConstraintBeams:
         grown = ConstraintBeams(self.phrases, self.met.repeat_interleave(m, 0), self.cur.repeat_interleave(m, 0),
                                 self.done.repeat_interleave(m, 0))
         rows_l = lengths.repeat_interleave(m, 0)
-        met, _, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
-                                  ready.repeat_interleave(m, 0))
+        met, cur, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
+                                    ready.repeat_interleave(m, 0))
+        self.grown = token, met, cur, done
         bank = grown.progress(rows_l, met, done).view(b, k * m)
         ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
         total = total.masked_fill(ends & ~grown.all_met(rows_l, met).view(b, k * m), -math.inf)
