@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from ...errors import ConfigError
 from .beam import Beams, Candidates
-from .common import topk_rows
+from .common import SCORE_ROWS, topk_rows
 
 
 def constraint_ids(phrases: list[list[list[int]]], device: torch.device | str = "cpu") -> Tensor | None:
@@ -173,24 +174,7 @@ class ConstraintBeams:
         allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
         return last.masked_fill(~(ready & spent) | allowed, -1)
 
-    def refuse_glued(self, logp: Tensor, extra: Tensor, forced: Tensor | None) -> None:
-        """Refuse (-inf in ``logp`` (N, V), in place) the pieces that would continue the word of
-        the phrase a row has just completed, except those of ``extra`` (N, C) (:meth:`next_tokens`),
-        and not where the row's token is ``forced`` (N,). Nothing without the ``inside`` table;
-        (R, V) work for the R rows that have just completed a phrase, none on most steps."""
-        if self.inside is None:
-            return
-        closed = self.closed if forced is None else self.closed & (forced < 0)
-        rows = closed.nonzero().squeeze(1)                                 # (R,)
-        if not rows.numel():
-            return
-        extra = extra[rows]
-        refused = self.inside.expand(rows.shape[0], -1).clone()            # (R, V)
-        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)          # (R, C) False: an advancing token
-        refused.scatter_(1, extra.clamp(min=0), keep)
-        logp[rows] = logp[rows].masked_fill(refused, -math.inf)
-
-    def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int,
+    def candidates(self, score: Callable[[int, int], Tensor], beams: Beams, beam: int, step: int, eos_id: int,
                    forced: Tensor | None = None) -> Candidates:
         """The step's candidates in bank order (see the module doc): each row's best w tokens
         and the tokens that advance its constraints, scored, the top 2K kept; only the first K
@@ -198,26 +182,30 @@ class ConstraintBeams:
         (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free). Each candidate's
         progress is kept for :meth:`advanced`.
 
-        Shape: logp (N, V) step log-probs, which the refusals overwrite (-inf; no (N, V) copy, no
-        (N, V) mask) -> Candidates of width min(2K, M).
+        ``score(start, stop)`` is the step's log-probs (stop - start, V) of rows start:stop (a
+        fresh tensor, which the refusals overwrite); they are asked for in blocks of
+        ``SCORE_ROWS`` rows on CPU, as :func:`~transduce.inference.search.common.best_tokens` does.
+
+        Shape: -> Candidates of width min(2K, M).
         """
         phrases, lengths = self.sentence_rows(beams.ids)
         b, k = beams.scores.shape
-        logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
         extra = self.next_tokens(phrases, lengths)                        # (N, C)
         ready = ready_to_complete(phrases, lengths, beams.tokens.view(b * k, -1)[:, 1:])
         again = self.repeats(phrases, lengths, ready, extra)
         if forced is not None:
             again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
-        never = torch.full(again.shape, math.inf, device=logp.device).masked_fill(again >= 0, -math.inf)
-        logp.scatter_reduce_(1, again.clamp(min=0), never, "amin")        # -inf where again names the token
-        self.refuse_glued(logp, extra, forced)
-        top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
+        glued = None
+        if self.inside is not None:
+            glued = self.closed if forced is None else self.closed & (forced < 0)
+            glued = glued if bool(glued.any()) else None
+        refusals = _Refusals(eos_id, ~self.all_met(lengths, self.met), again, extra, glued, self.inside)
+        top_logp, top_token, extra_logp = refusals.best(score, b * k, 2 * beam, beams.scores.device)  # (N, w), (N, C)
         c = extra.shape[1]
         earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
         repeated = ((extra.unsqueeze(2) == extra.unsqueeze(1)) & earlier).any(dim=2)
         in_top = (extra.unsqueeze(2) == top_token.unsqueeze(1)).any(dim=2)
-        extra_logp = logp.gather(1, extra.clamp(min=0)).masked_fill((extra < 0) | repeated | in_top, -math.inf)
+        extra_logp = extra_logp.masked_fill((extra < 0) | repeated | in_top, -math.inf)
         token = torch.cat([top_token, extra.clamp(min=0)], dim=1)        # (N, m), m = w + C
         m = token.shape[1]
         total = (beams.scores.view(-1, 1) + torch.cat([top_logp, extra_logp], dim=1)).view(b, k * m)
@@ -236,6 +224,56 @@ class ConstraintBeams:
         ends = ends.gather(1, order) & (scores > -math.inf)
         ends[:, beam:] = False  # as beam search: only the first K may finish
         return Candidates(scores, parent, token.view(b, k * m).gather(1, order), ends)
+
+
+@dataclass
+class _Refusals:
+    """What a step of :meth:`ConstraintBeams.candidates` refuses each of its N rows, written
+    into the log-probs block by block (no (N, V) mask, no copy)."""
+
+    eos_id: int
+    unmet: Tensor           # (N,) bool: not every phrase met yet, so no EOS
+    again: Tensor           # (N, C) tokens that would complete a spent phrase again (-1: none)
+    extra: Tensor           # (N, C) the tokens that advance a phrase (:meth:`ConstraintBeams.next_tokens`)
+    glued: Tensor | None    # (N,) bool: rows that have just completed a phrase (None: no row)
+    inside: Tensor | None   # (V,) bool: the pieces that continue a word
+
+    def apply(self, logp: Tensor, start: int) -> None:
+        """Refuse (-inf, in place) in ``logp``, the log-probs of rows start:start + R: EOS where
+        a phrase is unmet, the ``again`` tokens, and where a row ``glued``, the pieces that
+        would continue the word of the phrase it has just completed (but the ``extra`` ones)."""
+        stop = start + logp.shape[0]
+        logp[:, self.eos_id] = logp[:, self.eos_id].masked_fill(self.unmet[start:stop], -math.inf)
+        again = self.again[start:stop]
+        never = torch.full(again.shape, math.inf, device=logp.device).masked_fill(again >= 0, -math.inf)
+        logp.scatter_reduce_(1, again.clamp(min=0), never, "amin")        # -inf where ``again`` names it
+        if self.glued is None:
+            return
+        rows = self.glued[start:stop].nonzero().squeeze(1)                # (R',)
+        if not rows.numel():
+            return
+        extra = self.extra[start:stop][rows]
+        refused = self.inside.expand(rows.shape[0], -1).clone()            # (R', V)
+        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)          # (R', C) False: an advancing token
+        refused.scatter_(1, extra.clamp(min=0), keep)
+        logp[rows] = logp[rows].masked_fill(refused, -math.inf)
+
+    def best(self, score: Callable[[int, int], Tensor], n: int, k: int,
+             device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's ``k`` (at most V) best tokens and the log-probs of its ``extra`` ones, the
+        refusals applied, from ``score`` (see :meth:`ConstraintBeams.candidates`) in blocks of
+        ``SCORE_ROWS`` rows on CPU (each block's work while it is in the cache).
+        -> log-probs (N, w), tokens (N, w), extra log-probs (N, C)."""
+        rows = max(SCORE_ROWS if device.type == "cpu" else n, 1)
+        parts = []
+        for start in range(0, n, rows):
+            logp = score(start, min(start + rows, n))
+            self.apply(logp, start)
+            top_logp, top_token = topk_rows(logp, min(k, logp.shape[1]))
+            parts.append((top_logp, top_token, logp.gather(1, self.extra[start:start + rows].clamp(min=0))))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat(p) for p in zip(*parts))
 
 
 def last_tokens(phrases: Tensor, lengths: Tensor) -> Tensor:
