@@ -276,8 +276,11 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
                                              vocab)
             cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)  # from (N, w) each
         else:
-            logp = step_log_probs(model.output_proj(states), cfg, step, decode.min_len, forced, repeat)  # (N, V)
-            cand = cons.candidates(logp, beams, beam, step, cfg.eos_id, forced)
+            cand = cons.candidates(  # told the log-probs of rows a:b, scored in blocks as best_tokens
+                lambda a, b: step_log_probs(model.output_proj(states[a:b]), cfg, step, decode.min_len,
+                                            None if forced is None else forced[a:b],
+                                            None if repeat is None else repeat.rows(a, b)),
+                beams, beam, step, cfg.eos_id, forced)
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,7 @@ from torch import Tensor
 
 from ...errors import ConfigError
 from .beam import Beams, Candidates
-from .common import topk_rows
+from .common import SCORE_ROWS, topk_rows
 
 
 def constraint_ids(phrases: list[list[list[int]]], device: torch.device | str = "cpu") -> Tensor | None:
@@ -82,6 +83,9 @@ class ConstraintBeams:
     done: Tensor     # (N,) its tokens produced so far
     inside: Tensor | None = None  # (V,) bool: the pieces that continue a word; None: token-level constraints
     closed: Tensor | None = None  # (N,) bool: the last token completed a phrase (with ``inside``)
+    # each candidate's progress, kept by :meth:`candidates` for :meth:`advanced`: the (N, m) tokens
+    # of each row and, after each, met (N*m, C), cur (N*m,), done (N*m,)
+    grown: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
     @staticmethod
     def start(phrases: Tensor, inside: Tensor | None = None) -> "ConstraintBeams":
@@ -149,14 +153,16 @@ class ConstraintBeams:
 
     def advanced(self, beams: Beams, rows: Tensor) -> "ConstraintBeams":
         """The progress of the new ``beams`` (after their last token), which continue ``rows``
-        (B*K,) of the old ones (beam search's reorder)."""
-        parent = ConstraintBeams(self.phrases, self.met[rows], self.cur[rows], self.done[rows])
-        phrases, lengths = parent.sentence_rows(beams.ids)
-        before = beams.tokens[:, :, 1:-1].reshape(rows.shape[0], -1)          # (N, t - 1) the output before the last
-        met, cur, done = parent.step(phrases, lengths, beams.tokens[:, :, -1].reshape(-1),
-                                     ready_to_complete(phrases, lengths, before))
-        closed = None if self.inside is None else (met & ~parent.met).any(dim=1)
-        return ConstraintBeams(self.phrases, met, cur, done, self.inside, closed)
+        (B*K,) of the old ones (beam search's reorder): each new beam's is that of the candidate
+        of its parent row with its last token, which :meth:`candidates` computed (a row's
+        candidates with the same token, if any, have the same progress)."""
+        token, met, cur, done = self.grown
+        m = token.shape[1]
+        last = beams.tokens[:, :, -1].reshape(-1, 1)                           # (N', 1)
+        pick = rows * m + (token[rows] == last).int().argmax(dim=1)          # (N',) into the N*m candidates
+        met = met[pick]
+        closed = None if self.inside is None else (met & ~self.met[rows]).any(dim=1)
+        return ConstraintBeams(self.phrases, met, cur[pick], done[pick], self.inside, closed)
 
     def repeats(self, phrases: Tensor, lengths: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
         """(N, C) the token that would complete each phrase again, where every copy of it is met
@@ -168,57 +174,47 @@ class ConstraintBeams:
         allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
         return last.masked_fill(~(ready & spent) | allowed, -1)
 
-    def glued(self, extra: Tensor, forced: Tensor | None) -> Tensor | None:
-        """(N, V) bool: the pieces refused because they would continue the word of the phrase
-        just completed (none where the piece is one of ``extra`` (N, C), :meth:`next_tokens`, or
-        the row's token is ``forced`` (N,)); None without the ``inside`` table or a row that has
-        just completed a phrase (most steps: no (N, V) work)."""
-        if self.inside is None:
-            return None
-        closed = self.closed if forced is None else self.closed & (forced < 0)
-        if not bool(closed.any()):
-            return None
-        refused = closed.unsqueeze(1) & self.inside.unsqueeze(0)         # (N, V)
-        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)        # (N, C) False: an advancing token
-        return refused.scatter(1, extra.clamp(min=0), keep)
-
-    def candidates(self, logp: Tensor, beams: Beams, beam: int, step: int, eos_id: int,
+    def candidates(self, score: Callable[[int, int], Tensor], beams: Beams, beam: int, step: int, eos_id: int,
                    forced: Tensor | None = None) -> Candidates:
         """The step's candidates in bank order (see the module doc): each row's best w tokens
         and the tokens that advance its constraints, scored, the top 2K kept; only the first K
         may end, and only with every constraint met; no met phrase is completed again
-        (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free).
+        (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free). Each candidate's
+        progress is kept for :meth:`advanced`.
 
-        Shape: logp (N, V) step log-probs -> Candidates of width min(2K, M).
+        ``score(start, stop)`` is the step's log-probs (stop - start, V) of rows start:stop (a
+        fresh tensor, which the refusals overwrite); they are asked for in blocks of
+        ``SCORE_ROWS`` rows on CPU, as :func:`~transduce.inference.search.common.best_tokens` does.
+
+        Shape: -> Candidates of width min(2K, M).
         """
         phrases, lengths = self.sentence_rows(beams.ids)
         b, k = beams.scores.shape
-        logp = logp.clone()
-        logp[:, eos_id] = logp[:, eos_id].masked_fill(~self.all_met(lengths, self.met), -math.inf)
         extra = self.next_tokens(phrases, lengths)                        # (N, C)
         ready = ready_to_complete(phrases, lengths, beams.tokens.view(b * k, -1)[:, 1:])
         again = self.repeats(phrases, lengths, ready, extra)
         if forced is not None:
             again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
-        refused = torch.zeros_like(logp).scatter_add_(1, again.clamp(min=0), (again >= 0).to(logp.dtype)) > 0
-        glued = self.glued(extra, forced)
-        if glued is not None:
-            refused |= glued
-        logp = logp.masked_fill(refused, -math.inf)
-        top_logp, top_token = topk_rows(logp, min(2 * beam, logp.shape[1]))  # (N, w)
+        glued = None
+        if self.inside is not None:
+            glued = self.closed if forced is None else self.closed & (forced < 0)
+            glued = glued if bool(glued.any()) else None
+        refusals = _Refusals(eos_id, ~self.all_met(lengths, self.met), again, extra, glued, self.inside)
+        top_logp, top_token, extra_logp = refusals.best(score, b * k, 2 * beam, beams.scores.device)  # (N, w), (N, C)
         c = extra.shape[1]
         earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
         repeated = ((extra.unsqueeze(2) == extra.unsqueeze(1)) & earlier).any(dim=2)
         in_top = (extra.unsqueeze(2) == top_token.unsqueeze(1)).any(dim=2)
-        extra_logp = logp.gather(1, extra.clamp(min=0)).masked_fill((extra < 0) | repeated | in_top, -math.inf)
+        extra_logp = extra_logp.masked_fill((extra < 0) | repeated | in_top, -math.inf)
         token = torch.cat([top_token, extra.clamp(min=0)], dim=1)        # (N, m), m = w + C
         m = token.shape[1]
         total = (beams.scores.view(-1, 1) + torch.cat([top_logp, extra_logp], dim=1)).view(b, k * m)
         grown = ConstraintBeams(self.phrases, self.met.repeat_interleave(m, 0), self.cur.repeat_interleave(m, 0),
                                 self.done.repeat_interleave(m, 0))
         rows_l = lengths.repeat_interleave(m, 0)
-        met, _, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
-                                  ready.repeat_interleave(m, 0))
+        met, cur, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
+                                    ready.repeat_interleave(m, 0))
+        self.grown = token, met, cur, done
         bank = grown.progress(rows_l, met, done).view(b, k * m)
         ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
         total = total.masked_fill(ends & ~grown.all_met(rows_l, met).view(b, k * m), -math.inf)
@@ -228,6 +224,56 @@ class ConstraintBeams:
         ends = ends.gather(1, order) & (scores > -math.inf)
         ends[:, beam:] = False  # as beam search: only the first K may finish
         return Candidates(scores, parent, token.view(b, k * m).gather(1, order), ends)
+
+
+@dataclass
+class _Refusals:
+    """What a step of :meth:`ConstraintBeams.candidates` refuses each of its N rows, written
+    into the log-probs block by block (no (N, V) mask, no copy)."""
+
+    eos_id: int
+    unmet: Tensor           # (N,) bool: not every phrase met yet, so no EOS
+    again: Tensor           # (N, C) tokens that would complete a spent phrase again (-1: none)
+    extra: Tensor           # (N, C) the tokens that advance a phrase (:meth:`ConstraintBeams.next_tokens`)
+    glued: Tensor | None    # (N,) bool: rows that have just completed a phrase (None: no row)
+    inside: Tensor | None   # (V,) bool: the pieces that continue a word
+
+    def apply(self, logp: Tensor, start: int) -> None:
+        """Refuse (-inf, in place) in ``logp``, the log-probs of rows start:start + R: EOS where
+        a phrase is unmet, the ``again`` tokens, and where a row ``glued``, the pieces that
+        would continue the word of the phrase it has just completed (but the ``extra`` ones)."""
+        stop = start + logp.shape[0]
+        logp[:, self.eos_id] = logp[:, self.eos_id].masked_fill(self.unmet[start:stop], -math.inf)
+        again = self.again[start:stop]
+        never = torch.full(again.shape, math.inf, device=logp.device).masked_fill(again >= 0, -math.inf)
+        logp.scatter_reduce_(1, again.clamp(min=0), never, "amin")        # -inf where ``again`` names it
+        if self.glued is None:
+            return
+        rows = self.glued[start:stop].nonzero().squeeze(1)                # (R',)
+        if not rows.numel():
+            return
+        extra = self.extra[start:stop][rows]
+        refused = self.inside.expand(rows.shape[0], -1).clone()            # (R', V)
+        keep = refused.gather(1, extra.clamp(min=0)) & (extra < 0)          # (R', C) False: an advancing token
+        refused.scatter_(1, extra.clamp(min=0), keep)
+        logp[rows] = logp[rows].masked_fill(refused, -math.inf)
+
+    def best(self, score: Callable[[int, int], Tensor], n: int, k: int,
+             device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """Each row's ``k`` (at most V) best tokens and the log-probs of its ``extra`` ones, the
+        refusals applied, from ``score`` (see :meth:`ConstraintBeams.candidates`) in blocks of
+        ``SCORE_ROWS`` rows on CPU (each block's work while it is in the cache).
+        -> log-probs (N, w), tokens (N, w), extra log-probs (N, C)."""
+        rows = max(SCORE_ROWS if device.type == "cpu" else n, 1)
+        parts = []
+        for start in range(0, n, rows):
+            logp = score(start, min(start + rows, n))
+            self.apply(logp, start)
+            top_logp, top_token = topk_rows(logp, min(k, logp.shape[1]))
+            parts.append((top_logp, top_token, logp.gather(1, self.extra[start:start + rows].clamp(min=0))))
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(torch.cat(p) for p in zip(*parts))
 
 
 def last_tokens(phrases: Tensor, lengths: Tensor) -> Tensor:
