@@ -143,6 +143,7 @@ def test_translate_with_a_target_language_puts_its_tag_first(tagged_tokenizer, o
             out = translator.translate_detailed(["the dog runs"], tgt_lang=lang)[0]
             assert out.source_tokens == tok.encode(f"<2{lang}> the dog runs", "src")
             assert f"<2{lang}>" in out.source_pieces[:2]
+            assert out.source == "the dog runs"  # the user's text: the tag is the model's input only
         assert translator.translate(["the dog runs"], tgt_lang="de") == translator.translate(["<2de> the dog runs"])
         with pytest.raises(ConfigError, match="say which"):
             translator.translate(["the dog runs"])

@@ -245,9 +245,9 @@ class BaseTranslator:
         for name, given in (("prefix", prefix), ("constraints", constraints)):
             if given is not None and len(given) != len(texts):
                 raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
-        texts = with_tag(texts, spec.decode.tgt_lang, getattr(self.tokenizer, "lang_tags", {}))
+        tagged = with_tag(texts, spec.decode.tgt_lang, getattr(self.tokenizer, "lang_tags", {}))
         with scope(DATA):
-            results = [self._source(text, spec.decode.max_input_len) for text in texts]
+            results = [self._source(t, s, spec.decode.max_input_len) for t, s in zip(texts, tagged)]
             todo = [i for i, r in enumerate(results) if r.source_tokens]
             eos = self.config.eos_id
             lengths = [len(results[i].source_tokens) + 1 for i in todo]
@@ -276,8 +276,8 @@ class BaseTranslator:
             reverse_rerank(results, self.reverse, spec.decode)
         return results
 
-    def _source(self, text: str, max_input_len: int) -> Translation:
-        ids, truncated = self.encode_source(text, max_input_len)
+    def _source(self, text: str, tagged: str, max_input_len: int) -> Translation:
+        ids, truncated = self.encode_source(tagged, max_input_len)  # the model's input; source: the user's text
         pieces = self.tokenizer.pieces(ids, side="src")
         empty = [Hypothesis("", [], [], 0.0, 0.0)] if not ids else []
         return Translation(text, ids, pieces, empty, truncated)
