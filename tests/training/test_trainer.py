@@ -276,3 +276,17 @@ def test_a_non_finite_validation_is_never_kept_as_best(tmp_path, monkeypatch):
     monkeypatch.setattr(trainer, "validate", lambda: {"val_loss": math.nan, "val_ppl": math.nan})
     trainer._evaluate_and_keep_best()
     assert trainer.state.best == -3.0 and (tmp_path / "best" / "model.safetensors").stat().st_mtime_ns == saved
+
+
+def test_a_collective_failing_while_logging_is_a_one_line_error(tmp_path, monkeypatch):
+    """The logged loss's all-reduce (not only DDP's) is a collective a stopped rank makes time out:
+    it ends the run with the same one-line error naming the rank and the step."""
+    trainer = _trainer(tmp_path, max_steps=5)
+    trainer.dist = DistInfo(rank=0, world_size=2)  # only the logging sees it: the feed keeps its own
+
+    def timed_out(*args, **kwargs):
+        raise RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation")
+
+    monkeypatch.setattr(loop, "all_reduce_sum", timed_out)
+    with pytest.raises(loop.TrainingError, match=r"^rank 0 of 2: a collective operation at step 1 failed"):
+        trainer.train()

@@ -287,19 +287,20 @@ class Trainer(Checkpointing):
             window_tokens, window_t0 = 0, time.monotonic()
             while (reason := PREEMPTED if preempted.is_set() else self._should_stop()) is None:
                 tokens_before = self.state.tokens
-                metrics = self._guarded_step()
-                window_tokens += self.state.tokens - tokens_before
-                step = self.state.step
-                bar.update(step - bar.n)
-                if metrics is not None and (step % cfg.log_every == 0 or step == 1):
-                    now = time.monotonic()
-                    record = self._step_record(metrics, window_tokens / max(now - window_t0, 1e-9))
-                    self.metrics.write_step(record, bar, cfg.max_steps)
-                    window_tokens, window_t0 = 0, now
-                if step % cfg.eval_every == 0:
-                    self._evaluate_and_keep_best()
-                if step % cfg.save_every == 0:
-                    self.save()
+                with self._collectives_guarded():  # every collective of the step: DDP's, logging's, eval's, save's
+                    metrics = self.train_step()
+                    window_tokens += self.state.tokens - tokens_before
+                    step = self.state.step
+                    bar.update(step - bar.n)
+                    if metrics is not None and (step % cfg.log_every == 0 or step == 1):
+                        now = time.monotonic()
+                        record = self._step_record(metrics, window_tokens / max(now - window_t0, 1e-9))
+                        self.metrics.write_step(record, bar, cfg.max_steps)
+                        window_tokens, window_t0 = 0, now
+                    if step % cfg.eval_every == 0:
+                        self._evaluate_and_keep_best()
+                    if step % cfg.save_every == 0:
+                        self.save()
         return reason
 
     def _step_record(self, metrics: dict[str, float], tokens_per_s: float) -> dict[str, float]:
@@ -314,15 +315,17 @@ class Trainer(Checkpointing):
                 "lr": metrics["lr"], "tokens_per_s": tokens_per_s, "grad_norm": metrics["grad_norm"],
                 "elapsed": self.elapsed()}
 
-    def _guarded_step(self) -> dict[str, float] | None:
-        """:meth:`train_step`, a failed collective (a rank gone) as a one-line TrainingError."""
+    @contextlib.contextmanager
+    def _collectives_guarded(self):
+        """A failed collective inside (a rank gone: DDP's all-reduce, the logged loss's, a barrier)
+        as a one-line TrainingError naming the step being trained."""
+        step = self.state.step + 1
         try:
-            return self.train_step()
+            yield
         except RuntimeError as e:  # torch.distributed's errors (DistBackendError...) are RuntimeErrors
             if not (self.dist.enabled and is_collective_error(e)):
                 raise
-            raise TrainingError(collective_failure(self.dist, self.state.step + 1, self.cfg.train.dist_timeout_s, e)) \
-                from None
+            raise TrainingError(collective_failure(self.dist, step, self.cfg.train.dist_timeout_s, e)) from None
 
     def _evaluate_and_keep_best(self) -> dict[str, float]:
         metrics = self.validate()
