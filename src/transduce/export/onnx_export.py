@@ -34,7 +34,7 @@ from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
 from ..errors import one_line, require
-from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names
+from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names, ort_sessions
 from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
 from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
@@ -141,15 +141,9 @@ class OnnxGreedy:
     """
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        ort = require("onnxruntime", "export")
         root = Path(directory)
         self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        providers = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(str(root / ENCODER), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(root / DECODER), opts, providers=providers)
+        self.encoder, self.decoder = ort_sessions(root, threads)
         self.n_layers = self.meta["n_decoder_layers"]
 
     def start(self, src: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:

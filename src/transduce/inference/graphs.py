@@ -58,17 +58,22 @@ class Steps(Protocol):
     def step(self, feeds: dict[str, Tensor]) -> list[Tensor]: ...
 
 
+def ort_sessions(root: Path, threads: int | None = None, what: str | None = None) -> tuple:
+    """ONNX Runtime CPU sessions of the exported encoder and decoder graphs in ``root``."""
+    ort = require("onnxruntime", "export", what)
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    providers = ["CPUExecutionProvider"]
+    return tuple(ort.InferenceSession(str(root / name), opts, providers=providers)
+                 for name in (ENCODER_ONNX, DECODER_ONNX))
+
+
 class OrtSteps:
     """The graphs in ONNX Runtime's CPU provider (torch CPU tensors in and out, numpy between)."""
 
     def __init__(self, root: Path, meta: dict, threads: int | None = None):
-        ort = require("onnxruntime", "export", "backend onnx")
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        providers = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(str(root / ENCODER_ONNX), opts, providers=providers)
-        self.decoder = ort.InferenceSession(str(root / DECODER_ONNX), opts, providers=providers)
+        self.encoder, self.decoder = ort_sessions(root, threads, "backend onnx")
         self.max_rows, self.max_src, self.max_cache = None, meta["max_positions"], meta["max_positions"] - 1
 
     def encode(self, src: Tensor) -> list[Tensor]:
