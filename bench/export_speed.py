@@ -1,8 +1,8 @@
 """Translation speed and BLEU of the shipped runtimes: eager float32 / dynamic int8 / static int8
 (``transduce quantize``, and of a ``train.qat`` model), ONNX Runtime, CTranslate2.
 
-Every system translates the same sentences with greedy search, or beam search with ``--beam``
-(the ONNX runner is greedy only), and the same thread count, after a warm-up; the script prints
+Every system translates the same sentences with greedy search, or beam search with ``--beam``,
+and the same thread count, after a warm-up; the script prints
 one JSON object with sentences/s, the size on disk of what each system loads, and, when
 references exist, BLEU and its change from eager float32. The static int8 models are calibrated
 on 200 other toy sentences (``--calibrate-seed``); ``--qat DIR`` names a model fine-tuned with
@@ -73,8 +73,10 @@ def timed(fn, warmup: list[str], texts: list[str], runs: int = 1) -> tuple[list[
     return out, float(np.median(seconds))
 
 
-def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, beam: int = 1):
-    tr = Translator.load(model_dir, Runtime(device="cpu", int8=int8))
+def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, beam: int = 1,
+          runtime: Runtime | None = None):
+    """transduce's Translator (eager PyTorch, or ``runtime``'s backend: the ONNX graphs)."""
+    tr = Translator.load(model_dir, runtime or Runtime(device="cpu", int8=int8))
 
     def run(texts: list[str]) -> list[str]:
         if out_len is None:
@@ -82,31 +84,6 @@ def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, b
         res = tr.translate_detailed(texts, beam=beam, max_len_a=0.0, max_len_b=out_len, min_len=out_len,
                                     batch_tokens=batch_tokens)
         return [r.best.text for r in res]
-    return run
-
-
-def batches(rows: list[list[int]], size: int):
-    """Length-sorted batches of row indices (what every runtime gets)."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-    for k in range(0, len(order), size):
-        yield order[k: k + size]
-
-
-def onnx_runtime(onnx_dir: Path, tok: Tokenizer, threads: int, out_len: int | None, batch_size: int):
-    from transduce.export.onnx_export import OnnxGreedy
-
-    runner = OnnxGreedy(onnx_dir, threads=threads)
-
-    def run(texts: list[str]) -> list[str]:
-        rows = [tok.encode(t, "src") + [2] for t in texts]
-        out = [""] * len(texts)
-        for index in batches(rows, batch_size):
-            width = max(len(rows[i]) for i in index)
-            src = np.array([rows[i] + [0] * (width - len(rows[i])) for i in index], dtype=np.int64)
-            max_len = out_len if out_len is not None else width + 50
-            for i, ids in zip(index, runner.greedy(src, max_len, min_len=out_len or 0)):
-                out[i] = tok.decode(ids, "tgt")
-        return out
     return run
 
 
@@ -173,11 +150,10 @@ def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len:
         source = model_dir if name == "eager_static_int8" else Path(args.qat)
         quantized = static_int8_dir(source, tmp / name / "model", args.calibrate)
         return quantized, lambda: eager(quantized, False, out_len, batch_tokens, args.beam)
-    if name == "onnxruntime":
-        if args.beam != 1:
-            raise SystemExit("onnxruntime: the ONNX runner is greedy only; drop it from --systems with --beam")
+    if name == "onnxruntime":  # transduce's own search over the graphs (--backend onnx)
         out = export_model(model_dir, "onnx", tmp / "onnx").out
-        return out, lambda: onnx_runtime(out, tok, args.threads, out_len, args.batch_size)
+        runtime = Runtime(device="cpu", backend="onnx", engines=str(out), threads=args.threads)
+        return out, lambda: eager(model_dir, False, out_len, batch_tokens, args.beam, runtime)
     if name in ("ct2_fp32", "ct2_int8"):
         quantization = "int8" if name == "ct2_int8" else None
         out = export_model(model_dir, "ctranslate2", tmp / name, quantization=quantization).out
@@ -193,14 +169,15 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1,
                     help="threads per system (more threads are slower on a busy 2-core machine)")
-    ap.add_argument("--batch-size", type=int, default=64, help="sentences per batch for ONNX / CTranslate2")
+    ap.add_argument("--batch-size", type=int, default=64,
+                    help="sentences per batch for CTranslate2 (the others: batches of as many tokens)")
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--shape", default="demo", choices=sorted(SHAPES),
                     help="the random model's shape (without --model): the demo's or the toy model's")
     ap.add_argument("--systems", default="eager_fp32,eager_int8,onnxruntime,ct2_fp32,ct2_int8",
                     help="comma-separated; also eager_static_int8, and eager_qat_int8 with --qat")
     ap.add_argument("--runs", type=int, default=1, help="timed runs per system; the median is reported")
-    ap.add_argument("--beam", type=int, default=1, help="beam size (1: greedy; ONNX Runtime is greedy only)")
+    ap.add_argument("--beam", type=int, default=1, help="beam size (1: greedy)")
     ap.add_argument("--qat", default=None, help="a train.qat model directory fine-tuned from --model")
     ap.add_argument("--src", default=None, help="test sources, one a line (default: toy sentences)")
     ap.add_argument("--ref", default=None, help="their references (with --src); also the static int8 "

@@ -1,4 +1,5 @@
-"""ONNX export: encoder + decoder-step graphs in ONNX Runtime give our logits and greedy output."""
+"""ONNX export: encoder + decoder-step graphs in ONNX Runtime give our logits, and the project's
+greedy search over them (GraphModel) gives our greedy output."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 from transduce.config import DecodeConfig
 
 from transduce.export import export_model
-from transduce.export.onnx_export import OnnxGreedy
+from transduce.errors import ConfigError
+from transduce.export.onnx_export import onnx_graphs
 from transduce.inference.search import greedy_search
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs
@@ -37,10 +39,12 @@ def test_greedy_matches_eager(onnx_dir, trained_dir, n):
     """Dynamic batch and lengths: batches of 1 and 7 padded sentences, new lengths each time."""
     tr = Translator.load(trained_dir)
     src = _sources(tr, [s for s, _ in toy_pairs(n, seed=n)])
+    decode = DecodeConfig(max_len_a=0.0, max_len_b=25)
     with torch.no_grad():
-        out = greedy_search(tr.model, src, DecodeConfig(max_len_a=0.0, max_len_b=25))
+        out = greedy_search(tr.model, src, decode)
+        got = greedy_search(onnx_graphs(tr.model, onnx_dir, threads=1), src, decode)
     want = [out.hypothesis(i) for i in range(n)]
-    assert OnnxGreedy(onnx_dir, threads=1).greedy(src.numpy(), max_len=25) == want
+    assert [got.hypothesis(i) for i in range(n)] == want
     assert all(w and w[-1] == 2 for w in want)  # the trained model ends its outputs
 
 
@@ -50,12 +54,12 @@ def test_step_logits_match_teacher_forcing(onnx_dir, trained_dir):
     src = _sources(tr, ["the red dog sleeps today", "a cat"])
     tgt = torch.tensor([[1] + tr.tokenizer.encode("der rot Hund schläft heute", "tgt")] * 2)
     want = tr.model(src, tgt)                                               # (B, T, V)
-    runner = OnnxGreedy(onnx_dir, threads=1)
-    mask, self_kv, cross = runner.start(src.numpy())
+    graphs = onnx_graphs(tr.model, onnx_dir, threads=1)
+    enc, cache = graphs.encode(src), graphs.new_cache()
     for t in range(tgt.shape[1]):
-        logits, self_kv = runner.step(tgt[:, t: t + 1].numpy(), mask, self_kv, cross)
-        np.testing.assert_allclose(logits, want[:, t].numpy(), rtol=0, atol=1e-4)
-        assert self_kv[0].shape[2] == t + 1  # the cache grows by one position per step
+        logits = graphs.decode(tgt[:, t: t + 1], enc, cache).logits[:, 0]   # (B, V)
+        np.testing.assert_allclose(logits.numpy(), want[:, t].numpy(), rtol=0, atol=1e-4)
+        assert cache.self_kv[0].shape[2] == t + 1  # the cache grows by one position per step
 
 
 def test_directory_contents(onnx_dir):
@@ -70,13 +74,12 @@ def test_directory_contents(onnx_dir):
     assert isinstance(inputs["cross_k_0"][2], str)        # dynamic source length
 
 
-def test_source_longer_than_the_position_table_is_refused(onnx_dir):
-    from transduce.export import ExportError
-
-    runner = OnnxGreedy(onnx_dir, threads=1)
-    too_long = np.full((1, runner.meta["max_positions"] + 1), 5, dtype=np.int64)
-    with pytest.raises(ExportError, match="max_positions=64"):
-        runner.greedy(too_long, max_len=5)
+def test_source_longer_than_the_position_table_is_refused(onnx_dir, trained_dir):
+    tr = Translator.load(trained_dir)
+    graphs = onnx_graphs(tr.model, onnx_dir, threads=1)
+    too_long = torch.full((1, tr.model.config.max_positions + 1), 5, dtype=torch.long)
+    with pytest.raises(ConfigError, match=r"decode.max_input_len: a source of 65 tokens .* take \(64\)"):
+        greedy_search(graphs, too_long, DecodeConfig(max_len_a=0.0, max_len_b=5))
 
 
 def test_heads_of_another_width_export_and_verify(tmp_path, trained_dir):

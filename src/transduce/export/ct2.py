@@ -32,7 +32,7 @@ from ..model.layers import GATED
 from ..errors import require
 from ..progress import progress_bar
 from .base import ExportError, load_for_export
-from .verify import check_close, check_same_outputs, eager_search, probe_sources
+from .verify import check_close, check_same_outputs, search_ids, probe_sources
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | N
     src = probe_sources(model)
     with progress_bar(2 if quantization else 3, unit="checks", desc="verifying") as bar:
         checks: dict[str, object] = {}
-        greedy = eager_search(model, src, 1, 12)
+        greedy = search_ids(model, src, 1, 12)
         want = torch.tensor([sequence_log_prob(model, src[i], g) for i, g in enumerate(greedy)])
         got = torch.tensor(ct2_log_probs(translator, tok, src, greedy))
         tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
@@ -244,7 +244,7 @@ def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | N
         for beam in (1, 4):
             # CTranslate2 ends a sentence once its best extension ended (at length penalty 0): our
             # "best_finished" rule, so outputs must be equal, not merely as good.
-            want_ids = greedy if beam == 1 else eager_search(model, src, beam, 12, stop="best_finished")
+            want_ids = greedy if beam == 1 else search_ids(model, src, beam, 12, stop="best_finished")
             got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
             name = "greedy" if beam == 1 else "beam"
             checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids,

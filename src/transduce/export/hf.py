@@ -31,7 +31,7 @@ from ..model import Transformer
 from ..errors import require
 from ..progress import progress_bar
 from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
-from .verify import (check_close, check_same_outputs, eager_logits, eager_search, probe_sources,
+from .verify import (check_close, check_same_outputs, eager_logits, search_ids, probe_sources,
                      probe_targets)
 
 logger = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
         bar.update()
         max_len = 12
         for beam in (1, 4):
-            want = eager_search(model, src, beam, max_len)
+            want = search_ids(model, src, beam, max_len)
             options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
             gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_length=max_len + 1,
                               do_sample=False, **options)  # max_length counts the decoder start token

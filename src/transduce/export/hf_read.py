@@ -21,7 +21,7 @@ from ..errors import TransduceError, one_line, require
 from ..model import Transformer
 from ..progress import progress_bar
 from .base import no_progress_bars
-from .verify import check_close, check_same_outputs, eager_search, probe_sources, probe_targets
+from .verify import check_close, check_same_outputs, search_ids, probe_sources, probe_targets
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def check_against_hf(model: Transformer, hf, src_order: Tensor, tgt_order: Tenso
             "max_logit_diff": check_close("imported logits", model(src, tgt), got[..., tgt_order], atol)}
         bar.update()
         for beam in (1, 4):
-            want = eager_search(model, src, beam, max_len)
+            want = search_ids(model, src, beam, max_len)
             options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
             gen = hf.generate(input_ids=src_m, attention_mask=mask, num_beams=beam, max_length=max_len + 1,
                               do_sample=False, forced_eos_token_id=None, decoder_start_token_id=int(tgt_order[1]),

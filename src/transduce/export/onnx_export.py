@@ -7,7 +7,8 @@
 
 Batch, source length and cache length are dynamic axes (up to the model's ``max_positions``,
 whose position table is baked into the graphs); the first step passes a cache of length 0.
-:class:`OnnxGreedy` is the small numpy + onnxruntime loop that decodes with them.
+:func:`~transduce.inference.graphs.open_graphs` presents them as the interface the searches
+use, so the project's own greedy and beam search decode with them (``--backend onnx``).
 The graphs come from ``torch.onnx.export(dynamo=True)`` (torch.export), which traces the
 cache length as a symbolic size so positions, masks and T5's relative position bias (a gather
 from its buckets x heads table by bucket indices computed from positions) stay correct at every
@@ -25,7 +26,6 @@ import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,10 +34,11 @@ from ..model import Transformer
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
 from ..errors import one_line, require
-from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names, ort_sessions
+from ..config import Runtime
+from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, GraphModel, io_names, open_graphs
 from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
-from .verify import check_close, check_same_outputs, eager_logits, eager_search, probe_sources, probe_targets
+from .verify import check_close, check_same_outputs, eager_logits, probe_sources, probe_targets, search_ids
 
 logger = logging.getLogger(__name__)
 
@@ -127,81 +128,6 @@ def export_graphs(model: Transformer, out: Path) -> None:
             ["logits", *_names(n, "new_self")], shapes)
 
 
-class OnnxGreedy:
-    """Greedy decoding with the exported graphs in ONNX Runtime (numpy in, numpy out).
-
-    Args:
-        directory: an ONNX export directory (encoder.onnx, decoder.onnx, onnx_config.json).
-        threads: intra-op threads for ONNX Runtime (None: its default).
-
-    Examples:
-        >>> runner = OnnxGreedy("exported/onnx")                 # doctest: +SKIP
-        >>> runner.greedy(np.array([[17, 9, 2]]), max_len=20)   # doctest: +SKIP
-        [[31, 8, 2]]
-    """
-
-    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        root = Path(directory)
-        self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        self.encoder, self.decoder = ort_sessions(root, threads)
-        self.n_layers = self.meta["n_decoder_layers"]
-
-    def start(self, src: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
-        """Encode ``src`` (B, S): the source mask, empty self caches and the cross caches.
-
-        Raises:
-            ExportError: S exceeds the graphs' position table (``max_positions``).
-        """
-        if src.shape[1] > self.meta["max_positions"]:
-            raise ExportError(f"a source of {src.shape[1]} tokens is longer than the ONNX graphs' "
-                              f"max_positions={self.meta['max_positions']}")
-        cross = self.encoder.run(None, {"src": src.astype(np.int64)})
-        b, h, dh = src.shape[0], self.meta["n_heads"], self.meta["head_dim"]
-        empty = [np.zeros((b, h, 0, dh), dtype=np.float32) for _ in range(2 * self.n_layers)]
-        return src != self.meta["pad_id"], empty, cross
-
-    def step(self, tokens: np.ndarray, mask: np.ndarray, self_kv: list[np.ndarray],
-             cross: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One decoder step: tokens (B, 1) -> logits (B, V) and the extended self caches."""
-        feeds = {"tokens": tokens.astype(np.int64), "src_mask": mask}
-        feeds.update(zip(_names(self.n_layers, "self"), self_kv))
-        feeds.update(zip(_names(self.n_layers, "cross"), cross))
-        logits, *new = self.decoder.run(None, feeds)
-        return logits, new
-
-    def greedy(self, src: np.ndarray, max_len: int, min_len: int = 0) -> list[list[int]]:
-        """Greedy search as :func:`~transduce.inference.search.greedy_search` (PAD/BOS never chosen).
-
-        Args:
-            src: (B, S) ids, each row ending in EOS, right-padded with PAD.
-            max_len: output limit in tokens (EOS counted).
-            min_len: EOS is forbidden for the first ``min_len`` tokens.
-
-        Returns:
-            Output ids per sentence, ending in EOS unless the limit was reached.
-        """
-        m = self.meta
-        max_len = min(max_len, m["max_positions"])  # the decoder's position table ends there
-        mask, self_kv, cross = self.start(src)
-        b = src.shape[0]
-        tokens = np.full((b, 1), m["bos_id"], dtype=np.int64)
-        outputs: list[list[int]] = [[] for _ in range(b)]
-        done = np.zeros(b, dtype=bool)
-        for step in range(max_len):
-            logits, self_kv = self.step(tokens, mask, self_kv, cross)
-            logits[:, [m["pad_id"], m["bos_id"]]] = -np.inf
-            if step < min_len:
-                logits[:, m["eos_id"]] = -np.inf
-            nxt = logits.argmax(axis=-1)                                    # (B,)
-            for i in np.flatnonzero(~done):
-                outputs[i].append(int(nxt[i]))
-            done |= nxt == m["eos_id"]
-            if done.all():
-                break
-            tokens = nxt[:, None].astype(np.int64)
-        return outputs
-
-
 def _write_meta(model: Transformer, out: Path) -> None:
     cfg = model.config
     meta = dict(n_decoder_layers=len(model.decoder_layers), n_heads=cfg.n_heads, head_dim=cfg.d_head,
@@ -228,24 +154,33 @@ def export_onnx(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     return verify_onnx(model, out)
 
 
+def onnx_graphs(model: Transformer, out: Path, threads: int | None = None) -> GraphModel:
+    """The graphs in ``out`` (exported from ``model``) in ONNX Runtime, behind the searches' interface."""
+    runtime = Runtime(device="cpu", backend="onnx", engines=str(out), threads=threads)
+    return open_graphs(model.config, torch.device("cpu"), runtime)
+
+
+@torch.no_grad()
+def graph_step_logits(graphs: GraphModel, src: Tensor, tgt: Tensor) -> Tensor:
+    """Teacher-forced logits of the graphs, one decoder step per target position. (B, S), (B, T) -> (B, T, V)."""
+    enc, cache = graphs.encode(src), graphs.new_cache()
+    return torch.cat([graphs.decode(tgt[:, t: t + 1], enc, cache).logits for t in range(tgt.shape[1])], dim=1)
+
+
 @torch.no_grad()
 def verify_onnx(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """Step-by-step teacher-forced logits and greedy outputs in ONNX Runtime vs the eager model."""
-    runner = OnnxGreedy(out)
+    """Step-by-step teacher-forced logits and greedy outputs in ONNX Runtime vs the eager model
+    (greedy over the graphs is the project's own search, as ``--backend onnx`` runs it)."""
+    graphs = onnx_graphs(model, out)
     src = probe_sources(model)
     tgt = probe_targets(model, src.shape[0])
     with progress_bar(2, unit="checks", desc="verifying") as bar:
         want = eager_logits(model, src, tgt)                               # (B, T, V)
-        mask, self_kv, cross = runner.start(src.numpy())
-        got = []
-        for t in range(tgt.shape[1]):
-            logits, self_kv = runner.step(tgt[:, t: t + 1].numpy(), mask, self_kv, cross)
-            got.append(torch.from_numpy(logits))
         checks: dict[str, object] = {
-            "max_logit_diff": check_close("ONNX Runtime logits", torch.stack(got, dim=1), want, atol)}
+            "max_logit_diff": check_close("ONNX Runtime logits", graph_step_logits(graphs, src, tgt), want, atol)}
         bar.update()
-        greedy = eager_search(model, src, 1, 12)
+        greedy = search_ids(model, src, 1, 12)
         checks["greedy_differences"] = check_same_outputs("ONNX greedy", model, src, greedy,
-                                                          runner.greedy(src.numpy(), 12))
+                                                          search_ids(graphs, src, 1, 12))
         bar.update()
     return checks

@@ -18,7 +18,7 @@ import logging
 import torch
 from torch import Tensor
 
-from ..inference.search.common import output_log_softmax
+from ..inference.search.common import Seq2Seq, output_log_softmax
 from ..model import Transformer
 from .base import ExportError
 
@@ -125,9 +125,10 @@ def check_same_outputs(name: str, model: Transformer, src: Tensor, want: list[li
     return accepted
 
 
-def eager_search(model: Transformer, src: Tensor, beam: int, max_len: int, lenpen: float = 0.0,
-                 stop: str = "k_finished") -> list[list[int]]:
-    """Our greedy (beam=1) or beam search outputs for the probe set, best hypothesis each."""
+def search_ids(model: Seq2Seq, src: Tensor, beam: int, max_len: int, lenpen: float = 0.0,
+               stop: str = "k_finished") -> list[list[int]]:
+    """Our greedy (beam=1) or beam search outputs for the probe set, best hypothesis each: of the
+    eager model, or of anything the searches run over (the exported graphs' GraphModel)."""
     from ..config import DecodeConfig
     from ..inference.search import beam_search
     from ..inference.search import greedy_search
