@@ -86,7 +86,7 @@ def test_pool_sampling_matches_the_translator_batch_for_batch(pool, translator):
 
 def test_pool_truncates_overlong_input_with_a_warning(model_dir, caplog):
     with TranslatorPool.load(model_dir, Runtime(workers=1)) as short, \
-            caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
+            caplog.at_level(logging.WARNING, logger="transduce.inference.translation"):
         result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3, max_input_len=4)
     assert result[0].truncated and len(result[0].source_tokens) == 4
     assert "truncated" in caplog.text

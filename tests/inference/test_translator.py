@@ -68,7 +68,7 @@ def test_closing_hands_the_model_back_plain_and_translation_still_works(model_di
 
 def test_overlong_input_is_truncated_with_a_warning(model_dir, caplog):
     short = Translator.load(model_dir)
-    with caplog.at_level(logging.WARNING, logger="transduce.inference.translator"):
+    with caplog.at_level(logging.WARNING, logger="transduce.inference.translation"):
         result = short.translate_detailed(["the cat sat on the mat", "tea"], beam=2, max_len_b=3, max_input_len=4)
     assert result[0].truncated and len(result[0].source_tokens) == 4
     assert not result[1].truncated
