@@ -120,3 +120,41 @@ def test_cli_jsonl_alignment_and_markup(trained_dir, tmp_path):
         assert tags[0] == tags[1]
     assert main(["translate", str(trained_dir), "--input", str(src), "--markup", "--nbest", "2",
                  "--device", "cpu"]) == 2
+
+
+MARKED = ["the <b>dog</b> runs", "a <i>cat</i> sleeps <br/> today", "<u>the red bird</u> sings {name}"]
+
+
+@pytest.fixture(scope="module")
+def tagged_translator(tmp_path_factory) -> Translator:
+    """A tiny two-target model (random weights: its attention links words every which way)."""
+    from transduce.config import model_preset
+    from transduce.data.multilingual import tagged
+    from transduce.data.tokenizer import Tokenizer
+    from transduce.model import Transformer
+
+    plain = [TOKEN.sub(" ", t) for t in MARKED]
+    src = [tagged(s, lang) for lang in ("de", "fr") for s in plain] * 10
+    tok = Tokenizer.train(src, ["der Hund läuft heute", "le chat dort bien"] * 30, tmp_path_factory.mktemp("tok"),
+                          vocab_size=60, tags=["<2de>", "<2fr>"])
+    torch.manual_seed(1)
+    model = Transformer(model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                     d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64,
+                                     max_positions=64)).eval()
+    return Translator(model, tok, decode=DecodeConfig(beam=1, max_len_a=1.0, max_len_b=2))
+
+
+def test_markup_after_a_target_language_tag(tagged_translator, tmp_path):
+    """A line's leading ``<2de>`` is the model's tag, neither markup nor a word of the line: the
+    tags go back where they go with ``tgt_lang`` de, in a list and in a file."""
+    from transduce.inference.files import translate_file
+
+    want = tagged_translator.translate(MARKED, markup=True, tgt_lang="de")
+    lines = [f"<2de> {t}" for t in MARKED]
+    assert tagged_translator.translate(lines, markup=True) == want
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    translate_file(tagged_translator, src, out, markup=True)
+    assert out.read_text(encoding="utf-8").splitlines() == want
+    assert all(Counter(TOKEN.findall(a)) == Counter(TOKEN.findall(b)) for a, b in zip(MARKED, want))
+    assert not any("<2de>" in t for t in want)

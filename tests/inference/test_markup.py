@@ -114,3 +114,14 @@ def test_any_alignment_keeps_the_tags_and_well_formedness(text, seed):
     assert tags(out) == tags(text)
     assert well_formed(out)
     assert [w for w in TOKEN.sub(" ", out).split()] == translation.split()  # words untouched, in order
+
+
+def test_a_leading_target_language_tag_is_no_markup_and_no_word():
+    """``<2de>`` first on a line (a multilingual model's tag) stays first in the plain text and the
+    words are counted after it, so the alignment of the text without it puts the tags back."""
+    stripped = strip_markup("<2de> the <b>red</b> dog", lead={"<2de>", "<2fr>"})
+    assert stripped.text == "<2de> the red dog" and stripped.n_words == 3
+    assert restore_markup(stripped, "the red dog", [(0, 0), (1, 1), (2, 2)]) == "the <b>red</b> dog"
+    assert strip_markup("<2de> the dog", lead={"<2de>"}).text == "<2de> the dog"   # no markup: as is
+    assert strip_markup("<2de>", lead={"<2de>"}).text == "<2de>"
+    assert strip_markup("<2xx> the <b>dog</b>", lead={"<2de>"}).text == "<2xx> the dog"  # not a tag of the model

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ..config import DecodeConfig
 from ..data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
-from ..data.multilingual import tag_length
+from ..data.multilingual import lang_tag, tag_length
 from ..errors import ConfigError
 from .search.common import AttentionChoice
 
@@ -104,15 +104,22 @@ def translate_markup(translator, texts: Sequence[str], decode: DecodeConfig, pre
                      constraints: Sequence[Sequence[str]] | None = None) -> list[str]:
     """Translate ``texts`` with their markup taken out, then put back at aligned positions
     (:mod:`~transduce.inference.markup`); a text without markup is translated as usual."""
-    from .markup import strip_markup
-
-    stripped = [strip_markup(t) for t in texts]
+    stripped = strip_sources(translator, texts)
     results = translator.translate_detailed([s.text for s in stripped], decode, prefix=prefix,
                                             constraints=constraints)
     marked = [n for n, s in enumerate(stripped) if s.elements]
     _, links = forced_details(translator, [results[n] for n in marked], decode, alignment=True)
     restore_all([results[n] for n in marked], [stripped[n] for n in marked], links)
     return [r.best.text for r in results]
+
+
+def strip_sources(translator, texts: Sequence[str]) -> list:
+    """Each text without its markup (:func:`~transduce.inference.markup.strip_markup`), a leading
+    target-language tag of ``translator``'s model kept as its tag."""
+    from .markup import strip_markup
+
+    lead = {lang_tag(lang) for lang in getattr(translator.tokenizer, "lang_tags", {})}
+    return [strip_markup(t, lead) for t in texts]
 
 
 def restore_all(results: Sequence, stripped: Sequence, links: Sequence[Alignment]) -> None:

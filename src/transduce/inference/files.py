@@ -23,8 +23,7 @@ from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar
-from .alignment import format_alignment, forced_details, restore_all
-from .markup import strip_markup
+from .alignment import format_alignment, forced_details, restore_all, strip_sources
 from .scoring import format_scored, score_pairs, translation_json
 from .terms import Terms
 from .translator import Translation, Translator
@@ -149,7 +148,7 @@ def translate_file(
             if prefix is not None and None in prefix:
                 raise DataError(f"{prefix_path}: has fewer lines than the input ({n + prefix.index(None)})")
             sources, constraints = terms.split(chunk)
-            stripped = [strip_markup(s) for s in sources] if markup else None
+            stripped = strip_sources(translator, sources) if markup else None
             results = translator.translate_detailed(sources if stripped is None else [s.text for s in stripped],
                                                     decode, prefix=prefix, constraints=constraints)
             lines_out = _output_lines(translator, results, decode, output_format, stripped)

@@ -19,13 +19,17 @@ Markup that is not well-formed (``</i>`` without ``<i>``, ``<b>`` never closed, 
 as in ``<b><i></b></i>``): a tag that has no partner in nesting order is kept as a standalone
 tag. The output always has the same tags, each once, in an order as well-formed as the
 input's; a ``<`` that starts no tag (``a < b``) is text. Text without markup is returned as is.
+
+A multilingual model's target-language tag (``<2de>``, :mod:`~transduce.data.multilingual`) first
+on a line is neither markup nor a word of the text: given as ``lead``, it stays in front of the
+plain text and word boundaries are counted after it (word alignments skip it too).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 TOKEN = re.compile(r"<(/?)([A-Za-z][\w:.-]*)(?:\s[^<>]*?)?(/?)>|\{[A-Za-z_][\w.]*\}|https?://[^\s<>]+")
 
@@ -52,8 +56,13 @@ class Stripped:
     elements: list[Element]
 
 
-def strip_markup(text: str) -> Stripped:
-    """Take the tags, placeholders and URLs out of ``text`` (see the module docstring)."""
+def strip_markup(text: str, lead: Collection[str] = ()) -> Stripped:
+    """Take the tags, placeholders and URLs out of ``text`` (see the module docstring); a first
+    word in ``lead`` (a target-language tag) stays first in the plain text and counts as no word."""
+    head, _, rest = text.partition(" ")  # as with_tag reads a tag
+    if head in lead:
+        body = strip_markup(rest)
+        return Stripped(" ".join(filter(None, (head, body.text))), body.n_words, body.elements)
     words: list[str] = []
     root = Element("", 0)
     stack: list[tuple[Element, str]] = [(root, "")]  # open elements and their tag names
