@@ -1,5 +1,6 @@
 """Search over exported graphs (``--backend onnx``): the same searches over the ONNX graphs in ONNX
-Runtime give eager PyTorch's translations; the adapter's errors are one line."""
+Runtime give eager PyTorch's translations; batches beyond an engine's max rows are split; the
+adapter's errors are one line."""
 
 from __future__ import annotations
 
@@ -104,3 +105,39 @@ def test_onnx_takes_cpu_fp32_only(trained_dir, onnx_dir):
         load(trained_dir, Runtime(device="cpu", precision="bf16", backend="onnx", engines=str(onnx_dir)))
     with pytest.raises(ConfigError, match="ensembles and draft models run with backend torch"):
         load([trained_dir, trained_dir], Runtime(device="cpu", backend="onnx", engines=str(onnx_dir)))
+
+
+class _FewRows:
+    """The ONNX Runtime steps behind an engine-like limit of ``max_rows`` rows a call (as a
+    TensorRT profile's max batch), recording the largest call."""
+
+    def __init__(self, steps, max_rows: int):
+        self.steps, self.max_rows, self.seen = steps, max_rows, 0
+        self.max_src, self.max_cache = steps.max_src, steps.max_cache
+
+    def _record(self, rows: int) -> None:
+        assert rows <= self.max_rows, f"a call of {rows} rows; the engines take {self.max_rows}"
+        self.seen = max(self.seen, rows)
+
+    def encode(self, src):
+        self._record(src.shape[0])
+        return self.steps.encode(src)
+
+    def step(self, feeds):
+        self._record(feeds["tokens"].shape[0])
+        return self.steps.step(feeds)
+
+
+@pytest.mark.parametrize("settings", [dict(beam=1), dict(beam=4, nbest=2)], ids=["greedy", "beam4"])
+def test_batches_larger_than_the_engines_take_are_split(trained_dir, onnx_dir, one_thread, settings):
+    """More rows (sentences x beam) than the engines' max batch: decoded in chunks of at most
+    that many rows, with what one call of them all gives."""
+    runtime = Runtime(device="cpu", backend="onnx", engines=str(onnx_dir), threads=1)
+    with load(trained_dir, runtime) as whole, load(trained_dir, runtime) as split:
+        split.model.steps = limited = _FewRows(split.model.steps, max_rows=3)
+        want = whole.translate_detailed(_texts(), **settings)
+        got = split.translate_detailed(_texts(), **settings)
+    assert limited.seen == 3  # the batches were larger and were split
+    assert [[h.tokens for h in t.hypotheses] for t in got] == [[h.tokens for h in t.hypotheses] for t in want]
+    for t_got, t_want in zip(got, want):  # ONNX Runtime may pick other kernels for fewer rows: rounding apart
+        assert all(math.isclose(a.score, b.score, abs_tol=1e-4) for a, b in zip(t_got.hypotheses, t_want.hypotheses))

@@ -32,7 +32,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                    help="--format tensorrt: the engines' precision (default: fp32; fp16/bf16 keep layer norms and "
                         "softmax in fp32)")
     p.add_argument("--max-batch", type=int, default=None, metavar="ROWS",
-                   help="--format tensorrt: the most decoder rows (sentences x beam) a call takes (default: 128)")
+                   help="--format tensorrt: the most decoder rows (sentences x beam) an engine call takes; "
+                        "larger batches are split (default: 128)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_export)
 

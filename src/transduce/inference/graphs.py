@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -49,7 +49,7 @@ def io_names(n_layers: int, prefix: str) -> list[str]:
 class Steps(Protocol):
     """What runs the two graphs (ONNX Runtime or TensorRT), torch tensors in and out."""
 
-    max_rows: int | None       # decoder rows one call takes at most (None: no limit)
+    max_rows: int | None       # rows one call takes at most (None: no limit); GraphModel splits larger batches
     max_src: int               # source positions the graphs take at most
     max_cache: int             # cached target positions a decoder step takes at most
 
@@ -138,8 +138,8 @@ class GraphModel(nn.Module):
         if src.shape[1] > self.steps.max_src:
             raise ConfigError(f"decode.max_input_len: a source of {src.shape[1]} tokens is longer than the exported "
                               f"graphs take ({self.steps.max_src}); lower max_input_len or use backend torch")
-        self._check_rows(src.shape[0])
-        return GraphEncoderOutput(src != self.config.pad_id, self.steps.encode(src))
+        cross = self._by_rows(lambda feeds: self.steps.encode(feeds["src"]), {"src": src})
+        return GraphEncoderOutput(src != self.config.pad_id, cross)
 
     def new_cache(self) -> GraphCache:
         return GraphCache()
@@ -151,7 +151,6 @@ class GraphModel(nn.Module):
         if cache is None or tgt.shape[1] != 1 or need_weights:
             raise ConfigError("runtime.backend: the exported graphs decode one token a step with a cache and record "
                               "no attention; use backend torch for scoring, attention and alignments")
-        self._check_rows(tgt.shape[0])
         if cache.mask is None:  # the first step: one row per sentence
             cache.mask, cache.cross = enc.mask, enc.cross
         if cache.self_kv is None:
@@ -163,7 +162,7 @@ class GraphModel(nn.Module):
                               "raising the model's saved one)")
         feeds = {"tokens": tgt, "src_mask": cache.mask, **dict(zip(self.self_names, cache.self_kv)),
                  **dict(zip(self.cross_names, cache.cross))}
-        logits, *new = self.steps.step(feeds)                              # (N, V), 2 x layers of (N, H, t+1, Dh)
+        logits, *new = self._by_rows(self.steps.step, feeds)               # (N, V), 2 x layers of (N, H, t+1, Dh)
         cache.self_kv = new
         cache.length += 1
         states = logits.float()[:, None]                                   # (N, 1, V)
@@ -173,11 +172,15 @@ class GraphModel(nn.Module):
         """The identity: the decoder graph's outputs are already logits."""
         return states
 
-    def _check_rows(self, rows: int) -> None:
-        if self.steps.max_rows is not None and rows > self.steps.max_rows:
-            raise ConfigError(f"decode.batch_tokens: a batch of {rows} decoder rows (sentences x beam) is more than "
-                              f"the engines take ({self.steps.max_rows}); lower batch_tokens or rebuild them with a "
-                              "larger --max-batch")
+    def _by_rows(self, run: Callable[[dict[str, Tensor]], list[Tensor]], feeds: dict[str, Tensor]) -> list[Tensor]:
+        """``run(feeds)``, in chunks of at most ``steps.max_rows`` rows (the engines' profile)
+        when there are more, their outputs joined: every row is computed on its own, so a
+        batch or beam larger than the engines take gives what one call would."""
+        rows, limit = next(iter(feeds.values())).shape[0], self.steps.max_rows
+        if limit is None or rows <= limit:
+            return run(feeds)
+        parts = [run({name: t[i: i + limit] for name, t in feeds.items()}) for i in range(0, rows, limit)]
+        return [torch.cat(outs, dim=0) for outs in zip(*parts)]
 
 
 def read_graph_meta(root: str | os.PathLike, config, backend: str) -> dict:
