@@ -4,9 +4,9 @@
 Every system translates the same sentences with greedy search, or beam search with ``--beam``,
 and the same thread count, after a warm-up; the script prints
 one JSON object with sentences/s, the size on disk of what each system loads, and, when
-references exist, BLEU and its change from eager float32. The static int8 models are calibrated
-on 200 other toy sentences (``--calibrate-seed``); ``--qat DIR`` names a model fine-tuned with
-``train.qat: true`` from ``--model``, quantised the same way (``eager_qat_int8``).
+references exist, BLEU and its change from eager float32. The static int8 model is calibrated
+on 200 other toy sentences (or ``--calibrate``); ``--qat DIR`` names a model fine-tuned with
+``train.qat: true`` from ``--model``, quantised by the scales its run observed (``eager_qat_int8``).
 
 With ``--model DIR`` (a trained model directory, e.g. ``runs/demo/model`` from ``transduce
 demo``) the sentences are the toy corpus generator's (``transduce.data.toy``, a fixed seed,
@@ -147,8 +147,12 @@ def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len:
     if name in ("eager_static_int8", "eager_qat_int8"):
         if name == "eager_qat_int8" and args.qat is None:
             raise SystemExit("eager_qat_int8: give the train.qat model directory with --qat")
-        source = model_dir if name == "eager_static_int8" else Path(args.qat)
-        quantized = static_int8_dir(source, tmp / name / "model", args.calibrate)
+        if name == "eager_static_int8":
+            quantized = static_int8_dir(model_dir, tmp / name / "model", args.calibrate)
+        else:  # the QAT run's own scales (transduce quantize without a sample)
+            from transduce.inference.quantize import quantize_directory
+            quantized = tmp / name / "model"
+            quantize_directory(args.qat, None, str(quantized))
         return quantized, lambda: eager(quantized, False, out_len, batch_tokens, args.beam)
     if name == "onnxruntime":  # transduce's own search over the graphs (--backend onnx)
         out = export_model(model_dir, "onnx", tmp / "onnx").out

@@ -73,3 +73,72 @@ def test_layers_quantize_keeps_in_float_train_in_float():
     linears = {n: type(m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     assert QuantizeConfig().float_layers == ("output_proj",)
     assert linears.pop("output_proj") is nn.Linear and set(linears.values()) == {FakeQuantLinear}
+
+
+def test_the_input_scale_is_an_observer_s_moving_average_not_the_batch_s():
+    """Static int8 has one input scale per layer; QAT rounds each batch by an observer's moving
+    average of the batches' maxima (constant 0.01), so the second batch is computed as the static
+    layer calibrated on that average computes it, whatever its own maximum."""
+    need_extra("quant", "torchao")
+    from transduce.inference.speed.static import quantize_static
+    from transduce.training.qat import AVERAGING, observed_scales
+    torch.manual_seed(0)
+    first, second = torch.randn(3, 5, 16), 4 * torch.randn(3, 5, 16)
+    plain, fake = nn.Sequential(nn.Linear(16, 8)), nn.Sequential(nn.Linear(16, 8))
+    fake.load_state_dict(plain.state_dict())
+    prepare_qat(fake)
+    with torch.no_grad():
+        fake(first)
+        got = fake(second)
+    average = float(first.abs().max()) * (1 - AVERAGING) + float(second.abs().max()) * AVERAGING
+    assert float(observed_scales(fake)["0"]) == pytest.approx(average, rel=1e-6)
+    quantize_static(plain, {"0": float(observed_scales(fake)["0"])})
+    with torch.no_grad():
+        want = plain(second)  # the second batch's largest values clip at the observed scale, as static int8's do
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item(), rtol=0)
+    fake.eval()
+    with torch.no_grad():
+        fake(8 * second)  # evaluation reads the observer and leaves it
+    assert float(observed_scales(fake)["0"]) == pytest.approx(average, rel=1e-6)
+
+
+def test_observers_resume_bitwise_and_quantize_takes_them(tmp_path):
+    """The observers are saved beside the weights: a resumed run continues them and steps as
+    the uninterrupted one, bitwise; ``transduce quantize`` without a calibration sample gives the
+    static int8 model exactly those scales (the vocabulary projection kept float, as QAT kept it)."""
+    need_extra("quant", "torchao")
+    from safetensors.torch import load_file
+    from transduce.inference.speed.static import FILE, QAT_FILE
+
+    def cfg(**train):
+        return RunConfig.from_dict({"model": MODEL, "data": TOY, "train": {
+            **TRAIN, "max_steps": 12, "save_every": 6, "eval_every": 100, **train}})
+    run_training(cfg(), tmp_path / "a")
+    run_training(cfg(max_steps=6), tmp_path / "b")
+    run_training(cfg(), tmp_path / "b", resume=True)
+    for name in ("model.safetensors", QAT_FILE):
+        a, b = (load_file(str(tmp_path / r / "checkpoints" / "step_00000012" / name)) for r in "ab")
+        assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a), name
+    scales = load_file(str(tmp_path / "b" / "model" / QAT_FILE))
+    assert "output_proj" not in scales and "encoder_layers.0.self_attn.q_proj" in scales
+    assert main(["quantize", str(tmp_path / "b" / "model"), "--out", str(tmp_path / "int8")]) == 0
+    saved = load_file(str(tmp_path / "int8" / FILE))
+    assert set(saved) == set(scales) and all(torch.equal(saved[k], scales[k]) for k in scales)
+    with load(tmp_path / "int8") as tr:
+        assert len(tr.translate(["the red dog sleeps"], beam=2)) == 1
+
+
+def test_quantize_without_a_sample_or_qat_scales_is_a_one_line_error(tmp_path, capsys):
+    """A model not trained with train.qat has no scales of its own: --calibrate is needed; a QAT
+    model's float-trained layer cannot be quantised by its (absent) scale."""
+    need_extra("quant", "torchao")
+    run = tmp_path / "run"
+    run_training(RunConfig.from_dict({"model": MODEL, "data": TOY, "train": {**TRAIN, "max_steps": 2, "qat": False,
+                                                                            "save_every": 2, "eval_every": 2}}), run)
+    assert main(["quantize", str(run / "model"), "--out", str(tmp_path / "int8")]) == 2
+    assert "--calibrate: " in capsys.readouterr().err and not (tmp_path / "int8").exists()
+    qat = tmp_path / "qat"
+    run_training(RunConfig.from_dict({"model": MODEL, "data": TOY, "train": {**TRAIN, "max_steps": 2, "save_every": 2,
+                                                                            "eval_every": 2}}), qat)
+    assert main(["quantize", str(qat / "model"), "--out", str(tmp_path / "int8"), "--float-layers"]) == 2
+    assert "trained output_proj" in capsys.readouterr().err and not (tmp_path / "int8").exists()

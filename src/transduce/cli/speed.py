@@ -83,10 +83,12 @@ def _cmd_shortlist(args: argparse.Namespace) -> int:
 
 def _add_quantize(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="static int8 of a translation model's linear layers (torchao), calibrated "
-                       "on a sample of source text: a model directory that translate, evaluate and serve load")
+                       "on a sample of source text (or a train.qat model's own scales): a model directory that "
+                       "translate, evaluate and serve load")
     p.add_argument("model_dir", help="the float model directory (a trained or QAT-trained model)")
-    p.add_argument("--calibrate", required=True, metavar="FILE",
-                   help="source sentences, one per line (a few hundred like the text to translate)")
+    p.add_argument("--calibrate", default=None, metavar="FILE",
+                   help="source sentences, one per line (a few hundred like the text to translate); needed unless "
+                   "the model was trained with train.qat, whose scales are used without it")
     p.add_argument("--out", required=True, help="the static int8 model directory to write (atomically)")
     p.add_argument("--float-layers", nargs="*", default=None, metavar="PATTERN",
                    help="linear layers kept in float32, names or fnmatch patterns (quantize.float_layers; "

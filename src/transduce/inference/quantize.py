@@ -5,6 +5,11 @@ Calibration (:func:`calibrate`) translates the sample greedily, then runs the mo
 the sample and its own translations (teacher-forced), recording each linear layer's largest
 absolute input: the decoder sees what it sees when it decodes. The layers named in
 ``quantize.float_layers`` (:class:`~transduce.config.QuantizeConfig`) stay in float32.
+
+A model trained with ``train.qat`` has its own scales beside its weights (``qat_scales.safetensors``:
+the input magnitudes its layers were rounded by in training, :mod:`transduce.training.qat`); they
+are the static int8 model's, so it rounds as the run trained, and no calibration sample is needed
+(one given calibrates instead, with a warning).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import logging
 import shutil
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -20,7 +26,7 @@ from torch import Tensor, nn
 
 from ..config import QuantizeConfig, Runtime, model_task
 from ..errors import ConfigError, DataError
-from .speed.static import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
+from .speed.static import FILE, FLOAT_KEY, QAT_FILE, SCHEME, linear_names, read_scales, torchao_quantization
 from .translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -92,13 +98,13 @@ def float_layer_names(model: nn.Module, patterns: tuple[str, ...]) -> tuple[str,
     return tuple(n for n in names if any(fnmatchcase(n, p) for p in patterns))
 
 
-def quantize_directory(model_dir: str, calibration: str, out: str,
+def quantize_directory(model_dir: str, calibration: str | None, out: str,
                        config: QuantizeConfig = QuantizeConfig()) -> dict[str, float]:
-    """Calibrate ``model_dir`` on the source sentences in ``calibration`` and write the static
-    int8 model directory ``out`` (atomically), the layers ``config.float_layers`` names kept in
-    float32; returns the calibrated maxima."""
+    """Write the static int8 model directory ``out`` of ``model_dir`` (atomically), the layers
+    ``config.float_layers`` names kept in float32, its input scales calibrated on the source
+    sentences in ``calibration`` or, without one, a QAT run's own (see the module docstring);
+    returns the layers' input maxima."""
     from ..atomic import atomic_dir
-    from ..data.corpus import read_lines
     from ..model.io import load_model_config, save_weights
     if read_scales(model_dir) is not None:
         raise ConfigError(f"{model_dir}: already a static int8 model (it has {FILE}); quantize its float model")
@@ -106,16 +112,49 @@ def quantize_directory(model_dir: str, calibration: str, out: str,
     if task != "translation":
         raise ConfigError(f"{model_dir}: static int8 is for translation models; this is a train.task {task} model")
     torchao_quantization()
-    lines = [line for line in read_lines(calibration) if line.strip()]
-    if not lines:
-        raise DataError(f"--calibrate: {calibration} has no sentences to calibrate on")
+    trained = _qat_scales(model_dir, calibration)
+    lines = _calibration_lines(calibration) if trained is None else []
     with Translator.load(model_dir, Runtime(device="cpu")) as translator:
         keep_float = float_layer_names(translator.model, config.float_layers)
-        absmax = calibrate(translator, lines)
+        absmax = calibrate(translator, lines) if trained is None else _complete(trained, translator.model, keep_float)
     with atomic_dir(out) as tmp:
         shutil.copytree(model_dir, tmp, dirs_exist_ok=True)
         save_weights({name: torch.tensor(v) for name, v in absmax.items()}, tmp / FILE,
                      {"scheme": SCHEME, FLOAT_KEY: ",".join(keep_float)})
-    logger.info("calibrated %d linear layers on %d sentences; %d kept in float32", len(absmax), len(lines),
-                len(keep_float))
+    logger.info("%d linear layers' scales (%s); %d kept in float32", len(absmax),
+                f"calibrated on {len(lines)} sentences" if trained is None else "the QAT run's", len(keep_float))
     return absmax
+
+
+def _qat_scales(model_dir: str, calibration: str | None) -> dict[str, float] | None:
+    """The input scales a ``train.qat`` run saved with ``model_dir``, unless ``calibration`` is
+    given (then None, with a warning when there were some); a one-line error when neither is."""
+    from ..model.io import read_weights
+    path = Path(model_dir) / QAT_FILE
+    if calibration is not None:
+        if path.is_file():
+            logger.warning("%s: calibrating on %s instead of the scales the QAT run trained with (%s); leave out "
+                           "--calibrate to use them", model_dir, calibration, QAT_FILE)
+        return None
+    if not path.is_file():
+        raise ConfigError(f"--calibrate: {model_dir} was not trained with train.qat (no {QAT_FILE}): give a sample of "
+                          "source sentences to calibrate on")
+    return {name: float(t) for name, t in read_weights(path).items()}
+
+
+def _calibration_lines(calibration: str) -> list[str]:
+    from ..data.corpus import read_lines
+    lines = [line for line in read_lines(calibration) if line.strip()]
+    if not lines:
+        raise DataError(f"--calibrate: {calibration} has no sentences to calibrate on")
+    return lines
+
+
+def _complete(trained: dict[str, float], model: nn.Module, keep_float: tuple[str, ...]) -> dict[str, float]:
+    """A QAT run's scales, after a one-line error unless every layer to quantise has one (the
+    run trained the layers ``quantize.float_layers`` named then in float32, with no observer)."""
+    missing = [n for n in linear_names(model) if n not in keep_float and n not in trained]
+    if missing:
+        raise ConfigError(f"quantize.float_layers: the QAT run trained {missing[0]} (and {len(missing) - 1} more) in "
+                          "float32, with no scale to quantise it by; keep it float, or give --calibrate")
+    return {n: v for n, v in trained.items() if n not in keep_float}

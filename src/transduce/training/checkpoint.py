@@ -25,6 +25,7 @@ from ..atomic import atomic_dir, atomic_write_text
 from ..checksums import record, sha256_file, verify_all
 from ..config import DecodeConfig
 from ..errors import CheckpointError, one_line
+from ..inference.speed.static import QAT_FILE
 from ..model.io import WEIGHTS, load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 
@@ -40,11 +41,15 @@ def write_dir_atomically(final: Path, fill: Callable[[Path], None]) -> Path:
     return Path(final)
 
 
-def save_model_dir(model: Transformer, tokenizer: Any, directory: Path, decode: DecodeConfig | None = None) -> Path:
-    """A complete model directory (weights, config and decoding settings, tokenizer), written atomically."""
+def save_model_dir(model: Transformer, tokenizer: Any, directory: Path, decode: DecodeConfig | None = None,
+                   extra_weights: dict[str, dict[str, torch.Tensor]] | None = None) -> Path:
+    """A complete model directory (weights, config and decoding settings, tokenizer), written
+    atomically; ``extra_weights``: more safetensors files (file name -> tensors) beside them."""
     def fill(tmp: Path) -> None:
         save_model(model, tmp, decode)
         tokenizer.save(tmp)
+        for name, tensors in (extra_weights or {}).items():
+            save_weights(tensors, tmp / name)
     return write_dir_atomically(Path(directory), fill)
 
 
@@ -144,4 +149,8 @@ def average_checkpoints(paths: list[Path], out: Path, weights: str = WEIGHTS) ->
                 copied.append(f.name)
         record(tmp, copied)
         save_weights(averaged, tmp / WEIGHTS)
+        if all((Path(p) / QAT_FILE).is_file() for p in paths):  # train.qat's observers: averaged too
+            scales = [read_weights(Path(p) / QAT_FILE) for p in paths]
+            if all(set(s) == set(scales[0]) for s in scales):
+                save_weights({k: sum(s[k] for s in scales) / len(scales) for k in scales[0]}, tmp / QAT_FILE)
     return write_dir_atomically(Path(out), fill)

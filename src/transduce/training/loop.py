@@ -336,7 +336,8 @@ class Trainer(Checkpointing):
         if self._improved(metrics):
             with self.averaged():
                 if (model := self.whole_model()) is not None:
-                    save_model_dir(model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode)
+                    save_model_dir(model, self.data.tokenizer, self.run_dir / "best", self.cfg.decode,
+                                   self.qat_weights(model))
         return metrics
 
     def preempted(self) -> dict[str, float]:
@@ -363,7 +364,8 @@ class Trainer(Checkpointing):
                 ema = self.ema is not None and all((c / EMA_WEIGHTS).is_file() for c in ckpts)
                 average_checkpoints(ckpts, self.run_dir / "model", EMA_WEIGHTS if ema else WEIGHTS)
             elif model is not None:
-                save_model_dir(model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode)
+                save_model_dir(model, self.data.tokenizer, self.run_dir / "model", self.cfg.decode,
+                               self.qat_weights(model))
         if self.dist.is_main:
             logger.info("stopped (%s) at step %d after %.0f s; model in %s", reason, self.state.step,
                         self.elapsed(), self.run_dir / "model")

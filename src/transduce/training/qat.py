@@ -13,6 +13,14 @@ keeps in float32 by default (``quantize.float_layers``: the vocabulary projectio
 float32 too. Parameters, names and the state
 dict stay as they are: checkpoints, resume and the saved model are a float model's, which
 ``transduce quantize`` then converts.
+
+The input's largest magnitude is an observer's, as static int8 has one fixed scale per layer: a
+moving average of each training batch's (PyTorch's ``MovingAverageMinMaxObserver``, averaging
+constant 0.01), not the batch's own, which would round every batch on its own grid (finer or
+coarser than the deployed one, and never clipping). The observers are saved beside the weights
+(``qat_scales.safetensors`` in checkpoints and model directories; resume restores them), and
+``transduce quantize`` takes them as the static int8 model's input scales: it rounds as the
+run trained.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from ..inference.speed.static import SYMMETRIC_LEVELS
 from ..model.attention import MultiHeadAttention
 
 QMIN, QMAX = -128, 127
+AVERAGING = 0.01  # the observers' averaging constant (torch.ao's MovingAverageMinMaxObserver's default)
+OBSERVER = "input_absmax"  # each FakeQuantLinear's buffer: the moving average of its input's largest magnitude
 
 
 def _symmetric_scale(absmax: Tensor) -> Tensor:
@@ -35,17 +45,31 @@ def _symmetric_scale(absmax: Tensor) -> Tensor:
 
 
 class FakeQuantLinear(nn.Linear):
-    """``nn.Linear`` computing with int8-rounded weights (per row) and inputs (per tensor)."""
+    """``nn.Linear`` computing with int8-rounded weights (per row) and inputs (per tensor, by the
+    observed scale: see the module docstring)."""
+
+    input_absmax: Tensor  # () float32; 0 until the first batch
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
         w_scale = _symmetric_scale(w.abs().amax(dim=1))                                    # (out,)
         zeros = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
         w = torch.fake_quantize_per_channel_affine(w, w_scale, zeros, 0, QMIN, QMAX)
-        x_scale = _symmetric_scale(x.abs().amax())
+        x_scale = _symmetric_scale(self._observe(x))
         x = torch.fake_quantize_per_tensor_affine(x, x_scale, torch.zeros((), dtype=torch.int32, device=x.device),
                                                   QMIN, QMAX)
         return F.linear(x, w, self.bias)
+
+    def _observe(self, x: Tensor) -> Tensor:
+        """The input magnitude to scale by: in training the observer, updated with this batch's
+        largest (the first batch's as it is); in eval the observer as it stands (this input's
+        largest before any training batch)."""
+        batch = x.detach().abs().amax().float()
+        seen = self.input_absmax > 0
+        if self.training:
+            self.input_absmax.copy_(torch.where(seen, torch.lerp(self.input_absmax, batch, AVERAGING), batch))
+            return self.input_absmax
+        return torch.where(seen, self.input_absmax, batch)
 
 
 class FakeQuantAttention(MultiHeadAttention):
@@ -62,7 +86,24 @@ def prepare_qat(model: nn.Module, float_layers: tuple[str, ...] = QuantizeConfig
     for name, module in model.named_modules():
         if type(module) is nn.Linear and not any(fnmatchcase(name, p) for p in float_layers):
             module.__class__ = FakeQuantLinear
+            # not in the state dict: the model stays a float model's; saved beside it (observed_scales)
+            module.register_buffer(OBSERVER, torch.zeros((), device=module.weight.device), persistent=False)
         elif type(module) is MultiHeadAttention:
             module.__class__ = FakeQuantAttention
     return model
 
+
+
+def observed_scales(model: nn.Module) -> dict[str, Tensor]:
+    """Each fake-quantised layer's observed input magnitude, by layer name (those that saw a
+    batch): what ``transduce quantize`` takes as the static int8 input scales (times 1/127.5)."""
+    return {name: m.input_absmax.detach().cpu().clone() for name, m in model.named_modules()
+            if type(m) is FakeQuantLinear and float(m.input_absmax) > 0}
+
+
+def restore_scales(model: nn.Module, scales: dict[str, Tensor]) -> None:
+    """Set the observers of ``model``'s fake-quantised layers from :func:`observed_scales`' output
+    (a resumed run continues them; a layer absent from ``scales`` starts again)."""
+    for name, m in model.named_modules():
+        if type(m) is FakeQuantLinear:
+            m.input_absmax.fill_(float(scales[name]) if name in scales else 0.0)

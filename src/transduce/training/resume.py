@@ -21,7 +21,9 @@ from ..data.tokenizer import load_tokenizer, tokenizer_exists
 from ..errors import CheckpointError, ConfigError
 from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from ..inference.speed.static import QAT_FILE
 from .ema import EMA_WEIGHTS
+from .qat import observed_scales, restore_scales
 from .distributed import all_gather_object, collective_failure, is_collective_error
 from .sharding import full_model, full_optimizer_state, load_full_state, shard_optimizer_state
 from .state import TrainingError, TrainState
@@ -148,6 +150,8 @@ class Checkpointing:
             self.scaler.load_state_dict(trainer_state["scaler"])
         self.state = TrainState(**info["train_state"])
         self._restore_ema(path)
+        if self.cfg.train.qat and (path / QAT_FILE).is_file():
+            restore_scales(self.model, read_weights(path / QAT_FILE))  # the observers continue
         logger.info("resumed from %s (step %d, epoch %d)", path, self.state.step, self.state.epoch)
 
     def _restore_ema(self, path: Path) -> None:
@@ -188,7 +192,13 @@ class Checkpointing:
         info = {"train_state": asdict(state), "world_size": self.dist.world_size}
         return save_checkpoint(self.run_dir / "checkpoints", self.state.step, model, self.data.tokenizer,
                                trainer_state, info, self.cfg.train.keep_last, self.cfg.decode,
-                               {EMA_WEIGHTS: ema} if ema is not None else None)
+                               {**({EMA_WEIGHTS: ema} if ema is not None else {}), **self.qat_weights(model)})
+
+    def qat_weights(self, model: torch.nn.Module | None) -> dict[str, dict[str, torch.Tensor]]:
+        """With ``train.qat``: the file of ``model``'s observed input scales (:mod:`.qat`) to save
+        beside its weights, for ``transduce quantize`` and a resume; else none."""
+        scales = observed_scales(model) if self.cfg.train.qat and model is not None else {}
+        return {QAT_FILE: scales} if scales else {}
 
     def _whole_state(self) -> tuple[torch.nn.Module | None, dict[str, Any] | None, dict[str, torch.Tensor] | None]:
         """The model, the optimizer's state and the weights' average (``train.ema_decay``, else
