@@ -18,14 +18,19 @@ One attention (B = 1, H = 4, Dh = 64, self-attention) at each length, side by si
 Each (length, path) point runs in a fresh process: "peak MB" is that process's peak resident set
 above what it held once q, k and v existed (so one point's garbage cannot inflate the next);
 "saved MB" is the size of the distinct storages autograd keeps for the backward pass (the
-activation memory that grows with T), counted with ``saved_tensors_hooks``; time is the median
+activation memory that grows with T), counted with ``saved_tensors_hooks``; "code MB" is how much
+the process's file-backed resident pages grew meanwhile (library code run for the first time,
+part of "peak MB"); with ``--tensor-peak``, "tensor peak MB" is the most bytes of tensors alive
+at once in one more pass, beyond those alive before it, from torch.profiler's allocation records
+(what the attention allocates, without the code, lazy imports and allocator slack that the
+resident set also holds; the output's gradient and q, k, v's are counted); time is the median
 of ``--repeats`` forward+backward passes after one warm-up (``--repeats 0``: one pass, peak
 and saved memory only, no time: full SDPA at 16k takes minutes a pass). Prints JSON.
 
 Usage:
     python bench/local_attention_kernel.py [--lengths 4096,16384] [--paths full,full_math,local,bigbird,lsh]
         [--window 256] [--block 64] [--random-blocks 3] [--hashes 2] [--buckets 32] [--causal]
-        [--repeats 3] [--threads 1] [--skip-math-above 8192] [--timeout SECONDS] [--dry]
+        [--repeats 3] [--threads 1] [--skip-math-above 8192] [--timeout SECONDS] [--tensor-peak] [--dry]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -81,10 +87,37 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def measure(fn, t: int, repeats: int) -> dict:
+def file_rss_mb() -> float:
+    """Resident pages backed by files (mostly shared libraries' code)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:")) / 1024
+
+
+def tensor_peak_mb(fn, q, k, v) -> float:
+    """The most bytes of tensors alive at once in one forward + backward pass, beyond those
+    alive before it: the running sum of torch.profiler's allocation records (a free is negative)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn(q, k, v)
+        out.backward(torch.ones_like(out))
+        del out
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        with open(f"{tmp}/trace.json", encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+    records = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])  # stable
+    alive = peak = 0
+    for e in records:
+        alive += e["args"]["Bytes"]
+        peak = max(peak, alive)
+    return round(peak / 2**20, 1)
+
+
+def measure(fn, t: int, repeats: int, tensor_peak: bool) -> dict:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, t, 64, generator=g, requires_grad=True) for _ in range(3))
-    base = rss_mb()
+    base, base_file = rss_mb(), file_rss_mb()
     times, saved = [], 0
     for i in range(repeats + 1):
         storages: dict[int, int] = {}
@@ -103,8 +136,11 @@ def measure(fn, t: int, repeats: int) -> dict:
         del out
         q.grad = k.grad = v.grad = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"ms": round(1000 * statistics.median(times), 1) if times else None, "saved_mb": round(saved / 2**20, 1),
-            "peak_mb": round(peak - base, 1)}
+    row = {"ms": round(1000 * statistics.median(times), 1) if times else None, "saved_mb": round(saved / 2**20, 1),
+           "peak_mb": round(peak - base, 1), "code_mb": round(file_rss_mb() - base_file, 1)}
+    if tensor_peak:
+        row["tensor_peak_mb"] = tensor_peak_mb(fn, q, k, v)
+    return row
 
 
 def paths(args: argparse.Namespace) -> dict:
@@ -154,6 +190,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-math-above", type=int, default=8192)
     ap.add_argument("--timeout", type=float, default=None, help="seconds per point before it is given up")
+    ap.add_argument("--tensor-peak", action="store_true",
+                    help="one more pass under torch.profiler: the peak of live tensor bytes")
     ap.add_argument("--dry", action="store_true", help="tiny sizes (CI): lengths 256,512, one repeat")
     ap.add_argument("--point", default=None, help=argparse.SUPPRESS)  # "LENGTH,PATH": run one point here
     args = ap.parse_args()
@@ -163,7 +201,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if args.point:
         t, name = args.point.split(",")
-        print(json.dumps({"length": int(t), "path": name, **measure(paths(args)[name], int(t), args.repeats)}))
+        row = measure(paths(args)[name], int(t), args.repeats, args.tensor_peak)
+        print(json.dumps({"length": int(t), "path": name, **row}))
         return 0
     rows = []
     for t in (int(x) for x in args.lengths.split(",")):

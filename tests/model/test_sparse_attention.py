@@ -120,6 +120,34 @@ def test_lsh_chunks_equal_the_dense_reference(t, chunk, n_hashes, n_buckets, cau
     _assert_equal_forward_and_gradients(ours, ref, (q, k, v))
 
 
+@pytest.mark.parametrize("step_scores", [1, 300, 2000])
+@pytest.mark.parametrize("causal", [False, True])
+def test_lsh_steps_equal_the_reference(step_scores, causal):
+    """A chunk a step (at 1) or a few chunks of a round: forward and gradients, recomputed step by
+    step in the backward pass, equal the reference's; with a zero key and one shorter than
+    F.normalize's eps, whose unit-length copies are x / eps (their gradient g / eps)."""
+    q, k, v = _qkv(2, 70, seed=4)
+    with torch.no_grad():
+        k[1, :, 9] = 0.0
+        k[0, :, 20] *= 1e-14
+    mask = _padding(2, 70)
+    lsh = LSHAttention(4, 2, 4, seed=1)
+    _assert_equal_forward_and_gradients(lsh_attention(q, k, v, mask, lsh, causal, step_scores=step_scores),
+                                        lsh_reference(q, k, v, mask, lsh, causal), (q, k, v))
+
+
+def test_lsh_buckets_break_ties_as_argmax():
+    """argmax([xR; -xR]) taken without the concatenated copy keeps argmax's first maximum: a zero
+    key (every entry tied) and a key and its negation land as the formula says."""
+    lsh = LSHAttention(4, 3, 8, seed=5)
+    k = torch.randn(1, H, 12, DH, generator=torch.Generator().manual_seed(0))
+    k[0, :, 3] = 0.0
+    k[0, :, 7] = -k[0, :, 6]
+    rotations = torch.randn(DH, 3, 4, generator=torch.Generator().manual_seed(5))
+    x = torch.einsum("bhtd,dnr->bhntr", k, rotations)
+    assert torch.equal(lsh_buckets(k, lsh), torch.cat([x, -x], -1).argmax(-1))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_lsh_reference_is_its_formula(causal):
     """One round, chunks longer than the sequence: query i attends to the keys of its bucket

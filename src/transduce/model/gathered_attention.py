@@ -34,10 +34,10 @@ import math
 from typing import Callable, Iterable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-STEP_SCORES = 2 ** 18  # scores per (batch, head) in one step: the size of a step's temporaries
+STEP_SCORES = 2 ** 16  # scores per (batch, head) in one step: bounds a step's temporaries; larger steps were
+# no faster on a CPU at 4k tokens, and their temporaries set the peak (BENCHMARKS.md)
 NORM_EPS = 1e-12  # F.normalize's
 
 
@@ -82,13 +82,13 @@ class _GatheredAttention(torch.autograd.Function):
         total = q.new_zeros(b, h, t + 1, dtype=_acc(q))                    # and sum of exp(score - max)
         with torch.autocast(q.device.type, enabled=False):
             for i, step in enumerate(run.plan()):
-                s = _scores(q, _keys(k, step.cols, run.unit_keys), step)   # (B, H, G, Lq, Lk)
+                s = _scores(_take(q, step.rows), _keys(k, step.cols, run.unit_keys)[0], step)  # (B, H, G, Lq, Lk)
                 s_top = s.amax(-1)                                         # (B, H, G, Lq)
                 e = s.sub_(_finite(s_top)[..., None]).exp_()
                 o = _dropped(e, run.dropout, run.seed + i).to(v.dtype) @ _take(v, step.cols)  # (B, H, G, Lq, Dh)
                 _merge(acc, top, total, step.rows, o, s_top, e.sum(-1))
         total.masked_fill_(total == 0, 1.0)                                 # a row with no key: output 0
-        out = (acc[:, :, :t] / total[:, :, :t, None]).to(q.dtype)          # (B, H, T, Dh)
+        out = acc[:, :, :t].div_(total[:, :, :t, None]).to(q.dtype)        # (B, H, T, Dh): in acc's place
         ctx.save_for_backward(q, k, v, out, top, total)
         ctx.run = run
         return out
@@ -103,51 +103,71 @@ class _GatheredAttention(torch.autograd.Function):
         return tuple(g.to(x.dtype) for g, x in zip(grads, (q, k, v))) + (None,)
 
 
-def _scores(q: Tensor, ks: Tensor, step: Step) -> Tensor:
-    """A step's scores (B, H, G, Lq, Lk) in :func:`_acc`'s dtype: q.k / sqrt(Dh) + bias; ``ks``
-    (B, H, G, Lk, Dh) the step's keys."""
-    s = (_take(q, step.rows) @ ks.transpose(-2, -1)).to(_acc(q))            # (B, H, G, Lq, Lk)
-    return s.mul_(1 / math.sqrt(q.shape[-1])).add_(step.bias)
+def _scores(qs: Tensor, ks: Tensor, step: Step) -> Tensor:
+    """A step's scores (B, H, G, Lq, Lk) in :func:`_acc`'s dtype: q.k / sqrt(Dh) + bias; ``qs``
+    (B, H, G, Lq, Dh) and ``ks`` (B, H, G, Lk, Dh) the step's queries and keys."""
+    s = (qs @ ks.transpose(-2, -1)).to(_acc(qs))                            # (B, H, G, Lq, Lk)
+    return s.mul_(1 / math.sqrt(qs.shape[-1])).add_(step.bias)
 
 
 def _step_backward(q: Tensor, k: Tensor, v: Tensor, saved: tuple[Tensor, ...], step: Step, grads: list[Tensor],
                    run: _Run, seed: int) -> None:
     """Adds one step's dQ, dK, dV into ``grads`` ((B, H, T, Dh) each, in :func:`_acc`'s dtype).
     ``saved``: the output and its gradient (B, H, T, Dh), each row's max score and sum of
-    exp(score - max) over all its groups (B, H, T + 1)."""
+    exp(score - max) over all its groups (B, H, T + 1). Each gathered tensor is dropped as soon
+    as it is used (``del``): a step's working memory is what bounds the peak, not what is kept."""
     out, d_out, top, total = saved
-    at, empty = _index(top, step.rows), (step.rows == q.shape[-2])[..., None]  # (B, H, G, Lq, 1)
-    qs, ks, vs = _take(q, step.rows), _take(k, step.cols), _take(v, step.cols)  # (B, H, G, L, Dh)
-    unit = F.normalize(ks, dim=-1) if run.unit_keys else ks
-    row_top = _finite(top[at])[..., None].masked_fill(empty, math.inf)      # empty rows: p = 0
-    p = _scores(q, unit, step).sub_(row_top).exp_().div_(total[at][..., None])  # (B, H, G, Lq, Lk): the forward's
-    dos = _take(d_out, step.rows).masked_fill_(empty, 0.0)                  # (B, H, G, Lq, Dh)
+    qs = _take(q, step.rows)                                                # (B, H, G, Lq, Dh)
+    unit, norm = _keys(k, step.cols, run.unit_keys)                         # (B, H, G, Lk, Dh), (.., 1)
+    p = _probabilities(qs, unit, step, top, total)                          # (B, H, G, Lq, Lk): the forward's
+    dos = _take(d_out, step.rows).masked_fill_((step.rows == q.shape[-2])[..., None], 0.0)  # (B, H, G, Lq, Dh)
     d = (dos.to(p.dtype) * _take(out, step.rows)).sum(-1)                   # (B, H, G, Lq): D = rowsum(dO * O)
-    dp = (dos @ vs.transpose(-2, -1)).to(p.dtype)                           # (B, H, G, Lq, Lk)
-    if run.dropout > 0:  # the forward's mask, drawn again
-        keep = _dropped(torch.ones_like(p), run.dropout, seed)
-        _add_rows(grads[2], step.cols, (p * keep).to(dos.dtype).transpose(-2, -1) @ dos)
-        dp.mul_(keep)
-    else:
-        _add_rows(grads[2], step.cols, p.to(dos.dtype).transpose(-2, -1) @ dos)  # dV: (B, H, G, Lk, Dh)
-    ds = dp.sub_(d[..., None]).mul_(p).mul_(1 / math.sqrt(q.shape[-1])).to(q.dtype)  # dS: (B, H, G, Lq, Lk)
-    _add_rows(grads[0], step.rows, ds @ unit)
+    dp = (dos @ _take(v, step.cols).transpose(-2, -1)).to(p.dtype)          # (B, H, G, Lq, Lk)
+    ds = _score_grad(p, dp, dos, d, (grads[2], step.cols), run.dropout, seed)  # adds dV
+    del p, dos, d
+    _add_rows(grads[0], step.rows, ds @ unit)                               # dQ: (B, H, G, Lq, Dh)
     d_unit = ds.transpose(-2, -1) @ qs                                      # (B, H, G, Lk, Dh)
-    _add_rows(grads[1], step.cols, _unit_grad(ks, d_unit) if run.unit_keys else d_unit)
+    del ds, qs
+    _add_rows(grads[1], step.cols, _unit_grad(unit, norm, d_unit) if run.unit_keys else d_unit)
 
 
-def _keys(k: Tensor, cols: Tensor, unit: bool) -> Tensor:
-    """A step's keys (B, H, G, Lk, Dh), scaled to unit length if ``unit``."""
+def _probabilities(qs: Tensor, ks: Tensor, step: Step, top: Tensor, total: Tensor) -> Tensor:
+    """The forward's softmax probabilities of a step (B, H, G, Lq, Lk), from each row's max score
+    and sum ``top``, ``total`` (B, H, T + 1); 0 in the rows that are none."""
+    at = _index(top, step.rows)
+    row_top = _finite(top[at])[..., None].masked_fill((step.rows == top.shape[-1] - 1)[..., None], math.inf)
+    return _scores(qs, ks, step).sub_(row_top).exp_().div_(total[at][..., None])
+
+
+def _score_grad(p: Tensor, dp: Tensor, dos: Tensor, d: Tensor, dv: tuple[Tensor, Tensor], dropout: float,
+                seed: int) -> Tensor:
+    """dS (B, H, G, Lq, Lk) of a step's scores (FlashAttention-2's dS = P * (dP - D), scaled), in
+    dP's place, adding the step's dV (P^T dO) into ``dv`` = (the gradient (B, H, T, Dh), the
+    step's cols). ``p`` the probabilities, ``dp`` dO V^T (B, H, G, Lq, Lk), ``dos`` dO
+    (B, H, G, Lq, Dh), ``d`` rowsum(dO * O) (B, H, G, Lq); dropout's mask is drawn again from ``seed``."""
+    keep = _dropped(torch.ones_like(p), dropout, seed) if dropout > 0 else None  # the forward's mask
+    _add_rows(dv[0], dv[1], (p if keep is None else p * keep).to(dos.dtype).transpose(-2, -1) @ dos)  # (.., Lk, Dh)
+    if keep is not None:
+        dp.mul_(keep)
+    return dp.sub_(d[..., None]).mul_(p).mul_(1 / math.sqrt(dos.shape[-1])).to(dos.dtype)
+
+
+def _keys(k: Tensor, cols: Tensor, unit: bool) -> tuple[Tensor, Tensor | None]:
+    """A step's keys (B, H, G, Lk, Dh), scaled to unit length if ``unit`` as ``F.normalize``
+    scales them (x / max(|x|, eps)), and their lengths |x| (B, H, G, Lk, 1) (None if not)."""
     ks = _take(k, cols)
-    return F.normalize(ks, dim=-1) if unit else ks
+    if not unit:
+        return ks, None
+    norm = ks.norm(dim=-1, keepdim=True)
+    return ks.div_(norm.clamp_min(NORM_EPS)), norm
 
 
-def _unit_grad(x: Tensor, g: Tensor) -> Tensor:
-    """The gradient at x of ``F.normalize(x, dim=-1)`` = x / max(|x|, eps), given g for its
-    output: (g - n (n . g)) / |x| with n = x / |x|, or g / eps where |x| <= eps."""
-    norm = x.norm(dim=-1, keepdim=True)
-    n = x / norm
-    return torch.where(norm > NORM_EPS, (g - n * (n * g).sum(-1, keepdim=True)) / norm, g / NORM_EPS)
+def _unit_grad(unit: Tensor, norm: Tensor, g: Tensor) -> Tensor:
+    """The gradient at x of ``F.normalize(x, dim=-1)`` = x / max(|x|, eps), given its output
+    ``unit`` (n = x / |x| where |x| > eps), |x| ``norm`` and g for its output:
+    (g - n (n . g)) / |x|, or g / eps where |x| <= eps; computed in g's place."""
+    along = (unit * g).sum(-1, keepdim=True).masked_fill_(norm <= NORM_EPS, 0.0)  # (B, H, G, Lk, 1)
+    return g.addcmul_(unit, along, value=-1).div_(norm.clamp_min(NORM_EPS))
 
 
 def _index(x: Tensor, at: Tensor) -> tuple[Tensor, Tensor, Tensor]:

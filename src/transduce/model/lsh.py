@@ -78,7 +78,9 @@ def lsh_buckets(k: Tensor, lsh: LSHAttention) -> Tensor:
     g = torch.Generator().manual_seed(lsh.seed)
     rotations = torch.randn(k.shape[-1], lsh.n_hashes, lsh.n_buckets // 2, generator=g).to(k)  # (Dh, n, nbk/2)
     x = torch.einsum("bhtd,dnr->bhntr", k.detach(), rotations)             # (B, H, n, T, nbk/2)
-    return torch.cat([x, -x], dim=-1).argmax(dim=-1)
+    high, i = x.max(dim=-1)  # argmax([x; -x]) without the copy: the first maximum, x's before -x's
+    low, j = x.min(dim=-1)
+    return torch.where(high >= -low, i, j + lsh.n_buckets // 2)
 
 
 def _key_mask(mask: Tensor | None, b: int, t: int, device: torch.device) -> Tensor:
@@ -150,33 +152,44 @@ def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
     slot, n_slots = _slots(bucket, lsh)
     at = torch.full((*slot.shape[:-1], n_slots), t, dtype=torch.long, device=q.device)
     at.scatter_(-1, slot, torch.arange(t, device=q.device).expand_as(slot))  # position in each slot (T: empty)
-    plan = partial(_steps, at, bucket, _key_mask(mask, b, t, q.device), lsh.chunk, is_causal, step_scores)
+    chunks = at.unflatten(3, (n_slots // lsh.chunk, lsh.chunk))             # (B, H, n, nc, c)
+    key_ok = _visible(chunks, bucket, _key_mask(mask, b, t, q.device))      # (B, H, n, nc, 2c)
+    plan = partial(_steps, chunks, key_ok, t, is_causal, step_scores)      # (the layout alone: bucket is freed)
     return gathered_attention(q, k, v, plan, dropout, unit_keys=True)
 
 
-def _steps(at: Tensor, bucket: Tensor, keep: Tensor, c: int, is_causal: bool, step_scores: int) -> Iterator[Step]:
-    """The plan: round by round, a few chunks a step, each chunk's c query slots over the 2c key
-    slots of the chunk before and itself. ``at`` (B, H, n, P) the position in each slot (T: empty),
-    ``bucket`` (B, H, n, T), ``keep`` (B, T) the key mask."""
-    (b, _, n, p), t = at.shape, bucket.shape[-1]
-    chunks = at.unflatten(3, (p // c, c))                                   # (B, H, n, nc, c)
+def _visible(chunks: Tensor, bucket: Tensor, keep: Tensor) -> Tensor:
+    """Whether each chunk's 2c key slots (the previous chunk's, then its own) hold a real, kept key
+    of its bucket. ``chunks`` (B, H, n, nc, c) the position in each slot (T: empty), ``bucket``
+    (B, H, n, T), ``keep`` (B, T) the key mask -> (B, H, n, nc, 2c) bool."""
+    b = keep.shape[0]
     chunk_bucket = F.pad(bucket, (0, 1), value=-1).gather(3, chunks[..., 0])  # (B, H, n, nc): its first slot's
     same = F.pad(chunk_bucket[..., 1:] == chunk_bucket[..., :-1], (1, 0), value=False)  # previous chunk: same bucket
     key_ok = F.pad(keep, (0, 1), value=False).gather(1, chunks.reshape(b, -1)).view(chunks.shape)  # real, not padded
-    key_ok = torch.cat([_previous(key_ok) & same[..., None], key_ok], dim=-1)  # (B, H, n, nc, 2c)
-    cols = _with_previous(chunks, t)                                        # (B, H, n, nc, 2c)
+    return torch.cat([_previous(key_ok) & same[..., None], key_ok], dim=-1)
+
+
+def _steps(chunks: Tensor, key_ok: Tensor, t: int, is_causal: bool, step_scores: int) -> Iterator[Step]:
+    """The plan: round by round, a few chunks a step, each chunk's c query slots over the 2c key
+    slots of the chunk before and itself. ``chunks`` (B, H, n, nc, c) the position in each slot
+    (T: empty), ``key_ok`` (B, H, n, nc, 2c) from :func:`_visible`."""
+    _, _, n, n_chunks, c = chunks.shape
     per_step = max(1, step_scores // (2 * c * c))
     for r in range(n):
-        for first in range(0, p // c, per_step):
+        for first in range(0, n_chunks, per_step):
             part = slice(first, first + per_step)
-            yield Step(chunks[:, :, r, part], cols[:, :, r, part], _chunk_bias(key_ok[:, :, r, part], is_causal))
+            yield Step(chunks[:, :, r, part], _with_previous(chunks[:, :, r], part, t),
+                       _chunk_bias(key_ok[:, :, r, part], is_causal))
 
 
-def _with_previous(x: Tensor, empty: int) -> Tensor:
-    """Each chunk's rows after the previous chunk's (``empty`` before the first):
-    (B, H, n, nc, c) -> (B, H, n, nc, 2c)."""
-    prev = torch.cat([torch.full_like(x[:, :, :, :1], empty), x[:, :, :, :-1]], dim=3)
-    return torch.cat([prev, x], dim=4)
+def _with_previous(chunks: Tensor, part: slice, empty: int) -> Tensor:
+    """Chunks ``part`` of a round (B, H, nc, c), each chunk's rows after the previous chunk's
+    (``empty`` before the first) -> (B, H, g, 2c); built a step at a time, so that no (2c) copy
+    of the whole layout is kept."""
+    x = chunks[:, :, part]                                                  # (B, H, g, c)
+    first, g = part.start, x.shape[2]
+    prev = F.pad(chunks[:, :, max(first - 1, 0):first + g - 1], (0, 0, int(first == 0), 0), value=empty)
+    return torch.cat([prev, x], dim=-1)
 
 
 def _chunk_bias(key_ok: Tensor, is_causal: bool) -> Tensor:
