@@ -5,11 +5,13 @@ process's CPU time as well as wall time, so that other jobs on the machine move 
 Prints one JSON object: sentences per CPU second of each system (median of ``--rounds``), the
 ratio eager / CTranslate2 of each round and their median, by CPU time and by wall time, and,
 with ``--ops``, the aten operators per decoder step of one eager run under ``torch.profiler``
-(a count that does not depend on the load).
+(a count that does not depend on the load), and with ``--per-step``, the CPU microseconds of one
+eager greedy step (``model.decode`` and the choice of the next tokens) with 1 row (the fixed
+cost) and with 64 (minimum of 15 runs of 32 steps; the random model only).
 
 Needs the ``export`` extra. Usage:
     python bench/export_speed_interleaved.py [--model DIR --src FILE | --shape demo] [--sentences 1000]
-        [--beam 1] [--rounds 3] [--ops]
+        [--beam 1] [--rounds 3] [--ops] [--per-step]
 """
 
 from __future__ import annotations
@@ -50,6 +52,32 @@ def ops_per_step(run, texts: list[str], model) -> float:
     return round(ops / max(steps[0], 1), 1)
 
 
+def per_step_us(translator, texts: list[str], rows: int, runs: int = 15, steps: int = 32) -> float:
+    """CPU microseconds of one greedy step of ``rows`` sentences (the minimum of ``runs``)."""
+    from transduce.inference.search.common import best_tokens
+    from transduce.inference.speed import new_cache
+
+    model, tok = translator.model, translator.tokenizer
+    ids = [tok.encode(t, "src") + [model.config.eos_id] for t in texts[:rows]]
+    width = max(len(r) for r in ids)
+    src = torch.tensor([r + [model.config.pad_id] * (width - len(r)) for r in ids])
+
+    @torch.no_grad()
+    def loop() -> None:
+        enc, cache = model.encode(src), new_cache(model)
+        last = torch.full((len(ids), 1), model.config.bos_id)
+        for step in range(steps):
+            states = model.decode(last, enc, cache, project=False).states[:, -1]
+            last = best_tokens(model, states, model.config, step, steps, 1)[1]
+    loop()
+    times = []
+    for _ in range(runs):
+        start = time.process_time()
+        loop()
+        times.append(time.process_time() - start)
+    return round(min(times) / steps * 1e6, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="trained model directory (default: a random one of --shape)")
@@ -60,6 +88,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--ops", action="store_true", help="also count aten operators per decoder step")
+    ap.add_argument("--per-step", action="store_true", help="also time one greedy step of 1 and of 64 rows")
     args = ap.parse_args()
     torch.set_num_threads(1)
     texts = (Path(args.src).read_text(encoding="utf-8").splitlines() if args.src
@@ -93,9 +122,13 @@ def main() -> int:
             ratios = [ct2 / eager for eager, ct2 in zip(times["eager_fp32"], times["ct2_fp32"])]
             report[f"ratio_{clock}"] = round(statistics.median(ratios), 3)
             report[f"ratio_{clock}_rounds"] = [round(x, 3) for x in ratios]
-        if args.ops:
+        if args.ops or args.per_step:
             from transduce.inference import Runtime, Translator
             translator = Translator.load(model_dir, Runtime(device="cpu"))
+        if args.per_step:
+            report["eager_step_us_1_row"] = per_step_us(translator, texts, 1)
+            report["eager_step_us_64_rows"] = per_step_us(translator, texts, 64)
+        if args.ops:
             kwargs = {"beam": args.beam} if out_len is None else {
                 "beam": args.beam, "max_len_a": 0.0, "max_len_b": out_len, "min_len": out_len}
             translator.translate(texts[:64], **kwargs)
