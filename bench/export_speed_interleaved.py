@@ -9,7 +9,8 @@ with ``--ops``, the aten operators per decoder step of one eager run under ``tor
 eager greedy step (``model.decode`` and the choice of the next tokens) with 1 row (the fixed
 cost) and with 64 (minimum of 15 runs of 32 steps). With ``--base SRC`` (another checkout's
 ``src/``, e.g. ``git archive`` of the parent commit), that package's eager runner joins the rounds
-as ``eager_base`` (imported as ``transduce_base`` from a copy): before and after in one process.
+as ``eager_base`` (imported as ``transduce_base`` from a copy), and its steps alternate with these:
+before and after in one process.
 
 Needs the ``export`` extra. Usage:
     python bench/export_speed_interleaved.py [--model DIR --src FILE | --shape demo] [--sentences 1000]
@@ -59,7 +60,7 @@ def ops_per_step(run, texts: list[str], model) -> float:
 
 def base_eager(src: Path, tmp: Path, model_dir: Path, out_len: int | None, batch_tokens: int, beam: int):
     """``export_speed.eager``'s runner over the transduce package of ``src`` (another checkout),
-    copied into ``tmp`` as ``transduce_base`` (its imports of itself are relative)."""
+    copied into ``tmp`` as ``transduce_base`` (its imports of itself are relative), and its Translator."""
     shutil.copytree(src / "transduce", tmp / "base" / "transduce_base")
     sys.path.insert(0, str(tmp / "base"))
     inference = importlib.import_module("transduce_base.inference")
@@ -70,14 +71,15 @@ def base_eager(src: Path, tmp: Path, model_dir: Path, out_len: int | None, batch
             return tr.translate(texts, beam=beam, batch_tokens=batch_tokens)
         return [r.best.text for r in tr.translate_detailed(texts, beam=beam, max_len_a=0.0, max_len_b=out_len,
                                                            min_len=out_len, batch_tokens=batch_tokens)]
-    return run
+    return run, tr
 
 
-def per_step_us(translator, texts: list[str], rows: int, runs: int = 15, steps: int = 32) -> float:
-    """CPU microseconds of one greedy step of ``rows`` sentences (the minimum of ``runs``)."""
-    from transduce.inference.search.common import best_tokens
-    from transduce.inference.speed import new_cache
-
+def step_loop(translator, texts: list[str], rows: int, package: str = "transduce", steps: int = 32):
+    """A function running ``steps`` greedy steps (``model.decode`` and the choice of the next
+    tokens) of the first ``rows`` sentences with ``translator``, whose search helpers come from
+    ``package`` (``transduce``, or ``transduce_base`` for ``--base``)."""
+    best_tokens = importlib.import_module(f"{package}.inference.search.common").best_tokens
+    new_cache = importlib.import_module(f"{package}.inference.speed").new_cache
     model, tok = translator.model, translator.tokenizer
     ids = [tok.encode(t, "src") + [model.config.eos_id] for t in texts[:rows]]
     width = max(len(r) for r in ids)
@@ -90,13 +92,21 @@ def per_step_us(translator, texts: list[str], rows: int, runs: int = 15, steps: 
         for step in range(steps):
             states = model.decode(last, enc, cache, project=False).states[:, -1]
             last = best_tokens(model, states, model.config, step, steps, 1)[1]
-    loop()
-    times = []
-    for _ in range(runs):
-        start = time.process_time()
+    return loop
+
+
+def per_step_us(loops: dict, runs: int = 15, steps: int = 32) -> dict:
+    """CPU microseconds of one step of each of ``loops`` (name: :func:`step_loop`), the minimum
+    of ``runs`` runs, the loops alternated run by run."""
+    times = {name: [] for name in loops}
+    for loop in loops.values():
         loop()
-        times.append(time.process_time() - start)
-    return round(min(times) / steps * 1e6, 1)
+    for _ in range(runs):
+        for name, loop in loops.items():
+            start = time.process_time()
+            loop()
+            times[name].append(time.process_time() - start)
+    return {name: round(min(t) / steps * 1e6, 1) for name, t in times.items()}
 
 
 def main() -> int:
@@ -126,7 +136,8 @@ def main() -> int:
         runs = {name: X.system(name, model_dir, tmp, tok, settings, out_len, batch_tokens)[1]()
                 for name in SYSTEMS}
         if args.base:
-            runs["eager_base"] = base_eager(args.base, tmp, model_dir, out_len, batch_tokens, args.beam)
+            runs["eager_base"], base_translator = base_eager(args.base, tmp, model_dir, out_len, batch_tokens,
+                                                             args.beam)
         outputs = {name: run(texts) for name, run in runs.items()}  # (also the warm-up)
         systems = tuple(runs)
         cpu = {n: [] for n in systems}
@@ -155,8 +166,12 @@ def main() -> int:
             from transduce.inference import Runtime, Translator
             translator = Translator.load(model_dir, Runtime(device="cpu"))
         if args.per_step:
-            report["eager_step_us_1_row"] = per_step_us(translator, texts, 1)
-            report["eager_step_us_64_rows"] = per_step_us(translator, texts, 64)
+            for rows, label in ((1, "1_row"), (64, "64_rows")):
+                loops = {"eager": step_loop(translator, texts, rows)}
+                if args.base:
+                    loops["eager_base"] = step_loop(base_translator, texts, rows, "transduce_base")
+                for name, us in per_step_us(loops).items():
+                    report[f"{name}_step_us_{label}"] = us
         if args.ops:
             kwargs = {"beam": args.beam} if out_len is None else {
                 "beam": args.beam, "max_len_a": 0.0, "max_len_b": out_len, "min_len": out_len}
