@@ -5,11 +5,16 @@ process's CPU time as well as wall time, so that other jobs on the machine move 
 Prints one JSON object: sentences per CPU second of each system (median of ``--rounds``), the
 ratio eager / CTranslate2 of each round and their median, by CPU time and by wall time, and,
 with ``--ops``, the aten operators per decoder step of one eager run under ``torch.profiler``
-(a count that does not depend on the load).
+(a count that does not depend on the load), and with ``--per-step``, the CPU microseconds of one
+eager greedy step (``model.decode`` and the choice of the next tokens) with 1 row (the fixed
+cost) and with 64 (minimum of 15 runs of 32 steps). With ``--base SRC`` (another checkout's
+``src/``, e.g. ``git archive`` of the parent commit), that package's eager runner joins the rounds
+as ``eager_base`` (imported as ``transduce_base`` from a copy), and its steps alternate with these:
+before and after in one process.
 
 Needs the ``export`` extra. Usage:
     python bench/export_speed_interleaved.py [--model DIR --src FILE | --shape demo] [--sentences 1000]
-        [--beam 1] [--rounds 3] [--ops]
+        [--beam 1] [--rounds 3] [--ops] [--per-step] [--base OTHER_CHECKOUT/src]
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+import importlib
+import shutil
 
 import export_speed as X
 from transduce.data.tokenizer import Tokenizer
@@ -50,6 +58,57 @@ def ops_per_step(run, texts: list[str], model) -> float:
     return round(ops / max(steps[0], 1), 1)
 
 
+def base_eager(src: Path, tmp: Path, model_dir: Path, out_len: int | None, batch_tokens: int, beam: int):
+    """``export_speed.eager``'s runner over the transduce package of ``src`` (another checkout),
+    copied into ``tmp`` as ``transduce_base`` (its imports of itself are relative), and its Translator."""
+    shutil.copytree(src / "transduce", tmp / "base" / "transduce_base")
+    sys.path.insert(0, str(tmp / "base"))
+    inference = importlib.import_module("transduce_base.inference")
+    tr = inference.Translator.load(model_dir, inference.Runtime(device="cpu"))
+
+    def run(texts: list[str]) -> list[str]:
+        if out_len is None:
+            return tr.translate(texts, beam=beam, batch_tokens=batch_tokens)
+        return [r.best.text for r in tr.translate_detailed(texts, beam=beam, max_len_a=0.0, max_len_b=out_len,
+                                                           min_len=out_len, batch_tokens=batch_tokens)]
+    return run, tr
+
+
+def step_loop(translator, texts: list[str], rows: int, package: str = "transduce", steps: int = 32):
+    """A function running ``steps`` greedy steps (``model.decode`` and the choice of the next
+    tokens) of the first ``rows`` sentences with ``translator``, whose search helpers come from
+    ``package`` (``transduce``, or ``transduce_base`` for ``--base``)."""
+    best_tokens = importlib.import_module(f"{package}.inference.search.common").best_tokens
+    new_cache = importlib.import_module(f"{package}.inference.speed").new_cache
+    model, tok = translator.model, translator.tokenizer
+    ids = [tok.encode(t, "src") + [model.config.eos_id] for t in texts[:rows]]
+    width = max(len(r) for r in ids)
+    src = torch.tensor([r + [model.config.pad_id] * (width - len(r)) for r in ids])
+
+    @torch.no_grad()
+    def loop() -> None:
+        enc, cache = model.encode(src), new_cache(model)
+        last = torch.full((len(ids), 1), model.config.bos_id)
+        for step in range(steps):
+            states = model.decode(last, enc, cache, project=False).states[:, -1]
+            last = best_tokens(model, states, model.config, step, steps, 1)[1]
+    return loop
+
+
+def per_step_us(loops: dict, runs: int = 15, steps: int = 32) -> dict:
+    """CPU microseconds of one step of each of ``loops`` (name: :func:`step_loop`), the minimum
+    of ``runs`` runs, the loops alternated run by run."""
+    times = {name: [] for name in loops}
+    for loop in loops.values():
+        loop()
+    for _ in range(runs):
+        for name, loop in loops.items():
+            start = time.process_time()
+            loop()
+            times[name].append(time.process_time() - start)
+    return {name: round(min(t) / steps * 1e6, 1) for name, t in times.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="trained model directory (default: a random one of --shape)")
@@ -60,6 +119,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--ops", action="store_true", help="also count aten operators per decoder step")
+    ap.add_argument("--per-step", action="store_true", help="also time one greedy step of 1 and of 64 rows")
+    ap.add_argument("--base", type=Path, default=None,
+                    help="another checkout's src/: its eager runner joins the rounds")
     args = ap.parse_args()
     torch.set_num_threads(1)
     texts = (Path(args.src).read_text(encoding="utf-8").splitlines() if args.src
@@ -71,14 +133,17 @@ def main() -> int:
         tok = Tokenizer.load(model_dir)
         batch_tokens = int(64 * np.mean([len(tok.encode(t, "src")) + 1 for t in texts]))
         settings = argparse.Namespace(threads=1, batch_size=64, beam=args.beam, qat=None, calibrate=None)
-        runs = {}
-        for name in SYSTEMS:
-            runs[name] = X.system(name, model_dir, tmp, tok, settings, out_len, batch_tokens)[1]()
-            runs[name](texts[:32])
-        cpu = {n: [] for n in SYSTEMS}
-        wall = {n: [] for n in SYSTEMS}
+        runs = {name: X.system(name, model_dir, tmp, tok, settings, out_len, batch_tokens)[1]()
+                for name in SYSTEMS}
+        if args.base:
+            runs["eager_base"], base_translator = base_eager(args.base, tmp, model_dir, out_len, batch_tokens,
+                                                             args.beam)
+        outputs = {name: run(texts) for name, run in runs.items()}  # (also the warm-up)
+        systems = tuple(runs)
+        cpu = {n: [] for n in systems}
+        wall = {n: [] for n in systems}
         for r in range(args.rounds):
-            for name in (SYSTEMS if r % 2 == 0 else SYSTEMS[::-1]):
+            for name in (systems if r % 2 == 0 else systems[::-1]):
                 w, c = time.perf_counter(), time.process_time()
                 runs[name](texts)
                 wall[name].append(time.perf_counter() - w)
@@ -86,16 +151,28 @@ def main() -> int:
         report = {"benchmark": "export_speed_interleaved", "model": args.model or f"random ({args.shape} shape)",
                   "search": "greedy" if args.beam == 1 else f"beam {args.beam}", "sentences": len(texts),
                   "rounds": args.rounds, "threads": 1, "machine": X.machine(), "torch": torch.__version__}
-        for name in SYSTEMS:
+        for name in systems:
             report[f"{name}_sentences_per_cpu_s"] = round(len(texts) / statistics.median(cpu[name]), 1)
+        pairs = [("", "eager_fp32", "ct2_fp32")]
+        if args.base:
+            pairs += [("_base", "eager_base", "ct2_fp32"), ("_after_over_base", "eager_fp32", "eager_base")]
+            report["same_output_as_base"] = outputs["eager_fp32"] == outputs["eager_base"]
         for clock, times in (("cpu", cpu), ("wall", wall)):
-            # eager's speed over CTranslate2's, round by round
-            ratios = [ct2 / eager for eager, ct2 in zip(times["eager_fp32"], times["ct2_fp32"])]
-            report[f"ratio_{clock}"] = round(statistics.median(ratios), 3)
-            report[f"ratio_{clock}_rounds"] = [round(x, 3) for x in ratios]
-        if args.ops:
+            for suffix, a, b in pairs:  # a's speed over b's, round by round
+                ratios = [tb / ta for ta, tb in zip(times[a], times[b])]
+                report[f"ratio{suffix}_{clock}"] = round(statistics.median(ratios), 3)
+                report[f"ratio{suffix}_{clock}_rounds"] = [round(x, 3) for x in ratios]
+        if args.ops or args.per_step:
             from transduce.inference import Runtime, Translator
             translator = Translator.load(model_dir, Runtime(device="cpu"))
+        if args.per_step:
+            for rows, label in ((1, "1_row"), (64, "64_rows")):
+                loops = {"eager": step_loop(translator, texts, rows)}
+                if args.base:
+                    loops["eager_base"] = step_loop(base_translator, texts, rows, "transduce_base")
+                for name, us in per_step_us(loops).items():
+                    report[f"{name}_step_us_{label}"] = us
+        if args.ops:
             kwargs = {"beam": args.beam} if out_len is None else {
                 "beam": args.beam, "max_len_a": 0.0, "max_len_b": out_len, "min_len": out_len}
             translator.translate(texts[:64], **kwargs)

@@ -80,7 +80,7 @@ class Embedder(nn.Module):
             raise ValueError("token_types given to a model without them (model.type_vocab_size=0)")
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(x) if self.training else x
 
 
 class Transformer(nn.Module):

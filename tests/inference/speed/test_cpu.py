@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inference_helpers import tiny_transformer
-from transduce.inference.speed.cpu import OneDNNLinear, onednn_available
+from transduce.inference.speed.cpu import ONEDNN_MIN_MACS, OneDNNLinear, onednn_available
 from transduce.inference.speed import prepare_for_decoding
 
 
@@ -41,7 +41,8 @@ def test_packed_weight_gives_f_linear_and_follows_updates():
     import copy
     import torch.nn.functional as F
     layer = _switch(torch.nn.Linear(32, 48))
-    x = torch.randn(5, 7, 32)
+    x = torch.randn(64, 7, 32)  # (a product above ONEDNN_MIN_MACS: oneDNN's path)
+    assert x.numel() * 48 >= ONEDNN_MIN_MACS
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(layer.forward_relu(x), F.relu(F.linear(x, layer.weight, layer.bias)),
@@ -55,3 +56,15 @@ def test_packed_weight_gives_f_linear_and_follows_updates():
     assert "_packed" not in clone.__dict__
     with torch.no_grad():
         torch.testing.assert_close(clone(x), layer(x))
+
+
+def test_small_products_take_f_linear():
+    """Below ONEDNN_MIN_MACS (a few rows) a call is F.linear itself: the same values, no packed copy."""
+    import torch.nn.functional as F
+    layer = _switch(torch.nn.Linear(32, 48))
+    x = torch.randn(2, 1, 32)
+    assert x.numel() * 48 < ONEDNN_MIN_MACS
+    with torch.no_grad():
+        assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+        assert torch.equal(layer.forward_relu(x), F.relu(F.linear(x, layer.weight, layer.bias)))
+    assert "_packed" not in layer.__dict__

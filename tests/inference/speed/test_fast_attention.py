@@ -67,6 +67,11 @@ def test_kept_fused_weights_follow_in_place_updates_and_stay_out_of_copies():
         out, _ = attn(x, x)
         q, k, v = (attn.split_heads(m(x)) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
         ref, _ = attn.attend(q, k, v)
+        torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+        attn.v_proj.bias = torch.nn.Parameter(torch.randn(D))  # a new tensor, not an update
+        out, _ = attn(x, x)
+        q, k, v = (attn.split_heads(m(x)) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+        ref, _ = attn.attend(q, k, v)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     assert attn.__dict__.get("_fused_layers")
     assert "_fused_layers" not in copy.deepcopy(attn).__dict__

@@ -136,17 +136,26 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     logp = output_log_softmax(logits, config)
     if repeat is not None:
         logp = repeat.block(logp)
-    for never in never_generated(config.pad_id, config.bos_id, config.eos_id):  # not one that is EOS too (GPT-2)
-        logp.select(1, never).fill_(-math.inf)
+    never = never_generated(config.pad_id, config.bos_id, config.eos_id)  # not one that is EOS too (GPT-2)
     if isinstance(step, Tensor):
         logp[:, config.eos_id] = logp[:, config.eos_id].masked_fill(step < min_len, -math.inf)
     elif step < min_len:
-        logp.select(1, config.eos_id).fill_(-math.inf)
+        never += (config.eos_id,)
+    if never:  # (one op for every forbidden column: a step's fixed cost matters for small models)
+        logp.index_fill_(1, _columns(never, logp.device), -math.inf)
     if forced is not None:
         token = forced.clamp(min=0).unsqueeze(1)                          # (N, 1)
         only = torch.full_like(logp, -math.inf).scatter_(1, token, logp.gather(1, token))
         logp = torch.where((forced >= 0).unsqueeze(1), only, logp)
     return logp
+
+
+@functools.lru_cache(maxsize=32)
+def _columns(ids: tuple[int, ...], device: torch.device) -> Tensor:
+    """``ids`` as a long tensor, made once per tuple and device (read-only; a normal tensor
+    even when first asked for under inference mode, so that autograd may read it later)."""
+    with torch.inference_mode(False):
+        return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def forced_tokens(prefix: Tensor | None, sentence: Tensor, step: int) -> Tensor | None:
@@ -223,7 +232,8 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
     with scope(SOFTMAX):
-        parts = [score(i * rows, block) for i, block in enumerate(states.split(rows))]
+        blocks = states.split(rows) if states.shape[0] > rows else (states,)
+        parts = [score(i * rows, block) for i, block in enumerate(blocks)]
     if len(parts) == 1:
         return parts[0]
     return torch.cat([v for v, _ in parts]), torch.cat([i for _, i in parts])
@@ -247,6 +257,9 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
     Shape: x (N, V) -> values (N, k), indices (N, k).
     """
+    if k == 1:  # (greedy: a row's maximum is one op)
+        values, indices = x.max(dim=1, keepdim=True)
+        return values, indices
     n, v = x.shape
     c = _block_size(v, k)
     if c is None or x.device.type != "cpu":

@@ -113,6 +113,17 @@ def _linear_like(kind: nn.Linear, w: Tensor, b: Tensor | None) -> nn.Linear:
     return layer
 
 
+def _weights_key(names: tuple[str, ...], mods: list[nn.Module]) -> tuple | None:
+    """What a fused layer of ``mods`` was made from: their kind and each weight's and bias's
+    storage, version counter and dtype (a change of any makes it stale); None when one is an
+    inference tensor (no version counter: never kept)."""
+    weights = [m._parameters.get("weight") for m in mods]  # (a quantised layer's may be no parameter)
+    params = weights + [m._parameters["bias"] for m in mods if m._parameters.get("bias") is not None]
+    if any(w is None for w in weights) or any(p.is_inference() for p in params):
+        return None
+    return (names, type(mods[0])) + tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+
+
 class FastAttention(MultiHeadAttention):
     """:class:`~transduce.model.attention.MultiHeadAttention` with fused projections and
     :func:`fast_attention`. Only ever made by :func:`prepare_for_decoding` (a class switch)."""
@@ -129,7 +140,11 @@ class FastAttention(MultiHeadAttention):
         Static int8 layers sharing an input scale run as one :class:`~.static.Int8Kernel`
         (their weights never change); other quantised layers are not fused.
         """
-        mods = [getattr(self, n) for n in names]
+        mods = [self._modules[n] for n in names]  # (not nn.Module.__getattr__: this runs every step)
+        cached = self._fused_cache.get(names)
+        if cached is not None and cached[0] is not None and not torch.is_grad_enabled() \
+                and cached[0] == _weights_key(names, mods):
+            return cached[1]  # the kept layer, up to date (the slow path below made the key)
         if all(isinstance(m, StaticInt8Linear) for m in mods):
             if names not in self._fused_cache:
                 self._fused_cache[names] = (None, Int8Kernel.side_by_side(mods))
@@ -146,12 +161,12 @@ class FastAttention(MultiHeadAttention):
             # (inference tensors keep no version counter to tell when a kept copy is stale)
             w, b = side_by_side()
             return lambda x: F.linear(x, w, b)
-        key = (names, type(mods[0])) + tuple((p.data_ptr(), p._version, p.dtype) for p in params)
-        cached = self._fused_cache.get(names)
+        key = _weights_key(names, mods)
         if cached is None or cached[0] != key:
             with torch.inference_mode(False), torch.no_grad():
                 w, b = side_by_side()
-                if cached is not None and cached[0][:2] == key[:2] and _same_layout(cached[1], w, b):
+                if cached is not None and cached[0] is not None and cached[0][:2] == key[:2] \
+                        and _same_layout(cached[1], w, b):
                     fused = cached[1]
                     fused.weight.copy_(w)  # in place (see above)
                     if b is not None:
@@ -189,7 +204,10 @@ class FastAttention(MultiHeadAttention):
         fused = self._fused(names)
         if fused is None:
             return tuple(self.split_heads(m(x)) for m in layers)
-        return tuple(self.split_heads(t) for t in fused(x).chunk(len(layers), dim=-1))
+        b, t, _ = x.shape
+        n = len(layers)
+        # (B, T, n*H*Dh) -> n of (B, H, T, Dh): the views of the model's chunk and split_heads, in 3 ops
+        return fused(x).view(b, t, n, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def project_kv(self, x: Tensor, start: int = 0) -> tuple[Tensor, Tensor]:
         """Keys and values, contiguous: they are projected once (the encoder output) and read
@@ -205,7 +223,9 @@ class FastAttention(MultiHeadAttention):
         dropout = self.dropout if self.training else 0.0
         out, weights = fast_attention(q, k, v, mask, dropout, is_causal, need_weights, self.scale)
         b, _, t, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(b, t, -1)), weights       # (B, Tq, D)
+        # (B, Tq, H*Dh); one query: the same order of elements, one op fewer each step
+        merged = out.reshape(b, 1, -1) if t == 1 else out.transpose(1, 2).reshape(b, t, -1)
+        return self.out_proj(merged), weights                                        # (B, Tq, D)
 
 
 class FastFeedForward(FeedForward):
@@ -214,5 +234,6 @@ class FastFeedForward(FeedForward):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.activation == "relu" and isinstance(self.fc1, OneDNNLinear):
-            return self.fc2(self.dropout(self.fc1.forward_relu(x)))
+            h = self.fc1.forward_relu(x)
+            return self.fc2(self.dropout(h) if self.training else h)
         return super().forward(x)

@@ -44,6 +44,7 @@ class PooledLayerCache:
     pools: tuple | None = None        # ((k, v) flat pool holding self_k/self_v, (k, v) the other)
     pending: Tensor | None = None     # (B',) rows to gather at the next append
     room: int = 0                     # positions per head of the layout self_k/self_v are the start of
+    layout: tuple | None = None       # that layout: (B, H, room, Dh) views of pools[0] (k, v)
     key_mask = None                   # every entry is a position written so far (see LayerCache)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -51,12 +52,9 @@ class PooledLayerCache:
         t = 0 if self.self_k is None else self.self_k.shape[2]
         b, h, n_new, dh = k.shape
         if self.pending is None and self.self_k is not None and t + n_new <= self.room:  # in place
-            views = []
-            for pool, new in zip(self.pools[0], (k, v)):
-                full = pool[:b * h * self.room * dh].view(b, h, self.room, dh)
-                full[:, :, t:t + n_new] = new
-                views.append(full[:, :, :t + n_new])
-            self.self_k, self.self_v = views
+            for full, new in zip(self.layout, (k, v)):
+                full.narrow(2, t, n_new).copy_(new)
+            self.self_k, self.self_v = (full.narrow(2, 0, t + n_new) for full in self.layout)
             return self.self_k, self.self_v
         # a gather writes contiguous entries (its fast copy); otherwise leave room to grow in place
         room = t + n_new + (CACHE_CHUNK if self.pending is None else 0)
@@ -73,8 +71,9 @@ class PooledLayerCache:
             elif old is not None:
                 full[:, :, :t] = old
             full[:, :, t:t + n_new] = new
-            views.append(full[:, :, :t + n_new])
-        self.self_k, self.self_v = views
+            views.append(full)
+        self.layout = tuple(views)
+        self.self_k, self.self_v = (full.narrow(2, 0, t + n_new) for full in views)
         self.pools, self.pending, self.room = (other, current), None, room
         return self.self_k, self.self_v
 
@@ -89,7 +88,7 @@ class PooledLayerCache:
             return PooledLayerCache(None, None, cross_k, cross_v)
         pending = index if self.pending is None else self.pending.index_select(0, index)
         out = PooledLayerCache(self.self_k, self.self_v, cross_k, cross_v, self.pools, pending)
-        self.self_k = self.self_v = self.pools = self.pending = None       # spent: pools move on
+        self.self_k = self.self_v = self.pools = self.pending = self.layout = None  # spent: pools move on
         return out
 
 

@@ -4,7 +4,8 @@ PyTorch's CPU ``F.linear`` calls the BLAS it was built with (MKL), which on some
 in particular) takes a slower code path and scales badly across threads; oneDNN, which PyTorch
 also ships, picks its kernels by instruction set (BENCHMARKS.md, "Decoding speed", has the
 measurements). :class:`OneDNNLinear` keeps every parameter object, name and tie, and falls
-back to ``F.linear`` whenever gradients, autocast or a non-CPU/non-fp32 tensor are involved.
+back to ``F.linear`` whenever gradients, autocast or a non-CPU/non-fp32 tensor are involved, and
+for small products (few rows).
 
 Dynamic quantisation (Jacob et al., 2018; PyTorch's ``quantize_dynamic``) stores each
 ``nn.Linear`` weight as int8 with a per-tensor scale and quantises activations on the fly, per
@@ -33,6 +34,11 @@ logger = logging.getLogger(__name__)
 # is valid for any number of rows; 1 selects a slow path, a decoding batch's row count does not.
 PACK_ROWS = 64
 
+# Below this many multiply-adds (rows x in x out) a call takes F.linear: there oneDNN's fixed cost
+# per call outweighs its faster kernel (BENCHMARKS.md, "Per-step overhead"), e.g. for the few rows
+# left at the end of a greedy batch, or a one-sentence request.
+ONEDNN_MIN_MACS = 2**19
+
 
 @functools.lru_cache(maxsize=None)
 def onednn_available() -> bool:
@@ -58,11 +64,13 @@ class OneDNNLinear(nn.Linear):
 
     The weight is used in oneDNN's own blocked layout, reordered once and kept beside the
     parameter (rebuilt when the parameter's storage or version counter changes): reordering
-    it on every call costs a sizeable share of a small matmul's time.
+    it on every call costs a sizeable share of a small matmul's time. Products smaller than
+    ``ONEDNN_MIN_MACS`` take ``F.linear``.
     """
 
     def _fast(self, x: Tensor) -> bool:
         return (x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
+                and x.numel() * self.out_features >= ONEDNN_MIN_MACS
                 and not torch.is_autocast_enabled("cpu") and self.weight.dtype == torch.float32)
 
     def _packed_weight(self) -> Tensor:
