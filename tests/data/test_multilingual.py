@@ -3,6 +3,8 @@ translation into a chosen language, and the one-line errors."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -127,6 +129,15 @@ def test_with_tag_tags_or_refuses_in_one_line():
         assert str(err.value).startswith("decode.tgt_lang: ") and "\n" not in str(err.value)
 
 
+def test_a_line_tagged_already_keeps_its_one_tag_or_refuses_another_language():
+    tags = {"de": 10, "fr": 11}
+    assert with_tag(["<2de> a b", "a b", "<2de>"], "de", tags) == ["<2de> a b", "<2de> a b", "<2de>"]
+    assert with_tag(["<2xx> a b"], "de", tags) == ["<2de> <2xx> a b"]  # no tag of this model: a word
+    with pytest.raises(ConfigError, match=re.escape("is 'de', but this line is tagged for 'fr': '<2fr> a\\nb'")) as err:
+        with_tag(["a b", "<2fr> a\nb"], "de", tags)
+    assert "\n" not in str(err.value)
+
+
 def _tiny_model(tok: Tokenizer):
     from transduce.model import Transformer
     torch.manual_seed(0)
@@ -188,11 +199,19 @@ def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(tagge
     src = tmp_path / "in.txt"
     src.write_text("the dog runs\na cat sleeps\n", encoding="utf-8")
     assert main(["translate", str(model_dir), "--input", str(src), "--tgt-lang", "fr"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 2
+    want = capsys.readouterr().out
+    assert len(want.splitlines()) == 2
     for extra, message in (([], "say which (--tgt-lang)"), (["--tgt-lang", "cs"], "unknown target language 'cs'")):
         assert main(["translate", str(model_dir), "--input", str(src), *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err
+    src.write_text("<2fr> the dog runs\na cat sleeps\n", encoding="utf-8")  # one line tagged already: kept once
+    assert main(["translate", str(model_dir), "--input", str(src), "--tgt-lang", "fr"]) == 0
+    assert capsys.readouterr().out == want
+    out = tmp_path / "out.txt"
+    assert main(["translate", str(model_dir), "--input", str(src), "--tgt-lang", "de", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "tagged for 'fr': '<2fr> the dog runs'" in err and "\n" not in err and not out.exists()
 
 
 
@@ -226,6 +245,8 @@ def test_cli_score_takes_tgt_lang_as_translate_does(tagged_tokenizer, tmp_path, 
     want = capsys.readouterr().out
     assert main([*args, "--src", str(tmp_path / "src"), "--tgt-lang", "fr"]) == 0
     assert capsys.readouterr().out == want
+    assert main([*args, "--src", str(tmp_path / "tagged"), "--tgt-lang", "fr"]) == 0
+    assert capsys.readouterr().out == want  # tagged already: not twice
     assert main([*args, "--src", str(tmp_path / "src"), "--tgt-lang", "de"]) == 0
     assert capsys.readouterr().out != want  # the tag is the model's input: another language, another score
     for extra, message in (([], "say which (--tgt-lang)"), (["--tgt-lang", "cs"], "unknown target language 'cs'")):

@@ -53,6 +53,10 @@ def test_the_server_takes_tgt_lang_and_answers_422_without_it(tagged_server):
         for body, message in MISSING:
             r = c.post("/translate", json={"sentences": ["the dog runs"], **body})
             assert r.status_code == 422 and message in r.json()["error"]
+        r = c.post("/translate", json={"sentences": ["<2fr> the dog runs"], "tgt_lang": "fr"})
+        assert r.status_code == 200 and r.json() == {"translations": want}  # tagged already: the tag once
+        r = c.post("/translate", json={"sentences": ["a cat sleeps", "<2fr> the dog runs"], "tgt_lang": "de"})
+        assert r.status_code == 422 and "tagged for 'fr': '<2fr> the dog runs'" in r.json()["error"]
 
 
 def _stream(httpx, url: str, body: dict) -> tuple[int, list[tuple[str, dict]]]:

@@ -47,21 +47,31 @@ def tagged(text: str, lang: str) -> str:
 
 def with_tag(texts: Sequence[str], tgt_lang: str | None, tags: dict[str, int]) -> list[str]:
     """The inputs of a model trained with target-language ``tags`` (lang -> id): each text tagged
-    with ``tgt_lang``; without it each text must begin with a known tag already. A model without
-    tags takes the texts as they are (and no ``tgt_lang``). ConfigError, one line, otherwise."""
+    with ``tgt_lang``, but a text that begins with a known tag already keeps it alone (a tag naming
+    another language than ``tgt_lang`` is an error naming the text); without ``tgt_lang`` each text
+    must begin with a known tag. A model without tags takes the texts as they are (and no
+    ``tgt_lang``). ConfigError, one line, otherwise."""
     known = ", ".join(sorted(tags))
     if not tags:
         if tgt_lang is not None:
             raise ConfigError(f"decode.tgt_lang: {tgt_lang!r} given, but this model was not trained with "
                               "target-language tags (data.pairs)")
         return list(texts)
+    own = {lang_tag(k): k for k in tags}
     if tgt_lang is None:
-        if all(text.split(" ", 1)[0] in {lang_tag(k) for k in tags} for text in texts):
+        if all(text.split(" ", 1)[0] in own for text in texts):
             return list(texts)
         raise ConfigError(f"decode.tgt_lang: this model translates into {known}: say which (--tgt-lang)")
     if tgt_lang not in tags:
         raise ConfigError(f"decode.tgt_lang: unknown target language {tgt_lang!r}; this model knows {known}")
-    return [tagged(text, tgt_lang) for text in texts]
+    out = []
+    for text in texts:
+        lang = own.get(text.split(" ", 1)[0])
+        if lang is not None and lang != tgt_lang:  # the line quoted: a file is read in chunks
+            raise ConfigError(f"decode.tgt_lang: is {tgt_lang!r}, but this line is tagged for {lang!r}: "
+                              f"{text[:60]!r}")
+        out.append(text if lang is not None else tagged(text, tgt_lang))
+    return out
 
 
 def tag_length(tokens: Sequence[int], pieces: Sequence[str], tag_ids: Collection[int]) -> int:
