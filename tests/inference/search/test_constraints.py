@@ -4,6 +4,7 @@ appears, scores stay the model's own, bank order as dynamic beam allocation says
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -88,11 +89,11 @@ def test_constraints_refuse_sampling_and_static(spec):
 def test_progress_follows_the_output():
     phrases = constraint_ids([[[5, 6, 7], [9]]])                          # (1, 2, 3)
     state = ConstraintBeams.start(phrases)
-    rows, lengths = state.sentence_rows(torch.tensor([0]))
+    rows, lengths, _ = state.sentence_rows(torch.tensor([0]))
     trace = []
     for token in [5, 6, 8, 5, 6, 7, 9]:  # "5 6" interrupted by 8, then "5 6 7" and "9"
         met, cur, done = state.step(rows, lengths, torch.tensor([token]))
-        state = ConstraintBeams(phrases, met, cur, done)
+        state = replace(state, met=met, cur=cur, done=done)
         trace.append(int(state.progress(lengths, met, done)))
     assert trace == [1, 2, 0, 1, 2, 3, 4]
     assert bool(state.all_met(lengths, state.met))
@@ -152,31 +153,41 @@ def test_a_met_phrase_does_not_block_a_longer_one_that_ends_with_it():
         assert _contains(out.hypothesis(i), [8, 5]) and _contains(out.hypothesis(i), [5])
 
 
-def _follow(phrases: list[list[int]], output: list[int]) -> tuple[ConstraintBeams, Tensor, Tensor]:
+def _follow(phrases: list[list[int]], output: list[int]) -> tuple[ConstraintBeams, Tensor, Tensor, Tensor]:
     """The state after ``output``, each phrase met wherever the output comes to end with it."""
     ids = constraint_ids([phrases])
     state = ConstraintBeams.start(ids)
-    rows, lengths = state.sentence_rows(torch.tensor([0]))
+    rows, lengths, copies = state.sentence_rows(torch.tensor([0]))
     for t, token in enumerate(output):
         ready = ready_to_complete(rows, lengths, torch.tensor([output[:t]]))
-        state = ConstraintBeams(ids, *state.step(rows, lengths, torch.tensor([token]), ready))
-    return state, rows, lengths
+        met, cur, done = state.step(rows, lengths, torch.tensor([token]), ready, copies)
+        state = replace(state, met=met, cur=cur, done=done)
+    return state, rows, lengths, copies
+
+
+def test_copies_are_the_same_phrases_of_each_sentence():
+    state = ConstraintBeams.start(constraint_ids([[[5, 6], [9], [5, 6]], [[9], [9, 4]]]))
+    phrases = state.phrases
+    assert torch.equal(state.copies, (phrases.unsqueeze(2) == phrases.unsqueeze(1)).all(dim=3))
+    assert state.copies[0].tolist() == [[True, False, True], [False, True, False], [True, False, True]]
+    rows, _, copies = state.sentence_rows(torch.tensor([1, 0]))  # one row per sentence here
+    assert torch.equal(rows, phrases[[1, 0]]) and torch.equal(copies, state.copies[[1, 0]])
 
 
 def test_a_phrase_is_met_wherever_the_output_ends_with_it():
-    state, _, _ = _follow([[4, 5], [4, 6], [6, 7, 8], [7], [7]], [4, 6, 7, 8])
+    state, *_ = _follow([[4, 5], [4, 6], [6, 7, 8], [7], [7]], [4, 6, 7, 8])
     assert state.met.tolist() == [[False, True, True, True, False]]  # "4 6" begun as "4 5"; "7" inside "6 7 8", once
-    state, _, _ = _follow([[5], [5]], [5, 9, 5])
+    state, *_ = _follow([[5], [5]], [5, 9, 5])
     assert state.met.tolist() == [[True, True]]
 
 
 def test_repeats_names_the_completing_token_of_spent_phrases():
-    state, rows, lengths = _follow([[5, 6], [9], [9]], [5, 6, 9])   # "9" given twice
+    state, rows, lengths, copies = _follow([[5, 6], [9], [9]], [5, 6, 9])   # "9" given twice
     extra = state.next_tokens(rows, lengths)
     ready = ready_to_complete(rows, lengths, torch.tensor([[5, 6, 9, 5]]))
-    assert state.repeats(rows, lengths, ready, extra).tolist() == [[6, -1, -1]]  # "5 6" spent; "9" has a copy left
+    assert state.repeats(rows, lengths, copies, ready, extra).tolist() == [[6, -1, -1]]  # "5 6" spent, "9" not
     ready = ready_to_complete(rows, lengths, torch.tensor([[5, 6, 9, 4]]))
-    assert state.repeats(rows, lengths, ready, extra).tolist() == [[-1, -1, -1]]
+    assert state.repeats(rows, lengths, copies, ready, extra).tolist() == [[-1, -1, -1]]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])

@@ -34,8 +34,8 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ..speed import new_cache, prepared
-from .common import (AttentionChoice, BatchVocab, Seq2Seq, SearchOutput, StepHook, best_tokens, cross_attention_row,
-                     forced_tokens, length_penalty, max_lengths, step_log_probs)
+from .common import (AttentionChoice, BatchVocab, BlockHook, Seq2Seq, SearchOutput, StepHook, best_tokens,
+                     cross_attention_row, forced_tokens, length_penalty, max_lengths)
 from .repetition import Repetition
 
 if TYPE_CHECKING:  # constraints.py builds on this module's Beams and Candidates
@@ -271,16 +271,13 @@ def _beam_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig, attention: A
         if need_attention:
             attn = cross_attention_row(out.cross_attentions, attention)
             attn = attn.float().view(*beams.scores.shape, -1)             # (B, k, S)
+        def best(hook: BlockHook | None = None) -> tuple[Tensor, Tensor]:  # (N, w) each
+            return best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat, vocab, hook)
+
         if cons is None:
-            row_logp, row_token = best_tokens(model, states, cfg, step, decode.min_len, 2 * beam, forced, repeat,
-                                             vocab)
-            cand = candidates(row_logp, row_token, beams, beam, step, cfg.eos_id)  # from (N, w) each
-        else:
-            cand = cons.candidates(  # told the log-probs of rows a:b, scored in blocks as best_tokens
-                lambda a, b: step_log_probs(model.output_proj(states[a:b]), cfg, step, decode.min_len,
-                                            None if forced is None else forced[a:b],
-                                            None if repeat is None else repeat.rows(a, b)),
-                beams, beam, step, cfg.eos_id, forced)
+            cand = candidates(*best(), beams, beam, step, cfg.eos_id)
+        else:  # its refusals written into the log-probs as best_tokens scores them
+            cand = cons.candidates(best, beams, beam, step, cfg.eos_id, forced)
         if bool(cand.ends.any()):
             finish(fin, beams, cand, step, decode.lenpen, cfg.pad_id, attn)
         beams, rows = advance(beams, cand, beam, attn)

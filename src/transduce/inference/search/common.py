@@ -166,6 +166,9 @@ def forced_tokens(prefix: Tensor | None, sentence: Tensor, step: int) -> Tensor 
     return prefix[sentence, step]
 
 
+# What :func:`best_tokens` shows each block of log-probs (rows start:start + R, V) before its top-k.
+BlockHook = Callable[[Tensor, int], None]
+
 # Rows scored at a time on CPU by :func:`best_tokens`: the projection, log-softmax and top-k of
 # a (rows, V) block of logits run while it is still in the CPU cache, which pays for large
 # beam batches and changes nothing for small ones (BENCHMARKS.md, "Decoding speed").
@@ -209,15 +212,17 @@ class BatchVocab:
 
 def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
                 k: int, forced: Tensor | None = None, repeat: Repetition | None = None,
-                vocab: BatchVocab | None = None) -> tuple[Tensor, Tensor]:
+                vocab: BatchVocab | None = None, hook: BlockHook | None = None) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
     projected ``states`` (``forced`` tokens and ``repeat`` as it says), then :func:`topk_rows`,
-    in blocks of ``SCORE_ROWS`` rows on CPU. With a ``vocab`` shortlist (and neither ``forced``
-    tokens nor ``repeat``, which read the whole vocabulary), only over its ids.
+    in blocks of ``SCORE_ROWS`` rows on CPU. ``hook(logp, start)`` is shown each block's
+    log-probs (rows start:start + R, V) before the top-k and may change them in place
+    (constrained search's refusals). With a ``vocab`` shortlist (and neither ``forced`` tokens,
+    ``repeat`` nor a ``hook``, which read the whole vocabulary), only over its ids.
 
     Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V) (min(k, U) with ``vocab``).
     """
-    if vocab is not None and forced is None and repeat is None:
+    if vocab is not None and forced is None and repeat is None and hook is None:
         with scope(SOFTMAX):
             logp = step_log_probs(F.linear(states, vocab.weight, vocab.bias), vocab.specials, step, min_len)  # (N, U)
             values, cols = logp.topk(min(k, logp.shape[-1]), dim=1)
@@ -228,6 +233,8 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
         logp = step_log_probs(model.output_proj(block), config, step, min_len,
                               None if forced is None else forced[start:stop],
                               None if repeat is None else repeat.rows(start, stop))  # (rows, V)
+        if hook is not None:
+            hook(logp, start)
         return topk_rows(logp, min(k, logp.shape[-1]))
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)

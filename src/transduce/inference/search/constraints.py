@@ -36,7 +36,7 @@ longest phrase, V vocabulary, w = min(2K, V) best tokens per row, M candidates p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ...errors import ConfigError
 from .beam import Beams, Candidates
-from .common import SCORE_ROWS, topk_rows
+from .common import BlockHook
 
 
 def constraint_ids(phrases: list[list[list[int]]], device: torch.device | str = "cpu") -> Tensor | None:
@@ -78,6 +78,7 @@ class ConstraintBeams:
     """Each alive hypothesis' progress through its sentence's constraints."""
 
     phrases: Tensor  # (B0, C, L) every input sentence's constraint ids, -1-padded
+    copies: Tensor   # (B0, C, C) bool: phrases i and j of a sentence are the same (set up once)
     met: Tensor      # (N, C) bool: phrases completed
     cur: Tensor      # (N,) the phrase in progress, -1: none
     done: Tensor     # (N,) its tokens produced so far
@@ -94,15 +95,17 @@ class ConstraintBeams:
         b, c, _ = phrases.shape
         device = phrases.device
         closed = None if inside is None else torch.zeros(b, dtype=torch.bool, device=device)
-        return ConstraintBeams(phrases, torch.zeros(b, c, dtype=torch.bool, device=device),
+        copies = (phrases.unsqueeze(2) == phrases.unsqueeze(1)).all(dim=3)  # (B0, C, C)
+        return ConstraintBeams(phrases, copies, torch.zeros(b, c, dtype=torch.bool, device=device),
                                torch.full((b,), -1, device=device), torch.zeros(b, dtype=torch.long, device=device),
                                inside, closed)
 
-    def sentence_rows(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """The phrases (N, C, L) and their lengths (N, C) of each row, from its sentence's ``ids``."""
+    def sentence_rows(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The phrases (N, C, L), their lengths (N, C) and copies (N, C, C) of each row, from its
+        sentence's ``ids``."""
         k = self.met.shape[0] // ids.shape[0]
         rows = self.phrases[ids].repeat_interleave(k, dim=0)
-        return rows, (rows >= 0).sum(dim=2)
+        return rows, (rows >= 0).sum(dim=2), self.copies[ids].repeat_interleave(k, dim=0)
 
     @staticmethod
     def all_met(lengths: Tensor, met: Tensor) -> Tensor:
@@ -126,11 +129,12 @@ class ConstraintBeams:
         return torch.where(going.unsqueeze(1), in_progress, first)
 
     def step(self, phrases: Tensor, lengths: Tensor, token: Tensor,
-             ready: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+             ready: Tensor | None = None, copies: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Each row's (met, cur, done) after it outputs ``token`` (N,). With ``ready`` (N, C)
-        (:func:`ready_to_complete` of the output before ``token``), a phrase is met wherever the
-        output comes to end with it (one unmet copy per occurrence), tracked or not: inside another
-        phrase, or begun while another was in progress; without it, only the tracked phrase."""
+        (:func:`ready_to_complete` of the output before ``token``) and the rows' ``copies``
+        (N, C, C), a phrase is met wherever the output comes to end with it (one unmet copy per
+        occurrence), tracked or not: inside another phrase, or begun while another was in
+        progress; without them, only the tracked phrase."""
         n, c, length = phrases.shape
         rows = torch.arange(n, device=token.device)
         expected = phrases[rows, self.cur.clamp(min=0), self.done.clamp(max=length - 1)]
@@ -142,12 +146,12 @@ class ConstraintBeams:
         cur = torch.where(restart, starts.long().argmax(dim=1), cur)
         done = torch.where(restart, 1, done)
         complete = (cur >= 0) & (done == lengths.gather(1, cur.clamp(min=0).unsqueeze(1)).squeeze(1))
-        if ready is None:
+        if ready is None or copies is None:
             met = self.met | (F.one_hot(cur.clamp(min=0), c).bool() & complete.unsqueeze(1))
         else:
             occurs = ready & (last_tokens(phrases, lengths) == token.unsqueeze(1)) & ~self.met  # (N, C)
             earlier = torch.ones(c, c, dtype=torch.bool, device=token.device).tril(-1)         # (C, C): j' < j
-            copy_before = (same_phrases(phrases) & earlier & occurs.unsqueeze(1)).any(dim=2)
+            copy_before = (copies & earlier & occurs.unsqueeze(1)).any(dim=2)
             met = self.met | (occurs & ~copy_before)                      # the first unmet copy of each
         return met, torch.where(complete, -1, cur), torch.where(complete, 0, done)
 
@@ -162,37 +166,37 @@ class ConstraintBeams:
         pick = rows * m + (token[rows] == last).int().argmax(dim=1)          # (N',) into the N*m candidates
         met = met[pick]
         closed = None if self.inside is None else (met & ~self.met[rows]).any(dim=1)
-        return ConstraintBeams(self.phrases, met, cur[pick], done[pick], self.inside, closed)
+        return ConstraintBeams(self.phrases, self.copies, met, cur[pick], done[pick], self.inside, closed)
 
-    def repeats(self, phrases: Tensor, lengths: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
-        """(N, C) the token that would complete each phrase again, where every copy of it is met
-        and the output is ``ready`` (N, C) for it (:func:`ready_to_complete`); -1 elsewhere and
-        where the token is one of ``extra`` (N, C), those that advance an unmet phrase
-        (:meth:`next_tokens`)."""
-        spent = (~same_phrases(phrases) | self.met.unsqueeze(1)).all(dim=2)  # (N, C) every copy met
+    def repeats(self, phrases: Tensor, lengths: Tensor, copies: Tensor, ready: Tensor, extra: Tensor) -> Tensor:
+        """(N, C) the token that would complete each phrase again, where every one of its
+        ``copies`` (N, C, C) is met and the output is ``ready`` (N, C) for it
+        (:func:`ready_to_complete`); -1 elsewhere and where the token is one of ``extra`` (N, C),
+        those that advance an unmet phrase (:meth:`next_tokens`)."""
+        spent = (~copies | self.met.unsqueeze(1)).all(dim=2)               # (N, C) every copy met
         last = last_tokens(phrases, lengths)
         allowed = (last.unsqueeze(2) == extra.unsqueeze(1)).any(dim=2)
         return last.masked_fill(~(ready & spent) | allowed, -1)
 
-    def candidates(self, score: Callable[[int, int], Tensor], beams: Beams, beam: int, step: int, eos_id: int,
-                   forced: Tensor | None = None) -> Candidates:
+    def candidates(self, best: Callable[[BlockHook], tuple[Tensor, Tensor]], beams: Beams, beam: int, step: int,
+                   eos_id: int, forced: Tensor | None = None) -> Candidates:
         """The step's candidates in bank order (see the module doc): each row's best w tokens
         and the tokens that advance its constraints, scored, the top 2K kept; only the first K
         may end, and only with every constraint met; no met phrase is completed again
         (:meth:`repeats`), except by a ``forced`` (N,) prefix token (-1: free). Each candidate's
         progress is kept for :meth:`advanced`.
 
-        ``score(start, stop)`` is the step's log-probs (stop - start, V) of rows start:stop (a
-        fresh tensor, which the refusals overwrite); they are asked for in blocks of
-        ``SCORE_ROWS`` rows on CPU, as :func:`~transduce.inference.search.common.best_tokens` does.
+        ``best(hook)`` is each row's 2K best (log-probs, tokens) of the step, ``hook`` shown each
+        block of log-probs before the top-k: :func:`~transduce.inference.search.common.best_tokens`,
+        whose hook here writes the refusals in and reads the ``extra`` tokens' log-probs.
 
         Shape: -> Candidates of width min(2K, M).
         """
-        phrases, lengths = self.sentence_rows(beams.ids)
+        phrases, lengths, copies = self.sentence_rows(beams.ids)
         b, k = beams.scores.shape
         extra = self.next_tokens(phrases, lengths)                        # (N, C)
         ready = ready_to_complete(phrases, lengths, beams.tokens.view(b * k, -1)[:, 1:])
-        again = self.repeats(phrases, lengths, ready, extra)
+        again = self.repeats(phrases, lengths, copies, ready, extra)
         if forced is not None:
             again = again.masked_fill(forced.unsqueeze(1) >= 0, -1)
         glued = None
@@ -200,7 +204,8 @@ class ConstraintBeams:
             glued = self.closed if forced is None else self.closed & (forced < 0)
             glued = glued if bool(glued.any()) else None
         refusals = _Refusals(eos_id, ~self.all_met(lengths, self.met), again, extra, glued, self.inside)
-        top_logp, top_token, extra_logp = refusals.best(score, b * k, 2 * beam, beams.scores.device)  # (N, w), (N, C)
+        top_logp, top_token = best(refusals.apply)                       # (N, w) each
+        extra_logp = torch.cat(refusals.extra_logp) if len(refusals.extra_logp) > 1 else refusals.extra_logp[0]
         c = extra.shape[1]
         earlier = torch.ones(c, c, dtype=torch.bool, device=extra.device).tril(-1)  # (C, C): j < i
         repeated = ((extra.unsqueeze(2) == extra.unsqueeze(1)) & earlier).any(dim=2)
@@ -209,11 +214,11 @@ class ConstraintBeams:
         token = torch.cat([top_token, extra.clamp(min=0)], dim=1)        # (N, m), m = w + C
         m = token.shape[1]
         total = (beams.scores.view(-1, 1) + torch.cat([top_logp, extra_logp], dim=1)).view(b, k * m)
-        grown = ConstraintBeams(self.phrases, self.met.repeat_interleave(m, 0), self.cur.repeat_interleave(m, 0),
-                                self.done.repeat_interleave(m, 0))
+        grown = ConstraintBeams(self.phrases, self.copies, self.met.repeat_interleave(m, 0),
+                                self.cur.repeat_interleave(m, 0), self.done.repeat_interleave(m, 0))
         rows_l = lengths.repeat_interleave(m, 0)
         met, cur, done = grown.step(phrases.repeat_interleave(m, 0), rows_l, token.view(-1),
-                                    ready.repeat_interleave(m, 0))
+                                    ready.repeat_interleave(m, 0), copies.repeat_interleave(m, 0))
         self.grown = token, met, cur, done
         bank = grown.progress(rows_l, met, done).view(b, k * m)
         ends = (token.view(b, k * m) == eos_id) | (beams.limit.unsqueeze(1) <= step + 1)
@@ -237,12 +242,18 @@ class _Refusals:
     extra: Tensor           # (N, C) the tokens that advance a phrase (:meth:`ConstraintBeams.next_tokens`)
     glued: Tensor | None    # (N,) bool: rows that have just completed a phrase (None: no row)
     inside: Tensor | None   # (V,) bool: the pieces that continue a word
+    extra_logp: list[Tensor] = field(default_factory=list)  # (R, C) per block: the ``extra`` tokens' log-probs
 
     def apply(self, logp: Tensor, start: int) -> None:
         """Refuse (-inf, in place) in ``logp``, the log-probs of rows start:start + R: EOS where
         a phrase is unmet, the ``again`` tokens, and where a row ``glued``, the pieces that
-        would continue the word of the phrase it has just completed (but the ``extra`` ones)."""
+        would continue the word of the phrase it has just completed (but the ``extra`` ones);
+        then keep the ``extra`` tokens' log-probs (blocks come in row order)."""
         stop = start + logp.shape[0]
+        self._refuse(logp, start, stop)
+        self.extra_logp.append(logp.gather(1, self.extra[start:stop].clamp(min=0)))
+
+    def _refuse(self, logp: Tensor, start: int, stop: int) -> None:
         logp[:, self.eos_id] = logp[:, self.eos_id].masked_fill(self.unmet[start:stop], -math.inf)
         again = self.again[start:stop]
         never = torch.full(again.shape, math.inf, device=logp.device).masked_fill(again >= 0, -math.inf)
@@ -258,32 +269,10 @@ class _Refusals:
         refused.scatter_(1, extra.clamp(min=0), keep)
         logp[rows] = logp[rows].masked_fill(refused, -math.inf)
 
-    def best(self, score: Callable[[int, int], Tensor], n: int, k: int,
-             device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-        """Each row's ``k`` (at most V) best tokens and the log-probs of its ``extra`` ones, the
-        refusals applied, from ``score`` (see :meth:`ConstraintBeams.candidates`) in blocks of
-        ``SCORE_ROWS`` rows on CPU (each block's work while it is in the cache).
-        -> log-probs (N, w), tokens (N, w), extra log-probs (N, C)."""
-        rows = max(SCORE_ROWS if device.type == "cpu" else n, 1)
-        parts = []
-        for start in range(0, n, rows):
-            logp = score(start, min(start + rows, n))
-            self.apply(logp, start)
-            top_logp, top_token = topk_rows(logp, min(k, logp.shape[1]))
-            parts.append((top_logp, top_token, logp.gather(1, self.extra[start:start + rows].clamp(min=0))))
-        if len(parts) == 1:
-            return parts[0]
-        return tuple(torch.cat(p) for p in zip(*parts))
-
 
 def last_tokens(phrases: Tensor, lengths: Tensor) -> Tensor:
     """(N, C) each phrase's last token (PAD columns: their -1)."""
     return phrases.gather(2, (lengths - 1).clamp(min=0).unsqueeze(2)).squeeze(2)
-
-
-def same_phrases(phrases: Tensor) -> Tensor:
-    """(N, C, C) bool: phrases i and j of a row are the same (copies of one constraint)."""
-    return (phrases.unsqueeze(2) == phrases.unsqueeze(1)).all(dim=3)
 
 
 def ready_to_complete(phrases: Tensor, lengths: Tensor, output: Tensor) -> Tensor:
