@@ -61,12 +61,15 @@ def test_gpt2_import_to_onnx_same_logits_and_greedy_on_real_text(gpt2, tmp_path)
     assert report.checks["max_logit_diff"] < 1e-4 and report.checks["greedy_differences"] == 0
     assert load_tokenizer(tmp_path / "onnx").digest() == load_tokenizer(gpt2).digest()
     model, tok, runner = load_model(gpt2), load_tokenizer(gpt2), OnnxLM(tmp_path / "onnx")
+    gen = GenerationConfig(max_new_tokens=20, temperature=0)
     with torch.no_grad():
         for prompt in _prompts(tok):
-            logits, _ = runner.logits(prompt.numpy())
-            torch.testing.assert_close(torch.from_numpy(logits), model(prompt), rtol=0, atol=1e-4)
-            want = generate_ids(model, prompt, GenerationConfig(max_new_tokens=20, temperature=0))
-            assert runner.greedy(prompt.numpy(), 20) == want
+            torch.testing.assert_close(runner.decode(prompt).logits, model(prompt), rtol=0, atol=1e-4)
+            want = generate_ids(model, prompt, gen)
+            assert generate_ids(runner, prompt, gen) == want  # the same search over the graph: the same tokens
+        shortest = min(p.shape[1] for p in _prompts(tok))
+        prompts = torch.cat([p[:, :shortest] for p in _prompts(tok)])  # a batch: rows ending at different steps
+        assert generate_ids(runner, prompts, gen) == generate_ids(model, prompts, gen)
 
 
 def test_gpt2_import_to_ctranslate2_same_logits_and_greedy_on_real_text(gpt2, tmp_path):

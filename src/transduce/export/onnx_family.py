@@ -5,15 +5,18 @@ model's ``decoder.onnx`` (:mod:`~transduce.export.onnx_export`)::
 
     tokens (B, 1) int64, self_k_i / self_v_i (B, H, t, Dh) -> logits (B, V), new_self_k_i / new_self_v_i (B, H, t+1, Dh)
 
-A prompt is fed a token at a time from an empty cache (t = 0), then each greedy token.
+A prompt is fed a token at a time from an empty cache (t = 0), then each generated token.
 
 ``encoder.onnx`` (encoder_only): ids (B, T) int64 (and ``token_types`` (B, T) int64 where the
 model has two or more token types; RoBERTa's single type is inside the graph) -> ``logits``: the
 masked-LM logits (B, T, V) or the class logits (B, K); with a next-sentence head also
 ``nsp_logits`` (B, 2). Rows are right-padded with PAD, which no position attends to.
 
-:class:`OnnxLM` and :class:`OnnxEncoder` are the small numpy + onnxruntime runners the
-verification uses.
+:class:`OnnxLM` presents ``lm.onnx`` in ONNX Runtime as the model interface generation uses
+(``decode`` with a cache, ``new_cache``, ``output_proj``), so the verification's greedy
+continuations are :func:`~transduce.inference.search.lm.generate_ids` over it, the search eager
+models run (as :class:`~transduce.inference.graphs.GraphModel` for the translation graphs).
+:class:`OnnxEncoder` runs ``encoder.onnx``.
 
 Legend: B batch, T length, t cached positions, H heads, Dh head dim, V vocabulary, K classes.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +34,9 @@ from torch import Tensor, nn
 
 from ..config import GenerationConfig
 from ..errors import require
+from ..inference.graphs import GraphCache, ort_sessions
 from ..model.attention import KVCache, LayerCache
+from ..model.transformer import DecoderOutput
 from .base import load_for_export
 from .onnx_export import META, OPSET, _export, _names
 from .verify import check_close
@@ -65,63 +71,59 @@ class EncoderOnlyGraph(nn.Module):
         return (head, self.model.next_sentence_logits(states)) if self.model.config.nsp else (head,)
 
 
-def _session(path: Path, threads: int | None):
-    ort = require("onnxruntime", "export")
-    opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+@dataclass(frozen=True)
+class LMGraphConfig:
+    """What generation reads of a model's config, from the graph's onnx_config.json."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    max_positions: int
 
 
-class OnnxLM:
-    """Teacher-forced logits and greedy continuations with ``lm.onnx`` in ONNX Runtime.
+class OnnxLM(nn.Module):
+    """``lm.onnx`` in ONNX Runtime as a decoder-only model for generation (module docstring):
+    ``decode`` feeds the step graph a token at a time, its logits the states.
 
     Examples:
-        >>> lm = OnnxLM("exported/onnx")                               # doctest: +SKIP
-        >>> lm.greedy(np.array([[1, 57, 12]]), max_new_tokens=5)       # doctest: +SKIP
+        >>> lm = OnnxLM("exported/onnx")                                  # doctest: +SKIP
+        >>> gen = GenerationConfig(max_new_tokens=5, temperature=0)
+        >>> generate_ids(lm, torch.tensor([[1, 57, 12]]), gen)            # doctest: +SKIP
         [[31, 8, 44, 9, 17]]
     """
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
+        super().__init__()
         root = Path(directory)
         self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        self.session = _session(root / LM, threads)
-
-    def step(self, tokens: np.ndarray, kv: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """tokens (B, 1) and the caches -> logits (B, V) and the caches one position longer."""
-        feeds = {"tokens": tokens.astype(np.int64), **dict(zip(_names(self.meta["n_layers"], "self"), kv))}
-        logits, *new = self.session.run(None, feeds)
-        return logits, new
-
-    def logits(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Next-token logits at every position of ``ids`` (B, T) -> (B, T, V), and the caches."""
+        (self.session,) = ort_sessions(root, threads, names=(LM,))
         m = self.meta
-        kv = [np.zeros((ids.shape[0], m["n_heads"], 0, m["head_dim"]), np.float32)] * (2 * m["n_layers"])
-        out = []
+        self.config = LMGraphConfig(m["pad_id"], m["bos_id"], m["eos_id"], m["max_positions"])
+        self.names = _names(m["n_layers"], "self")
+
+    def new_cache(self) -> GraphCache:
+        return GraphCache()
+
+    def decode(self, tgt: Tensor, cache: GraphCache | None = None, project: bool = True) -> DecoderOutput:
+        """tgt (B, T) after the ``cache`` (extended in place; None: an empty one) -> states =
+        logits (B, T, V)."""
+        cache = GraphCache() if cache is None else cache
+        if cache.self_kv is None:
+            m = self.meta
+            cache.self_kv = [torch.zeros(tgt.shape[0], m["n_heads"], 0, m["head_dim"])] * len(self.names)
+        ids, out = tgt.cpu().numpy().astype(np.int64), []
         for t in range(ids.shape[1]):
-            logits, kv = self.step(ids[:, t: t + 1], kv)
-            out.append(logits)
-        return np.stack(out, axis=1), kv
+            logits, *kv = self.session.run(None, {"tokens": ids[:, t: t + 1],
+                                                  **{n: c.numpy() for n, c in zip(self.names, cache.self_kv)}})
+            cache.self_kv = [torch.from_numpy(c) for c in kv]                # 2 x layers of (B, H, t+1, Dh)
+            out.append(logits)                                               # (B, V)
+            cache.length += 1
+        states = torch.from_numpy(np.stack(out, axis=1)).float()             # (B, T, V)
+        return DecoderOutput(states, states if project else None, cache)
 
-    def greedy(self, prompts: np.ndarray, max_new_tokens: int) -> list[list[int]]:
-        """Greedy continuations of ``prompts`` (B, P), BOS first, as ``transduce generate
-        --temperature 0``: never PAD or BOS, each row up to its EOS (left out), at most
-        ``max_new_tokens`` and never past ``max_positions``."""
-        m = self.meta
-        logits, kv = self.logits(prompts)
-        logits = logits[:, -1]
-        out: list[list[int]] = [[] for _ in range(prompts.shape[0])]
-        done = np.zeros(prompts.shape[0], dtype=bool)
-        for _ in range(min(max_new_tokens, m["max_positions"] - prompts.shape[1])):
-            logits[:, m["never_generated"]] = -np.inf
-            token = logits.argmax(axis=-1)                                   # (B,)
-            done |= token == m["eos_id"]
-            for i in np.flatnonzero(~done):
-                out[i].append(int(token[i]))
-            if done.all():
-                break
-            logits, kv = self.step(token[:, None], kv)
-        return out
+    def output_proj(self, states: Tensor) -> Tensor:
+        """The identity: the graph's outputs are already logits."""
+        return states
 
 
 class OnnxEncoder:
@@ -130,7 +132,7 @@ class OnnxEncoder:
     def __init__(self, directory: str | os.PathLike, threads: int | None = None):
         root = Path(directory)
         self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        self.session = _session(root / ENCODER, threads)
+        (self.session,) = ort_sessions(root, threads, names=(ENCODER,))
 
     def run(self, ids: np.ndarray, token_types: np.ndarray | None = None) -> dict[str, np.ndarray]:
         feeds = {"ids": ids.astype(np.int64)}
@@ -194,12 +196,11 @@ def verify_onnx_lm(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str,
 
     cfg, runner = model.config, OnnxLM(out)
     prompts = probe_prompts(cfg, length=min(7, cfg.max_positions - 1))
-    got, _ = runner.logits(prompts.numpy())
-    checks: dict[str, object] = {"max_logit_diff": check_close("ONNX Runtime logits", torch.from_numpy(got),
-                                                               model(prompts), atol)}
-    new = min(12, cfg.max_positions - prompts.shape[1])
-    want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
-    differences = sum(a != b for a, b in zip(runner.greedy(prompts.numpy(), new), want))
+    got = runner.decode(prompts).logits
+    checks: dict[str, object] = {"max_logit_diff": check_close("ONNX Runtime logits", got, model(prompts), atol)}
+    gen = GenerationConfig(max_new_tokens=min(12, cfg.max_positions - prompts.shape[1]), temperature=0)
+    want = generate_ids(model, prompts, gen)
+    differences = sum(a != b for a, b in zip(generate_ids(runner, prompts, gen), want))
     if differences:
         raise ExportError(f"verification failed: ONNX greedy output differs from ours in {differences} of "
                           f"{len(want)} probes")

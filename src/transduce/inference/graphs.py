@@ -58,15 +58,16 @@ class Steps(Protocol):
     def step(self, feeds: dict[str, Tensor]) -> list[Tensor]: ...
 
 
-def ort_sessions(root: Path, threads: int | None = None, what: str | None = None) -> tuple:
-    """ONNX Runtime CPU sessions of the exported encoder and decoder graphs in ``root``."""
+def ort_sessions(root: Path, threads: int | None = None, what: str | None = None,
+                 names: tuple[str, ...] = (ENCODER_ONNX, DECODER_ONNX)) -> tuple:
+    """ONNX Runtime CPU sessions of the exported graphs ``names`` in ``root`` (default: the
+    encoder and decoder graphs)."""
     ort = require("onnxruntime", "export", what)
     opts = ort.SessionOptions()
     if threads:
         opts.intra_op_num_threads = threads
     providers = ["CPUExecutionProvider"]
-    return tuple(ort.InferenceSession(str(root / name), opts, providers=providers)
-                 for name in (ENCODER_ONNX, DECODER_ONNX))
+    return tuple(ort.InferenceSession(str(root / name), opts, providers=providers) for name in names)
 
 
 class OrtSteps:
