@@ -100,10 +100,33 @@ def static_int8_dir(model_dir: Path, out: Path, calibration: str | None) -> Path
     return out
 
 
+# The files that hold a system's model, by format: safetensors (transduce, static int8), CTranslate2's
+# model.bin, ONNX graphs (and their external data, :func:`model_files`), TensorRT engines.
+MODEL_SUFFIXES = (".safetensors", ".bin", ".onnx", ".plan")
+
+
+def model_files(path: Path) -> list[Path]:
+    """The model files of a system's directory (and below it: a Triton repository's versions),
+    not its configs or vocabularies; an ONNX graph's external data files included, whatever their name."""
+    files = {f for f in path.rglob("*") if f.is_file() and f.suffix in MODEL_SUFFIXES}
+    for graph in [f for f in files if f.suffix == ".onnx"]:
+        files |= {graph.parent / name for name in onnx_external_data(graph)}
+    return sorted(files)
+
+
+def onnx_external_data(graph: Path) -> set[str]:
+    """The files (relative to ``graph``'s directory) that hold the ONNX graph's external tensors."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return {entry.value for t in model.graph.initializer if uses_external_data(t)
+            for entry in t.external_data if entry.key == "location"}
+
+
 def disk_mb(path: Path) -> float:
-    """Size on disk of the weights a system loads (its directory's ``*.safetensors``, CT2's ``model.bin``)."""
-    files = [f for f in path.iterdir() if f.suffix in (".safetensors", ".bin")]
-    return round(sum(f.stat().st_size for f in files) / 2**20, 2)
+    """Size on disk of the model a system loads: its :func:`model_files`, in MiB."""
+    return round(sum(f.stat().st_size for f in model_files(path)) / 2**20, 2)
 
 
 def ctranslate2_runtime(ct2_dir: Path, tok: Tokenizer, threads: int, out_len: int | None, batch_size: int,
