@@ -136,6 +136,33 @@ def test_lsh_steps_equal_the_reference(step_scores, causal):
                                         lsh_reference(q, k, v, mask, lsh, causal), (q, k, v))
 
 
+def test_a_short_input_takes_smaller_steps_and_still_equals_the_reference(monkeypatch):
+    """A step's scores follow the length below 4k positions (so its temporaries stay small beside
+    q, k, v), the long-input size above: a short input takes more steps than the long-input size
+    would give it, and the kernels still equal their references."""
+    from transduce.model import bigbird, gathered_attention as ga, lsh as lsh_module
+
+    assert [ga.step_size(t) for t in (600, 1024, 4096, 16384)] == [600 * 16, 2 ** 14, ga.STEP_SCORES, ga.STEP_SCORES]
+    steps = []
+
+    def counted(q, k, v, plan, *args, **kwargs):
+        steps.append(len(list(plan())))
+        return ga.gathered_attention(q, k, v, plan, *args, **kwargs)
+
+    monkeypatch.setattr(bigbird, "gathered_attention", counted)
+    monkeypatch.setattr(lsh_module, "gathered_attention", counted)
+    q, k, v = _qkv(2, 600, seed=5)
+    mask, lsh = _padding(2, 600), LSHAttention(16, 2, 8, seed=1)
+    _assert_equal_forward_and_gradients(bigbird_attention(q, k, v, mask, 8, 2, 3),
+                                        bigbird_reference(q, k, v, mask, 8, 2, seed=3), (q, k, v))
+    _assert_equal_forward_and_gradients(lsh_attention(q, k, v, mask, lsh), lsh_reference(q, k, v, mask, lsh),
+                                        (q, k, v))
+    with torch.no_grad():
+        bigbird_attention(q, k, v, mask, 8, 2, 3, step_scores=ga.STEP_SCORES)
+        lsh_attention(q, k, v, mask, lsh, step_scores=ga.STEP_SCORES)
+    assert steps[0] > steps[2] and steps[1] > steps[3], steps
+
+
 def test_lsh_buckets_break_ties_as_argmax():
     """argmax([xR; -xR]) taken without the concatenated copy keeps argmax's first maximum: a zero
     key (every entry tied) and a key and its negation land as the formula says."""

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
-from .gathered_attention import STEP_SCORES, Step, gathered_attention
+from .gathered_attention import Step, gathered_attention, step_size
 from .masks import combine
 
 
@@ -124,7 +124,7 @@ def key_blocks(n_blocks: int, n_heads: int, n_random: int, seed: int) -> tuple[T
 
 
 def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, block: int, n_random: int,
-                      seed: int, dropout: float = 0.0, step_scores: int = STEP_SCORES) -> Tensor:
+                      seed: int, dropout: float = 0.0, step_scores: int | None = None) -> Tensor:
     """:func:`bigbird_reference` in blocks, without a (T x T) tensor, through
     :func:`~transduce.model.gathered_attention.gathered_attention`: the two global query blocks
     over every key, then each middle query block over its K key blocks. A sequence of one or two
@@ -132,7 +132,8 @@ def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bloc
 
     Neither the gathered key blocks nor the scores are kept for the backward pass (it gathers
     and recomputes them a step at a time): what is kept is q, k, v, the output and a log-sum-exp
-    per row, as SDPA's flash kernel keeps. ``step_scores`` bounds the scores of one step.
+    per row, as SDPA's flash kernel keeps. ``step_scores`` bounds the scores of one step
+    (default: :func:`~transduce.model.gathered_attention.step_size` of T).
 
     Shape: q, k, v (B, H, T, Dh), mask (B, 1, 1, T) key mask or None -> (B, H, T, Dh).
     """
@@ -142,6 +143,7 @@ def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bloc
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
     keep = torch.ones(b, t, dtype=torch.bool, device=q.device) if mask is None else mask.reshape(b, t)
     idx, used = (x.to(q.device) for x in key_blocks(n_blocks, h, n_random, seed))  # (H, nb-2, K)
+    step_scores = step_size(t) if step_scores is None else step_scores
     return gathered_attention(q, k, v, partial(_steps, keep, idx, used, block, step_scores), dropout)
 
 

@@ -22,7 +22,7 @@ and adds each step's dQ, dK, dV into place with ``index_add_`` (FlashAttention-2
 https://arxiv.org/abs/2307.08691, Alg. 2, with D = rowsum(dO * O)); dropout masks are drawn again
 from a seed per step. So the memory this attention holds grows with T by q, k, v, their
 gradients and the output alone; a step's scores and gathered rows are the only other tensors,
-and a plan sizes its steps by :data:`STEP_SCORES`.
+and a plan sizes its steps by :func:`step_size`.
 
 Legend: B batch, H heads, T length, Dh head dim, G groups in a step, Lq query rows and Lk key
 rows of a group.
@@ -38,6 +38,15 @@ from torch import Tensor
 
 STEP_SCORES = 2 ** 16  # scores per (batch, head) in one step: bounds a step's temporaries; larger steps were
 # no faster on a CPU at 4k tokens, and their temporaries set the peak (BENCHMARKS.md)
+STEP_SCORES_PER_POSITION = 16  # below 4k positions, fewer: a step's temporaries stay small beside q, k, v
+
+
+def step_size(t: int) -> int:
+    """The scores per (batch, head) of one step at length ``t``: :data:`STEP_SCORES`, or for a
+    short input :data:`STEP_SCORES_PER_POSITION` per position, so that a step's temporaries stay
+    a fraction of q, k and v (T x Dh each), as SDPA's flash kernel's do, instead of being as
+    large as at 16k."""
+    return min(STEP_SCORES, STEP_SCORES_PER_POSITION * t)
 NORM_EPS = 1e-12  # F.normalize's
 
 

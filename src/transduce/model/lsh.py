@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
-from .gathered_attention import STEP_SCORES, Step, gathered_attention
+from .gathered_attention import Step, gathered_attention, step_size
 
 SELF_PENALTY = 1e5  # Reformer's score for a token's own key: used only when nothing else is visible
 
@@ -136,14 +136,15 @@ def _slots(bucket: Tensor, lsh: LSHAttention) -> tuple[Tensor, int]:
 
 
 def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSHAttention, is_causal: bool = False,
-                  dropout: float = 0.0, step_scores: int = STEP_SCORES) -> Tensor:
+                  dropout: float = 0.0, step_scores: int | None = None) -> Tensor:
     """:func:`lsh_reference` of self-attention (Tq = Tk = T, start 0) in O(T * c): per round, the
     positions sorted into chunks, each chunk attending to itself and the chunk before, through
     :func:`~transduce.model.gathered_attention.gathered_attention`, which combines the rounds by
     their softmax statistics; it also scales the keys to unit length, a step at a time. Kept for
     the backward pass: q, k, v, the output, two statistics per position and the layout (the
     position in each slot); the sorted copies, the normalised keys and the chunks' scores are
-    recomputed a step (``step_scores`` scores at most) at a time.
+    recomputed a step (``step_scores`` scores at most; default:
+    :func:`~transduce.model.gathered_attention.step_size` of T) at a time.
 
     Shape: q, k, v (B, H, T, Dh), mask (B, 1, 1, T) or None -> (B, H, T, Dh).
     """
@@ -154,6 +155,7 @@ def lsh_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, lsh: LSH
     at.scatter_(-1, slot, torch.arange(t, device=q.device).expand_as(slot))  # position in each slot (T: empty)
     chunks = at.unflatten(3, (n_slots // lsh.chunk, lsh.chunk))             # (B, H, n, nc, c)
     key_ok = _visible(chunks, bucket, _key_mask(mask, b, t, q.device))      # (B, H, n, nc, 2c)
+    step_scores = step_size(t) if step_scores is None else step_scores
     plan = partial(_steps, chunks, key_ok, t, is_causal, step_scores)      # (the layout alone: bucket is freed)
     return gathered_attention(q, k, v, plan, dropout, unit_keys=True)
 
