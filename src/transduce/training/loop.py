@@ -38,8 +38,7 @@ from ..tracing import DATA, scope
 from .preemption import PREEMPTED, sigterm_flag
 from .checkpoint import average_checkpoints, latest_checkpoint, list_checkpoints, save_model_dir
 from .ema import EMA_WEIGHTS, WeightEMA
-from .distributed import DistInfo, all_reduce_sum, barrier, collective_failure, init_distributed, is_collective_error, \
-    shutdown_distributed
+from .distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown_distributed
 from .feed import StepFeed
 from .guided import guided_setup
 from .graphs import GraphedStep
@@ -287,7 +286,8 @@ class Trainer(Checkpointing):
             window_tokens, window_t0 = 0, time.monotonic()
             while (reason := PREEMPTED if preempted.is_set() else self._should_stop()) is None:
                 tokens_before = self.state.tokens
-                with self._collectives_guarded():  # every collective of the step: DDP's, logging's, eval's, save's
+                # every collective of the step (DDP's, logging's, eval's, save's) as a one-line error
+                with self.collectives_guarded(self.state.step + 1):
                     metrics = self.train_step()
                     window_tokens += self.state.tokens - tokens_before
                     step = self.state.step
@@ -314,18 +314,6 @@ class Trainer(Checkpointing):
         return {"step": self.state.step, "epoch": self.state.epoch, "loss": loss, "ppl": math.exp(min(nll, 50.0)),
                 "lr": metrics["lr"], "tokens_per_s": tokens_per_s, "grad_norm": metrics["grad_norm"],
                 "elapsed": self.elapsed()}
-
-    @contextlib.contextmanager
-    def _collectives_guarded(self):
-        """A failed collective inside (a rank gone: DDP's all-reduce, the logged loss's, a barrier)
-        as a one-line TrainingError naming the step being trained."""
-        step = self.state.step + 1
-        try:
-            yield
-        except RuntimeError as e:  # torch.distributed's errors (DistBackendError...) are RuntimeErrors
-            if not (self.dist.enabled and is_collective_error(e)):
-                raise
-            raise TrainingError(collective_failure(self.dist, step, self.cfg.train.dist_timeout_s, e)) from None
 
     def _evaluate_and_keep_best(self) -> dict[str, float]:
         metrics = self.validate()

@@ -10,6 +10,7 @@ checkpoint is gathered whole, see :mod:`.sharding`) and ``elapsed()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import asdict, fields, replace
 from pathlib import Path
@@ -55,6 +56,17 @@ def new_classifier_layer(state: dict[str, torch.Tensor], own: torch.nn.Module, d
 
 class Checkpointing:
     """The Trainer's checkpoint and resume methods."""
+
+    @contextlib.contextmanager
+    def collectives_guarded(self, step: int):
+        """A failed collective inside (a rank gone: DDP's all-reduce, the logged loss's, a barrier,
+        the checkpoint's gather) as a one-line TrainingError naming ``step``."""
+        try:
+            yield
+        except RuntimeError as e:  # torch.distributed's errors (DistBackendError...) are RuntimeErrors
+            if not (self.dist.enabled and is_collective_error(e)):
+                raise
+            raise TrainingError(collective_failure(self.dist, step, self.cfg.train.dist_timeout_s, e)) from None
 
     def init_from(self, directory: Path) -> None:
         """Start from a trained model's weights (``train.init_from``): the same model (every
@@ -171,15 +183,10 @@ class Checkpointing:
         rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        try:
-            # Ranks draw different dropout masks (batches of different shapes), so their RNG
-            # states differ: a resume restores each its own, to continue bitwise as if never stopped.
+        # Ranks draw different dropout masks (batches of different shapes), so their RNG
+        # states differ: a resume restores each its own, to continue bitwise as if never stopped.
+        with self.collectives_guarded(self.state.step):
             ranks = all_gather_object(self.dist, rng)
-        except RuntimeError as e:
-            if not is_collective_error(e):
-                raise
-            raise TrainingError(collective_failure(self.dist, self.state.step, self.cfg.train.dist_timeout_s, e)) \
-                from None
         model, optimizer, ema = self._whole_state()
         if model is None:
             return None
