@@ -27,7 +27,9 @@ class TrainConfig:
     grad_accum: int = 1
     """Batches whose gradients are summed into one optimizer step."""
     optimizer: str = "adam"
-    """``adam`` (Sec. 5.3) or ``adamw`` (decoupled weight decay of the matrices)."""
+    """``adam`` (Sec. 5.3), ``adamw`` (decoupled weight decay of the matrices) or ``adafactor`` (T5's:
+    torch's Adafactor, whose step is relative to each weight's RMS, so ``lr`` is a relative step size,
+    ~1e-2 for pre-training, 1e-3 for fine-tuning; ``betas`` and ``eps`` are Adam's and unused there)."""
     betas: tuple = (0.9, 0.98)
     """Adam's beta1 and beta2 (Sec. 5.3)."""
     eps: float = 1e-9
@@ -130,7 +132,7 @@ class TrainConfig:
     def _check_optimizer(self) -> None:
         check(len(self.betas) == 2 and all(0.0 <= float(b) < 1.0 for b in self.betas),
               "train.betas", f"must be two numbers in [0, 1); got {self.betas}")
-        one_of(self.optimizer, "train.optimizer", ("adam", "adamw"))
+        one_of(self.optimizer, "train.optimizer", ("adam", "adamw", "adafactor"))
         one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
         one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
         if self.task is not None:
@@ -181,6 +183,7 @@ class TrainConfig:
                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
             check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
             check(not self.qat, "train.cuda_graphs", "cannot be combined with train.qat; choose one")
+            check(self.optimizer != "adafactor", "train.cuda_graphs", "needs train.optimizer adam or adamw (a fused step)")
         if self.fsdp:
             check(not self.cuda_graphs, "train.fsdp", "cannot be combined with train.cuda_graphs (a single process)")
             check(not self.compile, "train.fsdp", "cannot be combined with train.compile; choose one")

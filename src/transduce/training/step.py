@@ -152,7 +152,7 @@ HEAD_PREFIXES = ("cls_head.", "mlm_head.", "nsp_head.", "output_proj.")  # what 
 
 
 def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> torch.optim.Optimizer:
-    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices.
+    """Adam(beta1=0.9, beta2=0.98, eps=1e-9) as Sec. 5.3; AdamW decays only matrices; T5's Adafactor.
 
     Fused (one kernel for all parameters, and able to skip a step on the device, see
     :func:`clip_and_step`) wherever torch has the kernel: CUDA, and the CPU from torch 2.4 (2-3x
@@ -172,6 +172,11 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     if cfg.head_lr is not None:
         parts = [([p for n, p in named if n.startswith(HEAD_PREFIXES) == head], ratio)
                  for head, ratio in ((False, 1.0), (True, cfg.head_lr / cfg.lr))]
+    if cfg.optimizer == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise ConfigError(f"train.optimizer: adafactor needs torch >= 2.5 (this is {torch.__version__})")
+        groups = [{"params": part, "lr_ratio": ratio} for part, ratio in parts]
+        return torch.optim.Adafactor(_ratioed(groups, cfg), lr=lr, weight_decay=cfg.weight_decay, foreach=True)
     if cfg.optimizer == "adamw":
         groups = [{"params": [p for p in part if (p.dim() >= 2) == decay], "lr_ratio": ratio,
                    "weight_decay": cfg.weight_decay if decay else 0.0}
