@@ -183,7 +183,8 @@ class TrainConfig:
                   "needs train.precision fp32 or bf16 (fp16's loss scaler decides on the host)")
             check(not self.compile, "train.cuda_graphs", "cannot be combined with train.compile; choose one")
             check(not self.qat, "train.cuda_graphs", "cannot be combined with train.qat; choose one")
-            check(self.optimizer != "adafactor", "train.cuda_graphs", "needs train.optimizer adam or adamw (a fused step)")
+            check(self.optimizer != "adafactor", "train.cuda_graphs",
+                  "needs train.optimizer adam or adamw (a fused step)")
         if self.fsdp:
             check(not self.cuda_graphs, "train.fsdp", "cannot be combined with train.cuda_graphs (a single process)")
             check(not self.compile, "train.fsdp", "cannot be combined with train.compile; choose one")
