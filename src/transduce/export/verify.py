@@ -102,7 +102,11 @@ def check_same_outputs(name: str, model: Transformer, src: Tensor, want: list[li
 
     Always accepted: near ties. For ``beam`` outputs also two hypotheses that both stopped at
     the length limit without EOS (beam searches rank unfinished hypotheses at the limit in
-    different ways). Raises ExportError for any other difference.
+    different ways), and an exported output the eager model itself scores higher than its own
+    (a beam search is approximate: float rounding in a near tie at an earlier step sends the two
+    searches down different paths, and the other one found the likelier sentence; a wrong
+    conversion does not make the eager model prefer its outputs). Raises ExportError for any
+    other difference.
     """
     cfg = model.config
     accepted = 0
@@ -114,7 +118,7 @@ def check_same_outputs(name: str, model: Transformer, src: Tensor, want: list[li
             accepted += 1
             continue
         gain = sequence_log_prob(model, src[i], g) - sequence_log_prob(model, src[i], w)
-        if abs(gain) <= TIE_TOL:
+        if abs(gain) <= TIE_TOL or (beam and gain > 0):
             accepted += 1
             continue
         raise ExportError(f"verification failed: {name} output for probe {i} is {g}, the eager "
