@@ -172,18 +172,17 @@ def build_optimizer(model: torch.nn.Module, cfg, lr: float | Tensor = 0.0) -> to
     if cfg.head_lr is not None:
         parts = [([p for n, p in named if n.startswith(HEAD_PREFIXES) == head], ratio)
                  for head, ratio in ((False, 1.0), (True, cfg.head_lr / cfg.lr))]
-    if cfg.optimizer == "adafactor":
-        if not hasattr(torch.optim, "Adafactor"):
-            raise ConfigError(f"train.optimizer: adafactor needs torch >= 2.5 (this is {torch.__version__})")
-        groups = [{"params": part, "lr_ratio": ratio} for part, ratio in parts]
-        return torch.optim.Adafactor(_ratioed(groups, cfg), lr=lr, weight_decay=cfg.weight_decay, foreach=True)
     if cfg.optimizer == "adamw":
         groups = [{"params": [p for p in part if (p.dim() >= 2) == decay], "lr_ratio": ratio,
                    "weight_decay": cfg.weight_decay if decay else 0.0}
                   for part, ratio in parts for decay in (True, False)]
         return torch.optim.AdamW(_ratioed(groups, cfg), **kwargs)
-    groups = [{"params": part, "lr_ratio": ratio} for part, ratio in parts]
-    return torch.optim.Adam(_ratioed(groups, cfg), weight_decay=cfg.weight_decay, **kwargs)
+    groups = _ratioed([{"params": part, "lr_ratio": ratio} for part, ratio in parts], cfg)
+    if cfg.optimizer == "adafactor":
+        if not hasattr(torch.optim, "Adafactor"):
+            raise ConfigError(f"train.optimizer: adafactor needs torch >= 2.5 (this is {torch.__version__})")
+        return torch.optim.Adafactor(groups, lr=lr, weight_decay=cfg.weight_decay, foreach=True)
+    return torch.optim.Adam(groups, weight_decay=cfg.weight_decay, **kwargs)
 
 
 def _ratioed(groups: list[dict], cfg) -> list[dict]:
