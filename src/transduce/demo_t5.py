@@ -27,7 +27,7 @@ from .config import RunConfig
 from .demo import shipped_config
 
 TRANSLATE, TENSE = "translate English to German: ", "classify tense: "  # the tasks' prefixes
-TENSE_SENTENCES = 5000  # labelled training sentences of the tense task (the first of the toy training split)
+TENSE_SENTENCES = 10000  # labelled training sentences of the tense task (the first of the toy training split)
 TOY_SPLITS = {"n_train": 20000, "n_valid": 500, "n_test": 500}  # the toy pair's default splits
 
 
