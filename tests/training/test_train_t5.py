@@ -38,3 +38,42 @@ def test_exports_to_t5_for_conditional_generation(trained, tmp_path):
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf")
     assert type(hf).__name__ == "T5ForConditionalGeneration"
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")("the dog")["input_ids"][-1] == 2
+
+
+def test_the_papers_scales_fold_into_the_exported_t5(tmp_path):
+    """A T5 trained with the paper's sqrt(d) embedding scale (untied output) and 1/sqrt(d_k) attention
+    scale, as the T5 demo's: exported with both folded into T5's weights (the export's own check,
+    logits within 1e-4 and greedy/beam-4 outputs equal, passes), and imported again, the same logits."""
+    need_extra("export", "transformers")
+    import torch
+
+    from transduce.export import export_model
+    from transduce.export.hf_import import import_hf
+
+    out = tmp_path / "run"
+    assert main(["train", str(CONFIG), "--out", str(out), "--set", "train.max_steps=4", "--set", "train.eval_every=4",
+                 "--set", "train.save_every=4", "--set", "train.num_threads=1", "--set", "data.toy_train_size=200",
+                 "--set", "data.toy_valid_size=10", "--set", "data.toy_test_size=10",
+                 "--set", "model.scale_embeddings=true", "--set", "model.scale_attention=true"]) == 0
+    report = export_model(out / "model", "hf", tmp_path / "hf")
+    assert report.checks["max_logit_diff"] <= 1e-4 and report.checks["greedy_differences"] == 0
+    import_hf(tmp_path / "hf", tmp_path / "again")
+    ours, again = load_model(out / "model").eval(), load_model(tmp_path / "again").eval()
+    assert (again.config.scale_embeddings, again.config.scale_attention) == (False, False)
+    src, tgt = torch.tensor([[5, 9, 12, 7, 2]]), torch.tensor([[1, 8, 6, 11]])
+    with torch.no_grad():
+        assert (ours(src, tgt) - again(src, tgt)).abs().max().item() <= 1e-4
+
+
+def test_a_scaled_embedding_with_a_tied_output_is_refused_in_one_line(tmp_path, capsys):
+    need_extra("export", "transformers")
+    out = tmp_path / "run"
+    assert main(["train", str(CONFIG), "--out", str(out), "--set", "train.max_steps=2", "--set", "train.eval_every=2",
+                 "--set", "train.save_every=2", "--set", "train.num_threads=1", "--set", "data.toy_train_size=200",
+                 "--set", "data.toy_valid_size=10", "--set", "data.toy_test_size=10",
+                 "--set", "model.scale_embeddings=true", "--set", "model.tie_output=true"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(out / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "model.scale_embeddings=True with a tied output" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "hf").exists()

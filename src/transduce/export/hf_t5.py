@@ -7,7 +7,9 @@ T5 is our pre-norm encoder-decoder with RMSNorm (``norm_kind: rms``), no biases,
 the scores (``scale_attention: false``) or of the embeddings, relative position bias
 (``positions: relative``), ReLU (T5 1.0) or GEGLU (T5 1.1, mT5: ``gated-gelu``), one embedding
 for both stacks and a tied output projection with the d_model^-0.5 rescale (T5 1.0) or an untied
-one (T5 1.1, mT5). Weights map one for one; only the vocabulary order differs.
+one (T5 1.1, mT5). Weights map one for one; only the vocabulary order differs. A model trained
+here with the paper's scales (``scale_embeddings``, with an untied output; ``scale_attention``)
+exports with them folded into the embedding and the query weights.
 
 Vocabulary. transduce fixes pad 0, bos 1, eos 2, unk 3, with bos the decoder's first input; T5
 has pad 0, eos 1, unk 2 and starts decoding from ``decoder_start_token_id`` (pad). Our ids are
@@ -48,8 +50,11 @@ FFN_PROJ = {ours: hf for hf, ours in ACTIVATIONS.items()}
 def t5_incompatibilities(cfg: ModelConfig) -> list[str]:
     """The options of ``cfg`` that T5ForConditionalGeneration cannot express, one phrase each."""
     wants = {"arch": "encoder_decoder", "norm": "pre", "norm_kind": "rms", "positions": "relative", "bias": False,
-             "scale_embeddings": False, "scale_attention": False, "share_embeddings": True, "output_bias": False}
+             "share_embeddings": True, "output_bias": False}
     problems = [f"model.{k}={getattr(cfg, k)} (T5 has {k}={v})" for k, v in wants.items() if getattr(cfg, k) != v]
+    if cfg.scale_embeddings and cfg.tie_output:  # (an untied head lets the scale fold into T5's embedding)
+        problems.append("model.scale_embeddings=True with a tied output (T5 scales neither its embedding nor "
+                        "the tied output by sqrt(d_model))")
     if cfg.activation not in FFN_PROJ:
         problems.append(f"model.activation={cfg.activation} (T5 has relu or geglu)")
     return problems
@@ -105,11 +110,20 @@ def name_map(cfg: ModelConfig) -> dict[str, str]:
 
 
 def hf_t5_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """Our weights under T5's names, in our id order (the export's; T5 ties embed_tokens to shared)."""
+    """Our weights under T5's names, in our id order (the export's; T5 ties embed_tokens to shared).
+    The paper's scales, which T5 does not apply, are folded into the weights: sqrt(d_model) into
+    the embedding (``scale_embeddings``, with an untied output) and 1/sqrt(d_head) into every
+    query projection (``scale_attention``: T5 folds it into their initialisation)."""
+    cfg = model.config
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    state = {hf: ours[k].contiguous() for k, hf in name_map(model.config).items()}
-    rows = t5_rows(model.config)
-    state["shared.weight"] = ours["src_embed.tokens.weight"][rows].contiguous()
+    state = {hf: ours[k].contiguous() for k, hf in name_map(cfg).items()}
+    if cfg.scale_attention:
+        for k, hf in name_map(cfg).items():
+            if k.endswith("attn.q_proj.weight"):
+                state[hf] = state[hf] * cfg.d_head ** -0.5
+    rows = t5_rows(cfg)
+    shared = ours["src_embed.tokens.weight"][rows]
+    state["shared.weight"] = (shared * cfg.d_model ** 0.5 if cfg.scale_embeddings else shared).contiguous()
     state["lm_head.weight"] = ours["output_proj.weight"][rows].clone()  # (a copy: safetensors stores no shared tensors)
     return state
 
