@@ -14,13 +14,19 @@ from extra_helpers import need_extra
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "t5_tiny.yaml"
 
 
+def _train(out: Path, steps: int, pairs: int, *sets: str) -> Path:
+    """configs/t5_tiny.yaml for ``steps`` steps on ``pairs`` toy training pairs (and a twentieth of
+    that to validate and test), with ``--set``s: the model directory."""
+    options = [f"train.max_steps={steps}", f"train.eval_every={steps}", f"train.save_every={steps}",
+               "train.num_threads=1", f"data.toy_train_size={pairs}", f"data.toy_valid_size={pairs // 20}",
+               f"data.toy_test_size={pairs // 20}", *sets]
+    assert main(["train", str(CONFIG), "--out", str(out), *(a for o in options for a in ("--set", o))]) == 0
+    return out / "model"
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    out = tmp_path_factory.mktemp("t5") / "run"
-    assert main(["train", str(CONFIG), "--out", str(out), "--set", "train.max_steps=8", "--set", "train.eval_every=8",
-                 "--set", "train.save_every=8", "--set", "train.num_threads=1", "--set", "data.toy_train_size=400",
-                 "--set", "data.toy_valid_size=20", "--set", "data.toy_test_size=20"]) == 0
-    return out / "model"
+    return _train(tmp_path_factory.mktemp("t5") / "run", 8, 400)
 
 
 def test_trains_and_translates(trained, tmp_path):
@@ -50,15 +56,11 @@ def test_the_papers_scales_fold_into_the_exported_t5(tmp_path):
     from transduce.export import export_model
     from transduce.export.hf_import import import_hf
 
-    out = tmp_path / "run"
-    assert main(["train", str(CONFIG), "--out", str(out), "--set", "train.max_steps=4", "--set", "train.eval_every=4",
-                 "--set", "train.save_every=4", "--set", "train.num_threads=1", "--set", "data.toy_train_size=200",
-                 "--set", "data.toy_valid_size=10", "--set", "data.toy_test_size=10",
-                 "--set", "model.scale_embeddings=true", "--set", "model.scale_attention=true"]) == 0
-    report = export_model(out / "model", "hf", tmp_path / "hf")
+    model = _train(tmp_path / "run", 4, 200, "model.scale_embeddings=true", "model.scale_attention=true")
+    report = export_model(model, "hf", tmp_path / "hf")
     assert report.checks["max_logit_diff"] <= 1e-4 and report.checks["greedy_differences"] == 0
     import_hf(tmp_path / "hf", tmp_path / "again")
-    ours, again = load_model(out / "model").eval(), load_model(tmp_path / "again").eval()
+    ours, again = load_model(model).eval(), load_model(tmp_path / "again").eval()
     assert (again.config.scale_embeddings, again.config.scale_attention) == (False, False)
     src, tgt = torch.tensor([[5, 9, 12, 7, 2]]), torch.tensor([[1, 8, 6, 11]])
     with torch.no_grad():
@@ -67,13 +69,9 @@ def test_the_papers_scales_fold_into_the_exported_t5(tmp_path):
 
 def test_a_scaled_embedding_with_a_tied_output_is_refused_in_one_line(tmp_path, capsys):
     need_extra("export", "transformers")
-    out = tmp_path / "run"
-    assert main(["train", str(CONFIG), "--out", str(out), "--set", "train.max_steps=2", "--set", "train.eval_every=2",
-                 "--set", "train.save_every=2", "--set", "train.num_threads=1", "--set", "data.toy_train_size=200",
-                 "--set", "data.toy_valid_size=10", "--set", "data.toy_test_size=10",
-                 "--set", "model.scale_embeddings=true", "--set", "model.tie_output=true"]) == 0
+    model = _train(tmp_path / "run", 2, 200, "model.scale_embeddings=true", "model.tie_output=true")
     capsys.readouterr()
-    assert main(["export", str(out / "model"), "--format", "hf", "--out", str(tmp_path / "hf")]) != 0
+    assert main(["export", str(model), "--format", "hf", "--out", str(tmp_path / "hf")]) != 0
     err = capsys.readouterr().err.strip()
     assert "model.scale_embeddings=True with a tied output" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "hf").exists()
