@@ -116,14 +116,13 @@ def hf_t5_state_dict(model: Transformer) -> dict[str, Tensor]:
     query projection (``scale_attention``: T5 folds it into their initialisation)."""
     cfg = model.config
     ours = {k: v.detach() for k, v in model.state_dict().items()}
-    state = {hf: ours[k].contiguous() for k, hf in name_map(cfg).items()}
-    if cfg.scale_attention:
-        for k, hf in name_map(cfg).items():
-            if k.endswith("attn.q_proj.weight"):
-                state[hf] = state[hf] * cfg.d_head ** -0.5
+    q_scale = cfg.d_head ** -0.5 if cfg.scale_attention else 1.0
+    state = {hf: (ours[k] * q_scale if q_scale != 1.0 and k.endswith("attn.q_proj.weight") else ours[k]).contiguous()
+             for k, hf in name_map(cfg).items()}
     rows = t5_rows(cfg)
     shared = ours["src_embed.tokens.weight"][rows]
-    state["shared.weight"] = (shared * cfg.d_model ** 0.5 if cfg.scale_embeddings else shared).contiguous()
+    embed_scale = model.src_embed.tokens.scale  # sqrt(d_model) with scale_embeddings, else 1
+    state["shared.weight"] = (shared * embed_scale if embed_scale != 1.0 else shared).contiguous()
     state["lm_head.weight"] = ours["output_proj.weight"][rows].clone()  # (a copy: safetensors stores no shared tensors)
     return state
 
