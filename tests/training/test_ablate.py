@@ -27,6 +27,13 @@ def test_rows_are_scaled_to_the_base_model():
     assert rows["C_N2"] == ["model.n_encoder_layers=2", "model.n_decoder_layers=2"]
     assert rows["C_d32"] == ["model.d_model=32", "model.d_ff=64"]
     assert rows["D_ls0.0"] == ["train.label_smoothing=0.0"] and rows["E_learned"] == ["model.positions=learned"]
+    assert "E_sinusoidal" not in rows  # the base's own
+
+
+def test_a_base_with_other_positions_gets_the_papers_sinusoids_as_a_row():
+    config = {**CONFIG, "model": {**CONFIG["model"], "positions": "relative"}}
+    rows = dict(table3_rows(RunConfig.from_dict(config)))
+    assert rows["E_sinusoidal"] == ["model.positions=sinusoidal"] and rows["E_learned"] == ["model.positions=learned"]
 
 
 def test_rows_of_a_base_with_its_own_head_width():

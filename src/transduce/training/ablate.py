@@ -11,7 +11,8 @@ are for d_model 512, h 8, N 6):
   ``model.head_dim``; here d_v = d_k shrinks with it (the paper keeps d_v at 64);
 - (C) model size: N / 2 and 2N layers, d_model / 2 and 2 d_model (d_ff with it), d_ff / 2 and 2 d_ff;
 - (D) dropout 0 and 0.2, label smoothing 0 and 0.2;
-- (E) learned positions instead of sinusoids.
+- (E) learned positions instead of sinusoids (and, for a base with other positions, such as the Multi30k
+  recipe's relative bias, sinusoids too: the paper's base).
 
 The data is prepared once (``OUT/prepared``, unless ``data.prepared`` names it) and every row
 trains in its own run directory ``OUT/rows/ID``: a finished row (its ``result.json``)
@@ -64,8 +65,7 @@ def table3_rows(base: RunConfig) -> list[tuple[str, list[str]]]:
     rows += [(f"C_ff{int(m.d_ff * s)}", [f"model.d_ff={int(m.d_ff * s)}"]) for s in (0.5, 2.0)]
     rows += [(f"D_drop{p}", [f"model.dropout={p}"]) for p in (0.0, 0.2) if p != m.dropout]
     rows += [(f"D_ls{e}", [f"train.label_smoothing={e}"]) for e in (0.0, 0.2) if e != base.train.label_smoothing]
-    if m.positions != "learned":
-        rows.append(("E_learned", ["model.positions=learned"]))
+    rows += [(f"E_{p}", [f"model.positions={p}"]) for p in ("sinusoidal", "learned") if p != m.positions]
     return rows
 
 
