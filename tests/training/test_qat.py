@@ -4,12 +4,15 @@ int8 model computes, a run trains through them, and its model converts with ``tr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from extra_helpers import need_extra
+from extra_helpers import free_ports, need_extra
 from transduce.cli import main
 from transduce.config import RunConfig
 from transduce.inference import load
@@ -142,3 +145,58 @@ def test_quantize_without_a_sample_or_qat_scales_is_a_one_line_error(tmp_path, c
                                                                             "eval_every": 2}}), qat)
     assert main(["quantize", str(qat / "model"), "--out", str(tmp_path / "int8"), "--float-layers"]) == 2
     assert "trained output_proj" in capsys.readouterr().err and not (tmp_path / "int8").exists()
+
+
+OBSERVER_WORKER = r"""
+import contextlib, json, sys, torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from transduce.training.qat import average_observers, prepare_qat
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = prepare_qat(nn.Sequential(nn.Linear(4, 4)))
+ddp = DistributedDataParallel(model)  # as the trainer wraps it: buffers broadcast from rank 0
+seen = []
+for step in range(3):
+    for i, top in enumerate(json.loads(sys.argv[2])[rank]):  # two micro-batches a step, accumulated
+        x = torch.full((2, 4), top * (step + 1))
+        with ddp.no_sync() if i == 0 else contextlib.nullcontext():
+            ddp(x).sum().backward()
+    average_observers(model)  # what the trainer does after each step of a QAT run
+    seen.append(float(model[0].input_absmax))
+open(sys.argv[1] + str(rank), "w").write(json.dumps(seen))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_under_ddp_the_observers_follow_every_rank_s_batches(tmp_path):
+    """Two gloo ranks, each observing its own batches: after each step both hold the moving
+    average of the ranks' mean, not rank 0's own (which DDP's buffer broadcast would leave)."""
+    from transduce.training.qat import AVERAGING
+    tops = [[1.0, 5.0], [3.0, 2.0]]  # each rank's micro-batches' largest magnitudes
+    script = tmp_path / "worker.py"
+    script.write_text(OBSERVER_WORKER)
+    port = free_ports(1)[0]
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "seen"), json.dumps(tops)],
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    for p in procs:
+        out, _ = p.communicate(timeout=180)
+        assert p.returncode == 0, out
+    want, mean = [], 0.0
+    for step in range(3):
+        ends = []
+        for rank_tops in tops:
+            v = mean
+            for top in rank_tops:
+                v = top * (step + 1) if v == 0 else v + AVERAGING * (top * (step + 1) - v)
+            ends.append(v)
+        mean = sum(ends) / len(ends)
+        want.append(mean)
+    for r in range(2):
+        assert json.loads((tmp_path / f"seen{r}").read_text()) == pytest.approx(want, rel=1e-6)

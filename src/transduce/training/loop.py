@@ -47,7 +47,7 @@ from .resume import Checkpointing
 from .schedule import learning_rate
 from .sharding import full_model, full_value, shard_model
 from .state import StepData, TrainingError, TrainState
-from .qat import prepare_qat
+from .qat import average_observers, prepare_qat
 from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
 
@@ -165,6 +165,8 @@ class Trainer(Checkpointing):
                 self.optimizer.step()
         if self.graphed is None:
             self.optimizer.zero_grad(set_to_none=True)
+        if cfg.qat and self.dist.enabled:
+            average_observers(self.model)  # each rank observed its own batches (transduce.training.qat)
         if self.ema is not None and applied:
             self.ema.update(self.state.step - self.state.skipped_steps)  # updates before this one
         self.state.step += 1

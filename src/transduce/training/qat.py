@@ -21,6 +21,11 @@ coarser than the deployed one, and never clipping). The observers are saved besi
 (``qat_scales.safetensors`` in checkpoints and model directories; resume restores them), and
 ``transduce quantize`` takes them as the static int8 model's input scales: it rounds as the
 run trained.
+
+Under data parallelism (DDP or FSDP) every rank observes its own batches and the observers are
+averaged over the ranks after each step (:func:`average_observers`), so the scale follows all the
+data: the moving average of the ranks' mean (the update is linear in the batch's magnitude).
+Without it DDP's buffer broadcast would set them all to rank 0's before each step.
 """
 
 from __future__ import annotations
@@ -99,6 +104,20 @@ def observed_scales(model: nn.Module) -> dict[str, Tensor]:
     batch): what ``transduce quantize`` takes as the static int8 input scales (times 1/127.5)."""
     return {name: m.input_absmax.detach().cpu().clone() for name, m in model.named_modules()
             if type(m) is FakeQuantLinear and float(m.input_absmax) > 0}
+
+
+def average_observers(model: nn.Module) -> None:
+    """Set every fake-quantised layer's observer to its mean over the ranks of the default process
+    group (one all-reduce); nothing without one."""
+    import torch.distributed as dist
+    observers = [m.input_absmax for m in model.modules() if type(m) is FakeQuantLinear]
+    if not observers or not dist.is_initialized():
+        return
+    flat = torch.stack(observers)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for observer, mean in zip(observers, flat):
+        observer.copy_(mean)
 
 
 def restore_scales(model: nn.Module, scales: dict[str, Tensor]) -> None:
