@@ -117,12 +117,11 @@ def hf_t5_state_dict(model: Transformer) -> dict[str, Tensor]:
     cfg = model.config
     ours = {k: v.detach() for k, v in model.state_dict().items()}
     q_scale = cfg.d_head ** -0.5 if cfg.scale_attention else 1.0
-    state = {hf: (ours[k] * q_scale if q_scale != 1.0 and k.endswith("attn.q_proj.weight") else ours[k]).contiguous()
+    state = {hf: (ours[k] * q_scale if k.endswith("attn.q_proj.weight") else ours[k]).contiguous()
              for k, hf in name_map(cfg).items()}
     rows = t5_rows(cfg)
     shared = ours["src_embed.tokens.weight"][rows]
-    embed_scale = model.src_embed.tokens.scale  # sqrt(d_model) with scale_embeddings, else 1
-    state["shared.weight"] = (shared * embed_scale if embed_scale != 1.0 else shared).contiguous()
+    state["shared.weight"] = shared * model.src_embed.tokens.scale  # sqrt(d_model) with scale_embeddings, else 1
     state["lm_head.weight"] = ours["output_proj.weight"][rows].clone()  # (a copy: safetensors stores no shared tensors)
     return state
 
