@@ -7,6 +7,9 @@ the median target tokens/s after a warm-up. The peers use ``F.cross_entropy(labe
 loss fused (no (N, V) logits stored). Model FLOPs utilisation
 (MFU) is the model's matmul FLOPs per second against a measured ``torch.mm`` peak.
 
+The row "transduce, nn.Dropout" is transduce with PyTorch's dropout instead of the trainer's CPU
+dropout (training/dropout.py): the CPU dropout's gain, side by side.
+
 Shapes: ``tiny`` (3+3 layers, d 256, FFN 1024, 128 x 32 tokens), ``base`` (the paper's base,
 64 x 32), ``recipe`` (configs/multi30k_*.yaml: 4+4, d 128, FFN 256, 240 x 16); 8k vocabulary.
 
@@ -36,6 +39,7 @@ from transduce.data.batch import collate
 from transduce.model import Transformer
 from transduce.model.embeddings import sinusoidal_table
 from transduce.progress import progress_bar
+from transduce.training.dropout import use_cpu_dropout
 from transduce.training.loss import projected_label_smoothed_loss
 from transduce.training.step import FUSED_CPU
 
@@ -79,11 +83,18 @@ def train_step(model: nn.Module, forward: Callable, batch, loss_fn: Callable = t
     return step
 
 
-def ours(layers, d, h, ff, batch):
+def ours(layers, d, h, ff, batch, cpu_dropout: bool = True):
+    """As the trainer runs on the CPU: its dropout (training/dropout.py) unless ``cpu_dropout`` is off."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=d, n_heads=h,
                                     n_encoder_layers=layers, n_decoder_layers=layers, d_ff=ff)).train()
+    if cpu_dropout:
+        use_cpu_dropout(model)
     return train_step(model, lambda b: model(b.src, b.tgt_in, project=False), batch, our_loss(model))
+
+
+def ours_torch_dropout(layers, d, h, ff, batch):
+    return ours(layers, d, h, ff, batch, cpu_dropout=False)
 
 
 class TorchTransformer(nn.Module):
@@ -154,7 +165,7 @@ def mm_peak(n: int = 2048, reps: int = 10) -> float:
 def bench_shape(name: str, runs: int, steps: int) -> dict:
     layers, d, h, ff, n, t = SHAPES[name]
     batch = make_batch(n, t)
-    systems = {"transduce": ours, "nn.Transformer": plain_torch}
+    systems = {"transduce": ours, "transduce, nn.Dropout": ours_torch_dropout, "nn.Transformer": plain_torch}
     try:
         import transformers  # noqa: F401
         systems["marian"] = marian
@@ -178,7 +189,7 @@ def bench_shape(name: str, runs: int, steps: int) -> dict:
         sec = statistics.median(ts)
         result[k] = {"tgt_tokens_per_s": round(batch.n_tgt_tokens / sec), "step_s": round(sec, 4),
                      "gflops": round(flops / sec / 1e9, 1)}
-    best_peer = max(v["tgt_tokens_per_s"] for k, v in result.items() if k != "transduce")
+    best_peer = max(v["tgt_tokens_per_s"] for k, v in result.items() if not k.startswith("transduce"))
     result["transduce"]["vs_best_peer"] = round(result["transduce"]["tgt_tokens_per_s"] / best_peer, 2)
     return {"shape": {"layers": layers, "d_model": d, "heads": h, "d_ff": ff, "vocab": VOCAB,
                       "batch": f"{n}x{t}", "tgt_tokens": batch.n_tgt_tokens}, "systems": result}

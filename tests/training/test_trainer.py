@@ -290,3 +290,10 @@ def test_a_collective_failing_while_logging_is_a_one_line_error(tmp_path, monkey
     monkeypatch.setattr(loop, "all_reduce_sum", timed_out)
     with pytest.raises(loop.TrainingError, match=r"^rank 0 of 2: a collective operation at step 1 failed"):
         trainer.train()
+
+
+def test_the_cpu_trainer_trains_with_the_cpu_dropout(tmp_path):
+    from transduce.training.dropout import CpuDropout
+    trainer = _trainer(tmp_path)
+    kinds = {type(m) for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert kinds == {CpuDropout}

@@ -47,6 +47,7 @@ from .resume import Checkpointing
 from .schedule import learning_rate
 from .sharding import full_model, full_value, shard_model
 from .state import StepData, TrainingError, TrainState
+from .dropout import use_cpu_dropout
 from .qat import average_observers, prepare_qat
 from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
@@ -80,6 +81,8 @@ class Trainer(Checkpointing):
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(self.model_cfg).to(device)
         freeze_parameters(self.model, cfg.train.freeze)
+        if device.type == "cpu":
+            use_cpu_dropout(self.model)  # PyTorch's CPU dropout mask is a large share of a small model's step
         if cfg.train.qat:
             prepare_qat(self.model)
         self.sharded = cfg.train.fsdp and dist.enabled  # one process: nothing to shard
