@@ -70,6 +70,13 @@ def test_gpt2_import_to_onnx_same_logits_and_greedy_on_real_text(gpt2, tmp_path)
         shortest = min(p.shape[1] for p in _prompts(tok))
         prompts = torch.cat([p[:, :shortest] for p in _prompts(tok)])  # a batch: rows ending at different steps
         assert generate_ids(runner, prompts, gen) == generate_ids(model, prompts, gen)
+        # sampled (temperature, top-k, top-p) from one seed: the graph's logits differ from ours by
+        # < 1e-4, which moves a draw only when it lands that close to a boundary of the cumulative sum
+        sampled = GenerationConfig(max_new_tokens=20, temperature=0.8, top_k=20, top_p=0.9)
+        seeded = lambda: torch.Generator().manual_seed(3)  # noqa: E731  (the front door's, from generation.seed)
+        want = generate_ids(model, prompts, sampled, seeded())
+        assert generate_ids(runner, prompts, sampled, seeded()) == want
+        assert want != generate_ids(model, prompts, gen)
 
 
 def test_gpt2_import_to_ctranslate2_same_logits_and_greedy_on_real_text(gpt2, tmp_path):

@@ -158,13 +158,21 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = prepare_qat(nn.Sequential(nn.Linear(4, 4)))
-ddp = DistributedDataParallel(model)  # as the trainer wraps it: buffers broadcast from rank 0
+fsdp = sys.argv[3] == "fsdp"
+if fsdp:  # as the trainer shards it (train.fsdp): the weights sharded, the observers each rank's own
+    from transduce.training.sharding import set_gradient_sync, shard_model
+    shard_model(model, "fp32")
+    wrapped = model
+else:  # as the trainer wraps it: buffers broadcast from rank 0
+    wrapped = DistributedDataParallel(model)
 seen = []
 for step in range(3):
     for i, top in enumerate(json.loads(sys.argv[2])[rank]):  # two micro-batches a step, accumulated
         x = torch.full((2, 4), top * (step + 1))
-        with ddp.no_sync() if i == 0 else contextlib.nullcontext():
-            ddp(x).sum().backward()
+        if fsdp:
+            set_gradient_sync(model, i == 1)
+        with wrapped.no_sync() if i == 0 and not fsdp else contextlib.nullcontext():
+            wrapped(x).sum().backward()
     average_observers(model)  # what the trainer does after each step of a QAT run
     seen.append(float(model[0].input_absmax))
 open(sys.argv[1] + str(rank), "w").write(json.dumps(seen))
@@ -173,15 +181,17 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_under_ddp_the_observers_follow_every_rank_s_batches(tmp_path):
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_under_ddp_the_observers_follow_every_rank_s_batches(tmp_path, wrap):
     """Two gloo ranks, each observing its own batches: after each step both hold the moving
-    average of the ranks' mean, not rank 0's own (which DDP's buffer broadcast would leave)."""
+    average of the ranks' mean, not rank 0's own (which DDP's buffer broadcast would leave), nor
+    each rank its own (FSDP shards the weights only)."""
     from transduce.training.qat import AVERAGING
     tops = [[1.0, 5.0], [3.0, 2.0]]  # each rank's micro-batches' largest magnitudes
     script = tmp_path / "worker.py"
     script.write_text(OBSERVER_WORKER)
     port = free_ports(1)[0]
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "seen"), json.dumps(tops)],
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "seen"), json.dumps(tops), wrap],
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
