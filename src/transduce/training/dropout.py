@@ -6,7 +6,7 @@ that is a large share of the training step (BENCHMARKS.md, "Dropout on the CPU")
 with the rest of the RNG state) and keeps an element when its 16 bits are at least
 ``round(p * 65536)``; the kept elements are scaled by the exact inverse of the keep probability,
 so the output's expectation is the input, as nn.Dropout's. ``p`` is thus rounded to a multiple
-of 1/65536 (0.3 becomes 0.299997).
+of 1/65536 (0.3 becomes 0.300003). ``inplace`` is accepted and ignored (a new tensor is returned).
 
 The model keeps ``nn.Dropout`` (``model/`` is the reference); :func:`use_cpu_dropout` puts this
 one in its place for a CPU training run (the trainer's choice, made once when it builds the model).
