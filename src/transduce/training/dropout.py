@@ -31,7 +31,7 @@ class CpuDropout(nn.Dropout):
 
 def keep_mask(x: Tensor, p: float) -> Tensor:
     """A mask shaped as ``x``, in its dtype: 0 where dropped, 1 / P(keep) where kept."""
-    threshold = min(round(p * LEVELS), LEVELS)
+    threshold = round(p * LEVELS)  # nn.Dropout checked 0 <= p <= 1
     if threshold == LEVELS:
         return torch.zeros_like(x)
     n = x.numel()
@@ -42,11 +42,9 @@ def keep_mask(x: Tensor, p: float) -> Tensor:
 
 
 def use_cpu_dropout(model: nn.Module) -> nn.Module:
-    """Replace each nn.Dropout of ``model`` by a :class:`CpuDropout` of the same ``p`` (in place)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Dropout:
-                replacement = CpuDropout(child.p, child.inplace)
-                replacement.train(child.training)
-                setattr(parent, name, replacement)
+    """Make each nn.Dropout of ``model`` a :class:`CpuDropout` (in place; as ``prepare_qat`` switches
+    layers: no state to add, ``p`` and the mode kept)."""
+    for module in model.modules():
+        if type(module) is nn.Dropout:
+            module.__class__ = CpuDropout
     return model
