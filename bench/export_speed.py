@@ -1,8 +1,10 @@
 """Translation speed and BLEU of the shipped runtimes: eager float32 / dynamic int8 / static int8
-(``transduce quantize``, and of a ``train.qat`` model), ONNX Runtime, CTranslate2.
+(``transduce quantize``, and of a ``train.qat`` model), the compiled greedy step
+(``eager_compiled``: ``--compile``, ``runtime.compile``), ONNX Runtime, CTranslate2.
 
 Every system translates the same sentences with greedy search, or beam search with ``--beam``,
-and the same thread count, after a warm-up; the script prints
+and the same thread count, after a warm-up (for ``eager_compiled``, a whole run first: it
+compiles for the batch shapes it meets; its seconds are ``warmup_s``); the script prints
 one JSON object with sentences/s, the size on disk of what each system loads, and, when
 references exist, BLEU and its change from eager float32. The static int8 model is calibrated
 on 200 other toy sentences (or ``--calibrate``); ``--qat DIR`` names a model fine-tuned with
@@ -49,6 +51,23 @@ CALIBRATION_SEED = 20240602  # the static int8 models' calibration sample (200 o
 SHAPES = {"demo": dict(d_ff=512), "toy": dict(d_model=64, n_encoder_layers=1, n_decoder_layers=2, d_ff=128)}
 
 
+def model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options naming what a side-by-side script decodes: a trained ``--model`` and its
+    ``--src`` sentences, or a random model of ``--shape`` on toy sentences, forced to ``--out-len``."""
+    ap.add_argument("--model", default=None, help="trained model directory (default: a random one of --shape)")
+    ap.add_argument("--src", default=None, help="source sentences, one a line (default: toy sentences)")
+    ap.add_argument("--shape", default="demo", choices=sorted(SHAPES))
+    ap.add_argument("--sentences", type=int, default=1000)
+    ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
+
+
+def source_texts(args: argparse.Namespace) -> list[str]:
+    """The first ``args.sentences`` lines of ``args.src``, or as many toy sentences (:data:`SEED`)."""
+    texts = (Path(args.src).read_text(encoding="utf-8").splitlines() if args.src
+             else [s for s, _ in generate_pairs(args.sentences, SEED)])
+    return texts[:args.sentences]
+
+
 def random_model_dir(out: Path, sentences: list[str], shape: str = "demo") -> Path:
     """A fixed random-weight model of ``shape`` (:data:`SHAPES`) with a tokenizer trained on ``sentences``."""
     from transduce.config import model_preset
@@ -81,9 +100,8 @@ def eager(model_dir: Path, int8: bool, out_len: int | None, batch_tokens: int, b
     def run(texts: list[str]) -> list[str]:
         if out_len is None:
             return tr.translate(texts, beam=beam, batch_tokens=batch_tokens)
-        res = tr.translate_detailed(texts, beam=beam, max_len_a=0.0, max_len_b=out_len, min_len=out_len,
-                                    batch_tokens=batch_tokens)
-        return [r.best.text for r in res]
+        return tr.translate(texts, beam=beam, max_len_a=0.0, max_len_b=out_len, min_len=out_len,
+                            batch_tokens=batch_tokens)
     return run
 
 
@@ -167,6 +185,9 @@ def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len:
     """(the directory system ``name`` loads, a function building its runner)."""
     if name in ("eager_fp32", "eager_int8"):
         return model_dir, lambda: eager(model_dir, name == "eager_int8", out_len, batch_tokens, args.beam)
+    if name == "eager_compiled":
+        return model_dir, lambda: eager(model_dir, False, out_len, batch_tokens, args.beam,
+                                        Runtime(device="cpu", compile=True))
     if name in ("eager_static_int8", "eager_qat_int8"):
         if name == "eager_qat_int8" and args.qat is None:
             raise SystemExit("eager_qat_int8: give the train.qat model directory with --qat")
@@ -229,9 +250,15 @@ def main() -> int:
         results, outputs = {}, {}
         for name in args.systems.split(","):
             loaded, make = system(name, model_dir, tmp, tok, args, out_len, batch_tokens)
-            outputs[name], seconds = timed(make(), texts[:32], texts, args.runs)
+            run, start = make(), time.perf_counter()
+            if name == "eager_compiled":  # (compiles for the batch shapes of the run)
+                run(texts)
+            warmup = time.perf_counter() - start
+            outputs[name], seconds = timed(run, texts[:32], texts, args.runs)
             results[name] = {"sentences_per_s": round(len(texts) / seconds, 1), "seconds": round(seconds, 2),
                              "disk_mb": disk_mb(loaded)}
+            if name == "eager_compiled":
+                results[name]["warmup_s"] = round(warmup, 1)
             if model:
                 results[name]["bleu"] = bleu(outputs[name], refs)
             print(f"{name}: {results[name]}", file=sys.stderr)

@@ -3,18 +3,21 @@
 process's CPU time as well as wall time, so that other jobs on the machine move both alike.
 
 Prints one JSON object: sentences per CPU second of each system (median of ``--rounds``), the
-ratio eager / CTranslate2 of each round and their median, by CPU time and by wall time, and,
+ratio eager / CTranslate2 of each round and their median, and the ratio of each system's fastest
+round (``_best``: other jobs only ever add time, so on a noisy host the minima agree best from run
+to run), by CPU time and by wall time, and,
 with ``--ops``, the aten operators per decoder step of one eager run under ``torch.profiler``
 (a count that does not depend on the load), and with ``--per-step``, the CPU microseconds of one
 eager greedy step (``model.decode`` and the choice of the next tokens) with 1 row (the fixed
 cost) and with 64 (minimum of 15 runs of 32 steps). With ``--base SRC`` (another checkout's
 ``src/``, e.g. ``git archive`` of the parent commit), that package's eager runner joins the rounds
 as ``eager_base`` (imported as ``transduce_base`` from a copy), and its steps alternate with these:
-before and after in one process.
+before and after in one process. With ``--compiled``, ``eager_compiled`` (``runtime.compile``:
+greedy search's step compiled) joins the rounds; its first (warm-up) run compiles.
 
 Needs the ``export`` extra. Usage:
     python bench/export_speed_interleaved.py [--model DIR --src FILE | --shape demo] [--sentences 1000]
-        [--beam 1] [--rounds 3] [--ops] [--per-step] [--base OTHER_CHECKOUT/src]
+        [--beam 1] [--rounds 3] [--ops] [--per-step] [--base OTHER_CHECKOUT/src] [--compiled]
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ import shutil
 
 import export_speed as X
 from transduce.data.tokenizer import Tokenizer
-from transduce.data.toy import generate_pairs
 
 SYSTEMS = ("eager_fp32", "ct2_fp32")
 
@@ -111,21 +113,18 @@ def per_step_us(loops: dict, runs: int = 15, steps: int = 32) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="trained model directory (default: a random one of --shape)")
-    ap.add_argument("--src", default=None, help="source sentences, one a line (default: toy sentences)")
-    ap.add_argument("--shape", default="demo", choices=sorted(X.SHAPES))
-    ap.add_argument("--sentences", type=int, default=1000)
+    X.model_arguments(ap)
     ap.add_argument("--beam", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out-len", type=int, default=32, help="forced output length for the random model")
     ap.add_argument("--ops", action="store_true", help="also count aten operators per decoder step")
     ap.add_argument("--per-step", action="store_true", help="also time one greedy step of 1 and of 64 rows")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also eager_compiled (runtime.compile, greedy) in the rounds; its warm-up run compiles")
     ap.add_argument("--base", type=Path, default=None,
                     help="another checkout's src/: its eager runner joins the rounds")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    texts = (Path(args.src).read_text(encoding="utf-8").splitlines() if args.src
-             else [s for s, _ in generate_pairs(args.sentences, X.SEED)])[:args.sentences]
+    texts = X.source_texts(args)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model_dir = Path(args.model) if args.model else X.random_model_dir(tmp / "random", texts, args.shape)
@@ -134,11 +133,15 @@ def main() -> int:
         batch_tokens = int(64 * np.mean([len(tok.encode(t, "src")) + 1 for t in texts]))
         settings = argparse.Namespace(threads=1, batch_size=64, beam=args.beam, qat=None, calibrate=None)
         runs = {name: X.system(name, model_dir, tmp, tok, settings, out_len, batch_tokens)[1]()
-                for name in SYSTEMS}
+                for name in SYSTEMS + (("eager_compiled",) if args.compiled else ())}
         if args.base:
             runs["eager_base"], base_translator = base_eager(args.base, tmp, model_dir, out_len, batch_tokens,
                                                              args.beam)
-        outputs = {name: run(texts) for name, run in runs.items()}  # (also the warm-up)
+        outputs, warmup = {}, {}
+        for name, run in runs.items():  # (also the warm-up)
+            start = time.perf_counter()
+            outputs[name] = run(texts)
+            warmup[name] = round(time.perf_counter() - start, 1)
         systems = tuple(runs)
         cpu = {n: [] for n in systems}
         wall = {n: [] for n in systems}
@@ -154,6 +157,11 @@ def main() -> int:
         for name in systems:
             report[f"{name}_sentences_per_cpu_s"] = round(len(texts) / statistics.median(cpu[name]), 1)
         pairs = [("", "eager_fp32", "ct2_fp32")]
+        if args.compiled:
+            pairs += [("_compiled", "eager_compiled", "ct2_fp32"),
+                      ("_compiled_over_eager", "eager_compiled", "eager_fp32")]
+            report["same_output_compiled"] = outputs["eager_compiled"] == outputs["eager_fp32"]
+            report["warmup_s"] = warmup
         if args.base:
             pairs += [("_base", "eager_base", "ct2_fp32"), ("_after_over_base", "eager_fp32", "eager_base")]
             report["same_output_as_base"] = outputs["eager_fp32"] == outputs["eager_base"]
@@ -162,6 +170,7 @@ def main() -> int:
                 ratios = [tb / ta for ta, tb in zip(times[a], times[b])]
                 report[f"ratio{suffix}_{clock}"] = round(statistics.median(ratios), 3)
                 report[f"ratio{suffix}_{clock}_rounds"] = [round(x, 3) for x in ratios]
+                report[f"ratio{suffix}_{clock}_best"] = round(min(times[b]) / min(times[a]), 3)
         if args.ops or args.per_step:
             from transduce.inference import Runtime, Translator
             translator = Translator.load(model_dir, Runtime(device="cpu"))

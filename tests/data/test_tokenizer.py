@@ -46,6 +46,21 @@ def test_pieces_spell_the_text(toy_tokenizer):
         "The man sees the dog."
 
 
+@pytest.mark.parametrize("side", ["src", "tgt"])
+def test_pieces_are_sentencepieces_own_for_every_id(toy_tokenizer, side):
+    """pieces() reads a table made once; it gives SentencePiece's piece of every id, takes
+    tensor elements, and an id out of range is SentencePiece's error, as before the table."""
+    import torch
+
+    sp = toy_tokenizer._side(side)
+    ids = list(range(sp.get_piece_size()))
+    assert toy_tokenizer.pieces(ids, side) == [sp.id_to_piece(i) for i in ids]
+    assert toy_tokenizer.pieces(torch.tensor([4, 5]), side) == [sp.id_to_piece(4), sp.id_to_piece(5)]
+    for bad in (-1, sp.get_piece_size()):
+        with pytest.raises(IndexError):
+            toy_tokenizer.pieces([4, bad], side)
+
+
 def test_unknown_side_is_rejected(toy_tokenizer):
     with pytest.raises(ValueError, match="side"):
         toy_tokenizer.encode("x", side="source")

@@ -69,6 +69,16 @@ def test_generation_stops_at_max_positions(lm_dir):
     assert len(got[0]) <= model.config.max_positions - 3
 
 
+def test_generate_ids_draws_from_its_seed_not_the_global_rng(lm_dir):
+    model = load_model(lm_dir)
+    prompts, gen = torch.tensor([[1, 5, 9], [1, 7, 2]]), GenerationConfig(max_new_tokens=10, seed=2)
+    state = torch.get_rng_state()
+    first = generate_ids(model, prompts, gen)
+    assert torch.equal(torch.get_rng_state(), state)  # (a private generator)
+    assert generate_ids(model, prompts, gen) == first
+    assert generate_ids(model, prompts, gen, torch.Generator().manual_seed(2)) == first
+
+
 def test_batched_prompts_match_one_at_a_time(lm_dir):
     gen = Generator.load(lm_dir)
     prompts = ["der hund", "die katze hat", "", "der hund", "ein mann will das"]

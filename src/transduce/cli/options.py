@@ -34,6 +34,9 @@ def add_runtime_options(p: argparse.ArgumentParser, workers: bool = True) -> Non
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                    help="autocast precision (default: fp32)")
     p.add_argument("--int8", action="store_true", help="dynamic int8 quantisation of the linear layers (CPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="CPU: compile greedy search's decoding step with torch.compile (needs a C++ compiler); the "
+                        "first batches compile (seconds to a minute), so it pays on long jobs and servers")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's choice; with --workers: per worker, default 1)")
     p.add_argument("--backend", default="torch", choices=["torch", "onnx", "tensorrt"],
@@ -153,7 +156,8 @@ def runtime_of(args: argparse.Namespace):
     """The :class:`~transduce.inference.Runtime` the command line asks for."""
     from ..inference import Runtime
     extra = {} if getattr(args, "worker_timeout", None) is None else {"worker_timeout_s": args.worker_timeout}
-    return Runtime(device=args.device, precision=args.precision, int8=args.int8, workers=getattr(args, "workers", 0),
+    return Runtime(device=args.device, precision=args.precision, int8=args.int8, compile=args.compile,
+                   workers=getattr(args, "workers", 0),
                    threads=args.threads, backend=args.backend, engines=args.engines, **extra)
 
 

@@ -27,6 +27,13 @@ class Runtime:
     """``fp32``, or ``bf16``/``fp16`` autocast (fp16 on CUDA only)."""
     int8: bool = False
     """Dynamic int8 quantisation of the linear layers (CPU only)."""
+    compile: bool = False
+    """CPU: greedy search runs the static-shape search with its step compiled by ``torch.compile``
+    (Inductor's C++ kernels; needs a C++ compiler). The first batches compile (seconds to a
+    minute, a few times while the batch shapes vary), so it pays on long jobs and servers. Beam
+    search (measured no faster compiled) and the searches the static search cannot run (sampling,
+    prefixes, constraints, streaming, attention maps, shortlists) run eagerly. On CUDA the static
+    search's CUDA graphs do this already."""
     workers: int = 0
     """Decode in this many CPU worker processes, each with its own copy of the model and each
     call's batches spread over them; 0: in this process."""
@@ -54,12 +61,16 @@ class Runtime:
               f"worker processes decode on the CPU; got device {self.device!r}")
         check(not self.int8 or self.device in ("cpu", "auto"), "runtime.int8",
               f"dynamic int8 quantisation runs on the CPU; got device {self.device!r}")
+        check(not self.compile or self.device in ("cpu", "auto"), "runtime.compile",
+              f"compiles the CPU decoding step (CUDA captures it as a graph already); got device {self.device!r}")
+        check(not (self.compile and self.int8), "runtime.compile",
+              "compiles float models; drop int8 (dynamic int8 runs eagerly)")
         one_of(self.backend, "runtime.backend", BACKENDS)
         check((self.backend == "torch") == (self.engines is None), "runtime.engines",
               f"names the exported graphs of backend onnx or tensorrt; got backend {self.backend!r} with engines "
               f"{self.engines!r}")
-        check(self.backend == "torch" or not (self.workers or self.int8), "runtime.backend",
-              f"{self.backend} runs in this process on its own weights; drop workers and int8")
+        check(self.backend == "torch" or not (self.workers or self.int8 or self.compile), "runtime.backend",
+              f"{self.backend} runs in this process on its own weights; drop workers, int8 and compile")
 
     @property
     def worker_threads(self) -> int:

@@ -80,6 +80,7 @@ class Tokenizer:
         self._sp = {"src": src_sp, "tgt": tgt_sp}
         self._word_caches: dict[int, WordCache | None] = {}  # per model (a joint one serves both sides)
         self._unused_pieces: dict[int, dict[str, int]] = {}  # likewise
+        self._piece_tables: dict[int, list[str]] = {}  # likewise
 
     # ---- training -------------------------------------------------------------------------
 
@@ -281,8 +282,8 @@ class Tokenizer:
         """UNUSED piece -> id for ``side``'s model (computed once)."""
         sp = self._sp[side]
         if id(sp) not in self._unused_pieces:
-            self._unused_pieces[id(sp)] = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())
-                                           if sp.is_unused(i)}
+            table = self._piece_table(side)
+            self._unused_pieces[id(sp)] = {table[i]: i for i in range(len(table)) if sp.is_unused(i)}
         return self._unused_pieces[id(sp)]
 
     def encode_flat(self, texts: Sequence[str], side: str = "src", num_threads: int = 1
@@ -322,19 +323,27 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], side: str = "tgt") -> str:
         """Text of ``ids``: stops at the first EOS and skips PAD and BOS."""
-        kept = []
-        for i in ids:
-            i = int(i)  # also accepts tensor elements
-            if i == EOS_ID:
-                break
-            if i not in (PAD_ID, BOS_ID):
-                kept.append(i)
-        return self._side(side).decode(kept)
+        ids = list(map(int, ids))  # (also accepts tensor elements)
+        if EOS_ID in ids:
+            ids = ids[:ids.index(EOS_ID)]
+        return self._side(side).decode([i for i in ids if i != PAD_ID and i != BOS_ID])
 
     def pieces(self, ids: Iterable[int], side: str = "tgt") -> list[str]:
         """Subword strings of ``ids`` (``▁`` marks a word start), e.g. for attention plots."""
+        table = self._piece_table(side)
+        ids = list(map(int, ids))  # (also accepts tensor elements)
+        if not ids or (min(ids) >= 0 and max(ids) < len(table)):
+            return [table[i] for i in ids]
         sp = self._side(side)
-        return [sp.id_to_piece(int(i)) for i in ids]
+        return [sp.id_to_piece(i) for i in ids]  # (its error for an id out of range)
+
+    def _piece_table(self, side: str) -> list[str]:
+        """Every piece of ``side``'s model by id (made once: a list lookup is much cheaper than
+        SentencePiece's per-id call, and output pieces are read for every hypothesis)."""
+        sp = self._side(side)
+        if id(sp) not in self._piece_tables:
+            self._piece_tables[id(sp)] = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        return self._piece_tables[id(sp)]
 
     def normalize(self, text: str, side: str = "src") -> str:
         """``text`` as :meth:`decode` gives it back (nmt_nfkc, whitespace collapsed)."""

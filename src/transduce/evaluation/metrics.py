@@ -99,7 +99,7 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
     if decode.rerank == "none":  # reranking chooses among the n-best
         decode = replace(decode, nbest=1)
     start = time.perf_counter()
-    results = translator.translate_detailed(sources, decode)
+    results = translator.translate_detailed(sources, decode, scores=False)  # (texts and lengths read, not scores)
     seconds = time.perf_counter() - start
     tokens = sum(len(r.best.tokens) + int(r.best.ended) for r in results if r.source_tokens)
     out = score([r.best.text for r in results], references)

@@ -92,7 +92,7 @@ def _other_translations(other: str, src: str, runtime: Runtime, decode: DecodeCo
             raise ConfigError(f"compare: {other} is neither a hypothesis file nor a model directory")
         return list(read_lines(other))
     with load([other], runtime) as translator:
-        return [r.best.text for r in translator.translate_detailed(list(read_lines(src)), decode)]
+        return translator.translate(list(read_lines(src)), decode)
 
 
 def _check_unused(task: str, dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],

@@ -150,7 +150,8 @@ def translate_file(
             sources, constraints = terms.split(chunk)
             stripped = strip_sources(translator, sources) if markup else None
             results = translator.translate_detailed(sources if stripped is None else [s.text for s in stripped],
-                                                    decode, prefix=prefix, constraints=constraints)
+                                                    decode, prefix=prefix, constraints=constraints,
+                                                    scores=output_format != "text" or decode.nbest > 1)
             lines_out = _output_lines(translator, results, decode, output_format, stripped)
             out.write("".join(line + "\n" for line in lines_out))
             out.flush()

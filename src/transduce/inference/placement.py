@@ -46,14 +46,38 @@ def load_model_dir(directory: str | os.PathLike, device: torch.device | str = "c
 def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime) -> torch.nn.Module:
     """``model`` on ``device`` in eval mode, prepared for decoding as ``runtime`` says
     (:func:`~transduce.inference.speed.prepare_for_decoding`): int8, or weights kept in the
-    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers. With ``runtime.backend`` onnx or
-    tensorrt, the exported graphs of ``runtime.engines`` in its place (:func:`~.graphs.open_graphs`)."""
+    autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers; with ``runtime.compile`` on the
+    CPU, also the mark that its searches compile their step
+    (:func:`~transduce.inference.speed.compile_step`). With ``runtime.backend`` onnx or tensorrt, the
+    exported graphs of ``runtime.engines`` in its place (:func:`~.graphs.open_graphs`)."""
     if runtime.backend != "torch":
         from .graphs import open_graphs
         return open_graphs(model.config, device, runtime)
-    from .speed import prepare_for_decoding
-    return prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu", int8=runtime.int8,
-                                cast=PRECISIONS[runtime.precision])
+    from .speed import compile_step, prepare_for_decoding
+    compiled = runtime.compile and device.type == "cpu"
+    if compiled:
+        check_compilable(model)
+    model = prepare_for_decoding(model.to(device).eval(), onednn=device.type == "cpu",
+                                 int8=runtime.int8, cast=PRECISIONS[runtime.precision])
+    return compile_step(model) if compiled else model
+
+
+def check_compilable(model: torch.nn.Module) -> None:
+    """A one-line error unless ``runtime.compile`` can compile ``model``'s decoding step: one float
+    translation Transformer, on a machine with a C++ compiler for Inductor's CPU kernels."""
+    import shutil
+
+    from ..model.transformer import Transformer
+    from .speed.static import is_quantized
+    if not isinstance(model, Transformer) or model.config.arch != "encoder_decoder":
+        raise ConfigError(f"runtime.compile: compiles the decoding step of one translation model; got "
+                          f"{type(model).__name__}; drop compile")
+    if any(is_quantized(m) for m in model.modules()):
+        raise ConfigError("runtime.compile: compiles float models; this one is static int8 (quant.safetensors)")
+    compiler = os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None and shutil.which("clang++") is None:
+        raise ConfigError(f"runtime.compile: torch.compile's CPU kernels need a C++ compiler; {compiler} not found "
+                          "(install g++ or set CXX), or drop compile")
 
 
 def apply_threads(runtime: Runtime) -> None:

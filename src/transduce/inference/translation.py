@@ -164,18 +164,21 @@ class BaseTranslator:
             decode = replace(decode, nbest=1)
         if markup:
             return translate_markup(self, texts, decode, prefix, constraints)
-        out = self.translate_detailed(texts, decode, prefix=prefix, constraints=constraints)
+        out = self.translate_detailed(texts, decode, prefix=prefix, constraints=constraints, scores=False)
         return [t.best.text for t in out]
 
     def translate_detailed(self, texts: Sequence[str], decode: DecodeConfig | None = None,
                            attention: AttentionChoice | None = None, prefix: Sequence[str] | None = None,
                            constraints: Sequence[Sequence[str]] | None = None, alignment: bool = False,
-                           **overrides) -> list[Translation]:
+                           scores: bool = True, **overrides) -> list[Translation]:
         """Translate with beam search (greedy when ``beam == 1``), keeping ``nbest`` hypotheses;
         ``attention`` also returns each hypothesis' cross-attention of that layer and head;
         ``prefix``: each output begins with that target text (the rest is searched);
         ``constraints``: per text, target phrases its output must contain; ``alignment``: the
-        best hypothesis' word alignment too (its ``alignment``, :mod:`~transduce.inference.alignment`)."""
+        best hypothesis' word alignment too (its ``alignment``, :mod:`~transduce.inference.alignment`);
+        ``scores`` False: greedy search's hypotheses get score 0 (it skips the softmax over the
+        vocabulary each step; :meth:`translate` asks for none). Beam search (and so reranking)
+        and sampling score anyway."""
         decode = self.settings(decode, **overrides)
         if attention is not None:
             check_layer_head(self.config, attention.layer, attention.head)
@@ -184,7 +187,7 @@ class BaseTranslator:
                 raise ConfigError("decode.mbr_samples: MBR over samples takes no prefix, constraints or attention")
             results = self._sampled_mbr(texts, decode)
         else:
-            results = self._run(texts, SearchSpec(decode, attention), prefix, constraints)
+            results = self._run(texts, SearchSpec(decode, attention, scores=scores), prefix, constraints)
         if alignment:
             add_alignments(self, results, decode)
         return results
@@ -253,8 +256,9 @@ class BaseTranslator:
             phrases = [constraint_ids([ids[i] for i in index]) for index in batches]
         inside = None if phrases is None else self.word_pieces
         for index, out in zip(batches, self._search(sources, spec, prefixes, phrases, inside)):
+            rows = out.rows()
             for row, i in enumerate(index):
-                results[i].hypotheses = self._hypotheses(out, row, len(results[i].source_tokens) + 1)
+                results[i].hypotheses = self._hypotheses(rows[row], out, row, len(results[i].source_tokens) + 1)
             logger.debug("translated a batch of %d sentences", len(index))
             if self.progress is not None:
                 self.progress.update(len(index))
@@ -271,15 +275,16 @@ class BaseTranslator:
         empty = [Hypothesis("", [], [], 0.0, 0.0)] if not ids else []
         return Translation(text, ids, pieces, empty, truncated)
 
-    def _hypotheses(self, out: SearchOutput, row: int, src_len: int) -> list[Hypothesis]:
-        """Hypothesis objects of batch row ``row``, skipping empty (-inf) slots."""
+    def _hypotheses(self, row_lists: tuple[list, list, list, list], out: SearchOutput, row: int,
+                    src_len: int) -> list[Hypothesis]:
+        """Hypothesis objects of batch row ``row`` (``row_lists``: its tokens, lengths, scores
+        and log-probs as lists, :meth:`SearchOutput.rows`), skipping empty (-inf) slots."""
         hyps = []
         eos = self.config.eos_id
-        for k in range(out.tokens.shape[1]):
-            score = float(out.scores[row, k])
+        for k, (tokens, length, score, log_prob) in enumerate(zip(*row_lists)):
             if score == float("-inf") and hyps:
                 continue
-            ids = out.hypothesis(row, k)
+            ids = tokens[:length]
             ended = bool(ids) and ids[-1] == eos
             content = ids[:-1] if ended else ids
             attention = None
@@ -287,7 +292,7 @@ class BaseTranslator:
                 attention = out.attention[row, k, : len(ids), :src_len].float()
             hyps.append(Hypothesis(self.tokenizer.decode(content, side="tgt"),
                                    content, self.tokenizer.pieces(content, side="tgt"),
-                                   score, float(out.log_probs[row, k]), ended, attention))
+                                   score, log_prob, ended, attention))
         return hyps
 
 

@@ -73,6 +73,8 @@ class Translator(BaseTranslator):
         autocast_context(self.device, runtime.precision, "runtime.precision")  # a bad precision fails here
         if runtime.int8 and self.device.type != "cpu":
             raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
+        if runtime.compile and speculation is not None:
+            raise ConfigError("runtime.compile: speculative decoding runs eagerly; drop the draft model or compile")
         self.runtime = runtime
         self.model = prepared_for(model, self.device, runtime)
         self.speculation = speculation

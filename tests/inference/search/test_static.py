@@ -31,7 +31,7 @@ def _assert_same(eager, static) -> None:
 
 
 MODELS = [(0, "sinusoidal", "post"), (1, "learned", "pre"), (2, "rope", "post"), (3, "rope", "pre"),
-          (4, "sinusoidal", "pre")]
+          (4, "sinusoidal", "pre"), (5, "relative", "pre")]
 
 
 @pytest.mark.parametrize("seed,positions,norm", MODELS)

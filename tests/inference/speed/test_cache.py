@@ -91,3 +91,17 @@ def test_static_cache_takes_one_position_per_step():
     assert layer.key_mask.flatten().tolist() == [True] + [False] * 7
     with pytest.raises(ValueError, match="one new position"):
         layer.append(torch.randn(2, 1, 2, 3), torch.randn(2, 1, 2, 3))
+
+
+def test_a_static_cache_window_attends_the_first_positions():
+    cache = StaticKVCache.empty(2, (2, 1, 8, 3), (2, 1, 4, 3), torch.float32, torch.device("cpu"))
+    cache.attend_first(4)
+    assert cache.key_length(1) == 4
+    k = torch.randn(2, 1, 1, 3)
+    for layer in cache.layers:
+        keys, values = layer.append(k, 2 * k)
+        assert keys.shape == values.shape == (2, 1, 4, 3) and keys.data_ptr() == layer.self_k.data_ptr()
+        assert torch.equal(keys[:, :, 0:1], k) and torch.equal(values[:, :, 0:1], 2 * k)
+        assert layer.key_mask.flatten().tolist() == [True, False, False, False]
+    cache.attend_first(None)
+    assert cache.key_length(1) == 8 and cache.layers[0].append(k, k)[0] is cache.layers[0].self_k

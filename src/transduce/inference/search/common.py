@@ -88,6 +88,11 @@ class SearchOutput:
         """Token ids of sentence ``i``'s ``k``-th best hypothesis."""
         return self.tokens[i, k, : int(self.lengths[i, k])].tolist()
 
+    def rows(self) -> list[tuple[list, list, list, list]]:
+        """Each sentence's (tokens (K, T), lengths (K), scores (K), log-probs (K)) as Python lists:
+        one conversion for the batch, not a few small tensor reads per hypothesis."""
+        return list(zip(self.tokens.tolist(), self.lengths.tolist(), self.scores.tolist(), self.log_probs.tolist()))
+
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016, Eq. 14).
@@ -119,11 +124,14 @@ def output_log_softmax(logits: Tensor, config: object) -> Tensor:
 
 
 def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: int,
-                   forced: Tensor | None = None, repeat: Repetition | None = None) -> Tensor:
+                   forced: Tensor | None = None, repeat: Repetition | None = None,
+                   normalize: bool = True) -> Tensor:
     """Log-softmax over the output's classes (:func:`output_log_softmax`), then forbid PAD, BOS and
     (before ``min_len``) EOS; rows with a ``forced`` token (N,) (-1: none) may only take that one
     (prefix decoding). With ``repeat``, its penalty applies to the logits and its n-gram blocking
-    to the log-probs (:mod:`.repetition`): every search applies them here.
+    to the log-probs (:mod:`.repetition`): every search applies them here. Without ``normalize``,
+    the logits themselves, forbidden alike (in place: float32 ``logits`` are changed): the same
+    order in each row, for a choice that needs no score (greedy search unscored, :func:`best_tokens`).
 
     Forbidding after the softmax (as fairseq) keeps scores equal to the model's own log-probs.
     ``step`` may be a 0-dim device tensor (static decoding), which the host never reads.
@@ -133,7 +141,7 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     logits = logits if logits.dtype == torch.float32 else logits.float()
     if repeat is not None:
         logits = repeat.penalise(logits)
-    logp = output_log_softmax(logits, config)
+    logp = output_log_softmax(logits, config) if normalize else logits
     if repeat is not None:
         logp = repeat.block(logp)
     never = never_generated(config.pad_id, config.bos_id, config.eos_id)  # not one that is EOS too (GPT-2)
@@ -142,12 +150,18 @@ def step_log_probs(logits: Tensor, config: object, step: int | Tensor, min_len: 
     elif step < min_len:
         never += (config.eos_id,)
     if never:  # (one op for every forbidden column: a step's fixed cost matters for small models)
-        logp.index_fill_(1, _columns(never, logp.device), -math.inf)
+        logp.index_fill_(1, _kept(_columns, never, logp.device), -math.inf)
     if forced is not None:
         token = forced.clamp(min=0).unsqueeze(1)                          # (N, 1)
         only = torch.full_like(logp, -math.inf).scatter_(1, token, logp.gather(1, token))
         logp = torch.where((forced >= 0).unsqueeze(1), only, logp)
     return logp
+
+
+def _kept(make, *args):
+    """``make(*args)`` from its ``functools.lru_cache``; made afresh while ``torch.compile`` traces
+    (a constant of the compiled step: dynamo does not trace the cache)."""
+    return make.__wrapped__(*args) if torch.compiler.is_compiling() else make(*args)
 
 
 @functools.lru_cache(maxsize=32)
@@ -212,7 +226,8 @@ class BatchVocab:
 
 def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tensor, min_len: int,
                 k: int, forced: Tensor | None = None, repeat: Repetition | None = None,
-                vocab: BatchVocab | None = None, hook: BlockHook | None = None) -> tuple[Tensor, Tensor]:
+                vocab: BatchVocab | None = None, hook: BlockHook | None = None,
+                scored: bool = True) -> tuple[Tensor, Tensor]:
     """Each row's ``k`` (at most V) most probable next tokens: :func:`step_log_probs` of the
     projected ``states`` (``forced`` tokens and ``repeat`` as it says), then :func:`topk_rows`,
     in blocks of ``SCORE_ROWS`` rows on CPU. ``hook(logp, start)`` is shown each block's
@@ -220,22 +235,31 @@ def best_tokens(model: Seq2Seq, states: Tensor, config: object, step: int | Tens
     (constrained search's refusals). With a ``vocab`` shortlist (and neither ``forced`` tokens,
     ``repeat`` nor a ``hook``, which read the whole vocabulary), only over its ids.
 
+    Not ``scored`` (``k`` 1: greedy search whose caller wants only the text), the token is the
+    largest forbidden-masked logit, no softmax over the vocabulary, and its log-prob is returned
+    as 0: the same token as the scored choice unless two logits round to one log-prob (a tie the
+    scored choice breaks by the lower id).
+
     Shape: states (N, D) -> log-probs (N, w), tokens (N, w), w = min(k, V) (min(k, U) with ``vocab``).
     """
+    if not scored and k != 1:
+        raise ValueError(f"best_tokens: only a choice of one token (k=1) goes unscored, not k={k}")
     if vocab is not None and forced is None and repeat is None and hook is None:
         with scope(SOFTMAX):
-            logp = step_log_probs(F.linear(states, vocab.weight, vocab.bias), vocab.specials, step, min_len)  # (N, U)
+            logp = step_log_probs(F.linear(states, vocab.weight, vocab.bias), vocab.specials, step, min_len,
+                                  normalize=scored)  # (N, U)
             values, cols = logp.topk(min(k, logp.shape[-1]), dim=1)
-        return values, vocab.ids[cols]
+        return values if scored else torch.zeros_like(values), vocab.ids[cols]
 
     def score(start: int, block: Tensor) -> tuple[Tensor, Tensor]:
         stop = start + block.shape[0]
         logp = step_log_probs(model.output_proj(block), config, step, min_len,
                               None if forced is None else forced[start:stop],
-                              None if repeat is None else repeat.rows(start, stop))  # (rows, V)
+                              None if repeat is None else repeat.rows(start, stop), scored)  # (rows, V)
         if hook is not None:
             hook(logp, start)
-        return topk_rows(logp, min(k, logp.shape[-1]))
+        values, tokens = topk_rows(logp, min(k, logp.shape[-1]))
+        return values if scored else torch.zeros_like(values), tokens
 
     rows = max(SCORE_ROWS if states.device.type == "cpu" else states.shape[0], 1)
     with scope(SOFTMAX):
@@ -268,14 +292,14 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         values, indices = x.max(dim=1, keepdim=True)
         return values, indices
     n, v = x.shape
-    c = _block_size(v, k)
+    c = _kept(_block_size, v, k)
     if c is None or x.device.type != "cpu":
         return x.topk(k, dim=1)
     blocks = x.view(n, v // c, c)                                         # (N, V/c, c)
     best = blocks.amax(dim=2).topk(k, dim=1).indices.unsqueeze(2)         # (N, k, 1) blocks
     values, i = blocks.gather(1, best.expand(n, k, c)).view(n, k * c).topk(k, dim=1)  # (N, k)
     # each candidate's column in x, read off by i (no division: one integer op per entry)
-    columns = (best * c + _offsets(c, x.device)).view(n, k * c)           # (N, k*c)
+    columns = (best * c + _kept(_offsets, c, x.device)).view(n, k * c)    # (N, k*c)
     return values, columns.gather(1, i)
 
 

@@ -3,7 +3,8 @@
 A spec is a plain frozen value (worker processes are sent it,
 :class:`~transduce.inference.pool.TranslatorPool`); :meth:`SearchSpec.run` picks, in this
 order, speculative decoding (a draft model given), sampling (``temperature`` > 0), the static
-search (CUDA graphs; by default on CUDA when it can run), greedy search (``beam`` 1) or beam
+search (CUDA graphs, or a compiled step on the CPU; by default on CUDA, and for greedy search on
+a model marked by ``runtime.compile``, when it can run), greedy search (``beam`` 1) or beam
 search. The algorithms never choose among themselves.
 """
 
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ...errors import ConfigError
+from ..speed import compiles_step
 from .beam import beam_search
 from .common import AttentionChoice, SearchOutput, StepHook, max_lengths
 from .constraints import ConstraintBeams, check_fits
@@ -36,7 +38,10 @@ class SearchSpec:
     ``decode.beam`` 1 is greedy search; ``temperature`` > 0 means sampling (``beam``,
     ``lenpen``, ``nbest`` and ``stop`` unused; 0 is greedy, as in
     :class:`~transduce.config.GenerationConfig`). ``static``: run the static-shape search
-    (:mod:`.static`; True), never (False), or by default (None) on CUDA where it can.
+    (:mod:`.static`; True), never (False), or by default (None) where it can on CUDA, and for
+    greedy search on a model whose step is compiled (:func:`~transduce.inference.speed.compile_step`).
+    ``scores`` False: greedy search gives only its output, scores 0 (each step the largest logit,
+    no softmax over the vocabulary: :func:`~.common.best_tokens`); beam search and sampling score.
     """
 
     decode: DecodeConfig = DecodeConfig()
@@ -46,6 +51,7 @@ class SearchSpec:
     top_p: float = 1.0
     seed: int | None = None
     static: bool | None = None
+    scores: bool = True
 
     def run(self, model: torch.nn.Module, src: Tensor, prefix: Tensor | None = None,
             speculation: Speculation | None = None, constraints: Tensor | None = None,
@@ -75,21 +81,24 @@ class SearchSpec:
             if prefix is not None:
                 raise ConfigError("prefix: forced prefixes work with greedy and beam search, not sampling")
             return sample(model, src, self.temperature, self.top_k, self.top_p, self.seed, self.decode, self.attention)
-        if prefix is None and on_step is None and self.uses_static(model, src):
-            return static_search(model, src, self.decode, greedy=self.decode.beam == 1)
         vocab = shortlist.vocab(model, src) if shortlist is not None and self.decode.shortlist else None
+        if prefix is None and on_step is None and vocab is None and self.uses_static(model, src):
+            return static_search(model, src, self.decode, greedy=self.decode.beam == 1, scored=self.scores)
         if self.decode.beam == 1:
-            return greedy_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab, on_step=on_step)
+            return greedy_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab, on_step=on_step,
+                                 scored=self.scores)
         return beam_search(model, src, self.decode, self.attention, prefix=prefix, vocab=vocab, on_step=on_step)
 
     def uses_static(self, model: torch.nn.Module, src: Tensor) -> bool:
         """Whether the static search runs: as ``static`` says (a ConfigError if it cannot), or by
-        default on CUDA where it can."""
+        default where it can, on CUDA and (greedy) on a model whose step is compiled."""
         if self.static is False:
             return False
         why_not = unsupported(model, self.attention)
         if self.static is None:
-            return src.device.type == "cuda" and why_not is None
+            # (compiled: greedy only; the compiled beam search measured no faster than the eager one)
+            on = src.device.type == "cuda" or (compiles_step(model) and self.decode.beam == 1)
+            return on and why_not is None
         if why_not is not None:
             raise ConfigError(f"static: {why_not}")
         return True

@@ -106,7 +106,7 @@ def _sequential_search(model: Seq2Seq, src: Tensor, choose: TokenChooser, decode
 def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConfig(),
                   attention: AttentionChoice | None = None, use_cache: bool = True,
                   prefix: Tensor | None = None, vocab: BatchVocab | None = None,
-                  on_step: StepHook | None = None) -> SearchOutput:
+                  on_step: StepHook | None = None, scored: bool = True) -> SearchOutput:
     """Pick the most probable token at each step (beam search with a beam of one).
 
     Args:
@@ -121,15 +121,18 @@ def greedy_search(model: Seq2Seq, src: Tensor, decode: DecodeConfig = DecodeConf
             (:func:`~transduce.inference.search.common.prefix_ids`).
         vocab: the batch's target shortlist, or None for the full vocabulary.
         on_step: told each step's tokens (:data:`~.common.StepHook`), for streaming.
+        scored: False when only the output is wanted: each step takes the largest logit, no
+            softmax over the vocabulary (:func:`~.common.best_tokens`), and scores are 0.
 
     Returns:
-        :class:`SearchOutput` with K = 1; scores are summed log-probabilities.
+        :class:`SearchOutput` with K = 1; scores are summed log-probabilities (0 unscored).
     """
     cfg = model.config
 
     def most_probable(states: Tensor, step: int, forced: Tensor | None, repeat: Repetition | None
                       ) -> tuple[Tensor, Tensor]:
-        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat, vocab)  # (N, 1) each
+        logp, token = best_tokens(model, states, cfg, step, decode.min_len, 1, forced, repeat, vocab,
+                                  scored=scored)  # (N, 1) each
         return token.squeeze(1), logp.squeeze(1)
 
     return sequential_search(model, src, most_probable, decode, attention, use_cache, prefix, on_step)

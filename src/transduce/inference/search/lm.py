@@ -19,12 +19,15 @@ def generate_ids(model: torch.nn.Module, prompts: Tensor, gen,
                  generator: torch.Generator | None = None) -> list[list[int]]:
     """Continue each row of ``prompts`` (B, P), BOS first, all of one length, as ``gen`` (a
     :class:`~transduce.config.GenerationConfig`) says; returns the new ids of each row (without
-    EOS), at most ``max_new_tokens`` and never past ``max_positions``.
+    EOS), at most ``max_new_tokens`` and never past ``max_positions``. Sampling draws from
+    ``generator``; without one, from a generator seeded by ``gen.seed`` when set (else the global RNG).
 
     The model runs prepared for decoding (:func:`~transduce.inference.speed.prepared`: projections
     fused once, the pooled cache, few-query attention), as search does; only the last position of
     the prompt is projected to the vocabulary.
     """
+    if generator is None and gen.seed is not None:
+        generator = torch.Generator(device=prompts.device).manual_seed(gen.seed)
     with prepared(model):
         return _generate_ids(model, prompts, gen, generator)
 

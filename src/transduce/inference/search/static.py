@@ -1,5 +1,6 @@
 """Static-shape decoding: greedy and beam search whose every step has the same shapes and never
-waits on the host, captured in a CUDA graph on GPU.
+waits on the host, captured in a CUDA graph on GPU, compiled by ``torch.compile`` on the CPU
+when asked (``runtime.compile``).
 
 Why: on a GPU, a decoding step of a translation-sized model is a few hundred small kernels, and
 launching them one by one from Python, plus the host syncs of the eager searches (finished rows
@@ -34,7 +35,16 @@ which the graph reads live (a replaced parameter or a grown position table needs
 Weights changed in place are seen: the copies the speed layer keeps (fused projections, casts)
 are rewritten in place by :func:`~transduce.inference.speed.refresh` before each search.
 :func:`~transduce.inference.speed.restore` drops the kept searches. On CPU the same step runs
-eagerly, only when asked (the eager searches suit the CPU).
+eagerly, only when asked (the eager searches suit the CPU), or compiled: with ``runtime.compile``
+(:func:`~transduce.inference.speed.compile_step`) the step is compiled by ``torch.compile``
+(Inductor: its C++ kernels fuse the step's elementwise work, the step's Python runs once at
+tracing), one graph with dynamic shapes for all batch shapes of a model (a few recompilations
+while the first batches' shapes are seen). So each batch runs at its own size, and a compiled
+greedy search whose live sentences fall to ``COMPACT_BELOW`` of its own at a check goes on with
+them alone in a smaller search (as the eager search drops finished rows: 29% fewer row-steps on
+the Multi30k test set). The compiled step takes the weights as inputs, as
+the eager step reads them: weights changed in place or replaced are decoded with (Inductor's
+``freezing``, which would fold them in as constants, was slower here: oneDNN linear layers).
 
 Legend: B sentences (padded up), K beam (1 for greedy), N = B*K rows, S source length (padded),
 T output cap (padded), H heads, Dh head dim, D d_model.
@@ -44,6 +54,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import math
 
@@ -54,7 +65,7 @@ from ...config import DecodeConfig
 from ...device import autocast_dtype
 from ...model.attention import full_attention_only
 from ...model.transformer import EncoderOutput, Transformer
-from ..speed import STATIC_SEARCHES, prepared, refresh
+from ..speed import STATIC_SEARCHES, compiles_step, prepared, refresh
 from ..speed.cache import StaticKVCache
 from .beam import Beams, Finished, best_of, candidates, pick, store, survivors
 from .common import AttentionChoice, SearchOutput, best_tokens, length_penalty, max_lengths
@@ -63,12 +74,21 @@ from .repetition import Repetition
 # The host reads whether every sentence is done once per this many steps (each read waits for
 # the device; the steps run past the end are no-ops on frozen sentences).
 CHECK_EVERY = 8
+# A compiled greedy search goes on in a smaller search, with its live sentences only, when at a
+# check at most this share of its sentences is live (the eager search drops finished rows at
+# every step; a compiled step serves every row count).
+COMPACT_BELOW = 0.5
 # Source length and output cap are padded up to a multiple of LENGTH_MULTIPLE, the batch to one
 # of ROW_MULTIPLE sentences, so that batches of similar size share a captured graph.
 LENGTH_MULTIPLE = 16
 ROW_MULTIPLE = 8
 # Captured searches kept per model (each holds its buffers and its graph's memory pool).
 GRAPHS_KEPT = 4
+# Compiled (CPU) searches kept per model: their buffers only (one compiled step serves all shapes).
+COMPILED_KEPT = 16
+# Off CUDA, self-attention reads the cache's first positions up to the next multiple of this
+# (not the whole output cap: outputs are mostly much shorter than the cap).
+WINDOW_MULTIPLE = 16
 
 
 def unsupported(model: nn.Module, attention: AttentionChoice | None) -> str | None:
@@ -89,13 +109,15 @@ def unsupported(model: nn.Module, attention: AttentionChoice | None) -> str | No
 class StaticSearch:
     """The buffers of one search shape and the step over them (``model.decode`` on a
     :class:`StaticKVCache`, scoring, search update), all in place. ``beam`` 0 is greedy search
-    (one row per sentence, summed log-probs). ``model`` is prepared for decoding (its attention
-    lets a sentence's beams share its cross-attention row). A kept search serves one search at
+    (one row per sentence, summed log-probs; not ``scored``, the largest logit and scores 0:
+    :func:`~.common.best_tokens`). ``model`` is prepared for decoding (its attention lets a
+    sentence's beams share its cross-attention row). A kept search serves one search at
     a time (as a Translator's model: one thread searches with it)."""
 
     def __init__(self, model: Transformer, sentences: int, beam: int, s_cap: int, t_cap: int, dtype: torch.dtype,
-                 decode: DecodeConfig, device: torch.device):
-        self.model, self.beam, self.decode, self.graph = model, beam, decode, None
+                 decode: DecodeConfig, device: torch.device, scored: bool = True):
+        self.model, self.beam, self.decode, self.scored = model, beam, decode, scored
+        self.graph = self.compiled = None
         cfg, k = model.config, max(beam, 1)
         n, h, dh = sentences * k, cfg.n_heads, cfg.d_head
 
@@ -147,12 +169,20 @@ class StaticSearch:
         fin.count.zero_()
         fin.best_ended.zero_()
 
-    def step(self) -> None:
-        """One decoding step: the graph's replay when captured, else the step itself."""
+    def step(self, step: int) -> None:
+        """Decoding step ``step`` (from 0): the graph's replay when captured (over the whole
+        cache), else the compiled step when compiled, or the step itself, whose self-attention
+        reads the cache's first positions up to the next multiple of ``WINDOW_MULTIPLE``."""
         if self.graph is not None:
             self.graph.replay()
+            return
+        window = min(_round_up(step + 1, WINDOW_MULTIPLE), self.tokens.shape[2])
+        if self.compiled is not None:
+            rows = self.compiled(self, window)
+            if rows is not None:
+                self.cache.reorder(rows)
         else:
-            self._step()
+            self._step(window)
 
     def all_done(self) -> bool:
         return bool(self.done.all())
@@ -177,19 +207,45 @@ class StaticSearch:
                 self._step()
         self.graph = graph
 
-    def _step(self) -> None:
+    def compile(self, warm: bool = True) -> None:
+        """Compile the step (CPU): with ``warm``, one eager step first makes the fused projections
+        the compiled step reads (:class:`~transduce.inference.speed.attention.FastAttention`;
+        not needed when another search of the model made them), then the compiled step, shared
+        by every search (``torch.compile`` keys its code by the step's Python code and guards on
+        the model, the search settings and the buffers' ranks).
+
+        The beam's cache reorder runs after it, eagerly: compiled into the step (torch 2.13), the
+        gather of the cache rows read some rows' newest keys from before the step wrote them
+        (tests/inference/search/test_compiled.py: beam search compiled equals the eager one)."""
+        if warm:
+            self.load([], torch.ones_like(self.src_mask), torch.ones_like(self.limit))
+            self._step(WINDOW_MULTIPLE)
+        self.compiled = _compiled_step()
+
+    def _step(self, window: int | None = None) -> None:
+        rows = self._update(window)
+        if rows is not None:
+            self.cache.reorder(rows)
+
+    def _update(self, window: int | None = None) -> Tensor | None:
+        """The step but for the beam's cache reorder: decode, score, update the search; the
+        rows (N,) the cache's rows are to be gathered from (beam), None (greedy). Self-attention
+        reads the cache's first ``window`` positions (None: all; an argument, not an attribute,
+        so that a compiled step takes it as a dynamic size)."""
+        self.cache.attend_first(window)
         pos = self.cache.length.clone()  # the position this step decodes (decode advances the cache)
         states = self.model.decode(self.last.unsqueeze(1), self.enc, self.cache, project=False).states[:, 0]  # (N, D)
         if self.beam:
-            self._beam_update(states, pos)
-        else:
-            self._greedy_update(states, pos)
+            return self._beam_update(states, pos)
+        self._greedy_update(states, pos)
+        return None
 
     def _greedy_update(self, states: Tensor, pos: Tensor) -> None:
         """The most probable token of each live row; rows end at EOS or their limit."""
         cfg = self.model.config
         repeat = Repetition.of(self.decode, self.tokens[:, 0], pos)     # the output so far: positions < pos
-        logp, token = best_tokens(self.model, states, cfg, pos, self.decode.min_len, 1, None, repeat)  # (N, 1)
+        logp, token = best_tokens(self.model, states, cfg, pos, self.decode.min_len, 1, None, repeat,
+                                  scored=self.scored)  # (N, 1)
         token = token[:, 0].masked_fill(self.done, cfg.pad_id)
         self.tokens[:, 0].index_copy_(1, pos.view(1), token.unsqueeze(1))
         self.scores[:, 0] += logp[:, 0].masked_fill(self.done, 0.0)
@@ -198,9 +254,10 @@ class StaticSearch:
         self.done |= ends
         self.last.copy_(token)
 
-    def _beam_update(self, states: Tensor, pos: Tensor) -> None:
+    def _beam_update(self, states: Tensor, pos: Tensor) -> Tensor:
         """beam.py's step on all sentences: top 2K candidates, the ending ones of the top K
-        into the finished store (none for done sentences), the best K others stay alive."""
+        into the finished store (none for done sentences), the best K others stay alive;
+        returns the row (N,) each beam continues."""
         cfg, k, decode = self.model.config, self.beam, self.decode
         repeat = Repetition.of(decode, self.tokens.view(-1, self.tokens.shape[2]), pos)  # positions < pos written
         row_logp, row_token = best_tokens(self.model, states, cfg, pos, decode.min_len, 2 * k, None, repeat)  # (N, w)
@@ -216,15 +273,41 @@ class StaticSearch:
         self.tokens.copy_(self._extended(parent, token, pos))
         self.scores.copy_(scores)
         self.last.copy_(token.view(-1))
-        self.cache.reorder((parent + self.row_base).view(-1))            # (N,) row each beam continues
         if decode.stop == "k_finished":
             self.done |= self.fin.count >= k
         else:
             self.done |= self.fin.best_ended & (self.fin.count >= decode.nbest)
+        return (parent + self.row_base).view(-1)
 
     def _extended(self, parent: Tensor, token: Tensor, pos: Tensor) -> Tensor:
         """The alive histories of ``parent`` (B, m) with ``token`` (B, m) at ``pos`` -> (B, m, T)."""
         return pick(self.tokens, parent).index_copy_(2, pos.view(1), token.unsqueeze(2))
+
+    def continue_from(self, other: "StaticSearch", rows: Tensor) -> None:
+        """Go on with greedy search ``other``'s sentences ``rows`` (L,) in this search's first L
+        rows (the others padding, done); both of the same S and T caps."""
+        n = rows.numel()
+        self.load([], other.src_mask.index_select(0, rows), other.limit.index_select(0, rows))
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            for name in ("self_k", "self_v", "cross_k", "cross_v"):
+                getattr(mine, name)[:n] = getattr(theirs, name).index_select(0, rows)
+        self.cache.length.copy_(other.cache.length)
+        for name in ("last", "done", "tokens", "scores", "lengths"):
+            getattr(self, name)[:n] = getattr(other, name).index_select(0, rows)
+
+    def output_into(self, out: SearchOutput | None, sentences: Tensor, b: int, t_out: int) -> SearchOutput:
+        """Greedy search's hypotheses of its first rows written to ``out`` (a new one for ``b``
+        sentences when None) at ``sentences`` (L,), the sentence of each row; returns ``out``."""
+        if out is None:
+            tokens = torch.full((b, 1, t_out), self.model.config.pad_id, dtype=torch.long, device=self.tokens.device)
+            zeros = self.lengths.new_zeros(b, 1)
+            out = SearchOutput(tokens, zeros, zeros.float(), zeros.float())
+        n = sentences.numel()
+        out.tokens[sentences] = self.tokens[:n, :1, :t_out]
+        out.lengths[sentences] = self.lengths[:n, None]
+        out.scores[sentences] = self.scores[:n, :1]
+        out.log_probs[sentences] = self.scores[:n, :1]
+        return out
 
     def output(self, b: int, t_out: int) -> SearchOutput:
         """The first ``b`` sentences' hypotheses (new tensors: the buffers are reused)."""
@@ -241,46 +324,90 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _padded_shape(model: Transformer, b: int, beam: int, s: int, t_out: int, device: torch.device
+                  ) -> tuple[int, int, int, int]:
+    """The search shape (sentences, beam, S, T) of a batch of ``b`` sentences of ``s`` source
+    positions and output cap ``t_out``: padded up so that batches of similar size share a
+    captured graph, or, for a compiled step (dynamic shapes serve every size), the batch's own
+    sentences and source positions (at least 2 each: Inductor specialises a size of 1)."""
+    if device.type != "cuda" and compiles_step(model):
+        return max(b, 2), beam, max(s, 2), _round_up(t_out, LENGTH_MULTIPLE)
+    return _round_up(b, ROW_MULTIPLE), beam, _round_up(s, LENGTH_MULTIPLE), _round_up(t_out, LENGTH_MULTIPLE)
+
+
+@functools.cache
+def _compiled_step():
+    """``StaticSearch._update`` compiled: whole (no graph breaks), dynamic shapes."""
+    return torch.compile(StaticSearch._update, fullgraph=True, dynamic=True)
+
+
 def _searches(model: nn.Module) -> collections.OrderedDict:
     """The captured searches kept on ``model`` (a plain attribute: not a submodule or state)."""
     return model.__dict__.setdefault(STATIC_SEARCHES, collections.OrderedDict())
 
 
 def _search_for(model: Transformer, shape: tuple[int, int, int, int], dtype: torch.dtype, decode: DecodeConfig,
-                device: torch.device) -> StaticSearch:
-    """A search of ``shape`` (sentences, beam, S, T): captured and kept on CUDA, else new.
+                device: torch.device, scored: bool = True) -> StaticSearch:
+    """A search of ``shape`` (sentences, beam, S, T), ``scored`` or not: captured and kept on CUDA,
+    compiled and kept on a model marked by :func:`~transduce.inference.speed.compile_step`, else new.
 
     The key holds the addresses of the parameters and buffers: the graph reads them by address,
     so one replaced (not changed in place) needs a new graph. Weights changed in place need
     none: the graph reads them, or the speed layer's copies that :meth:`StaticSearch.load`
     refreshes in place."""
     if device.type != "cuda":
-        return StaticSearch(model, *shape, dtype, decode, device)
+        return _compiled_search(model, shape, dtype, decode, device, scored) if compiles_step(model) else \
+            StaticSearch(model, *shape, dtype, decode, device, scored)
     autocast = autocast_dtype(device)
     weights = tuple(t.data_ptr() for t in itertools.chain(model.parameters(), model.buffers()))
     key = (shape, dtype, device, autocast, decode.min_len, decode.lenpen, decode.stop, decode.nbest,
-           decode.no_repeat_ngram_size, decode.repetition_penalty, weights)
+           decode.no_repeat_ngram_size, decode.repetition_penalty, scored, weights)
+
+    def captured() -> StaticSearch:
+        search = StaticSearch(model, *shape, dtype, decode, device, scored)
+        with torch.cuda.device(device):
+            search.capture()
+        return search
+    return _kept_search(model, key, GRAPHS_KEPT, captured)
+
+
+def _compiled_search(model: Transformer, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                     decode: DecodeConfig, device: torch.device, scored: bool = True) -> StaticSearch:
+    """A compiled search of ``shape``, kept on the model."""
+    key = (shape, dtype, decode.min_len, decode.lenpen, decode.stop, decode.nbest, decode.no_repeat_ngram_size,
+           decode.repetition_penalty, scored)
+
+    def compiled() -> StaticSearch:
+        search = StaticSearch(model, *shape, dtype, decode, device, scored)
+        search.compile(warm=not _searches(model))  # (restore drops the kept searches and fused layers alike)
+        return search
+    return _kept_search(model, key, COMPILED_KEPT, compiled)
+
+
+def _kept_search(model: Transformer, key: tuple, limit: int, make) -> StaticSearch:
+    """The search kept on ``model`` under ``key``, else ``make()``'s, kept (the least recently
+    used dropped beyond ``limit``)."""
     kept = _searches(model)
     search = kept.pop(key, None)
     if search is None:
-        while len(kept) >= GRAPHS_KEPT:
+        while len(kept) >= limit:
             kept.popitem(last=False)
-        search = StaticSearch(model, *shape, dtype, decode, device)
-        with torch.cuda.device(device):
-            search.capture()
+        search = make()
     kept[key] = search
     return search
 
 
 @torch.no_grad()
 def static_search(model: Transformer, src: Tensor, decode: DecodeConfig = DecodeConfig(), greedy: bool = False,
-                  check_every: int = CHECK_EVERY) -> SearchOutput:
+                  check_every: int = CHECK_EVERY, scored: bool = True) -> SearchOutput:
     """Greedy or beam search (``decode.beam``) with static shapes; the same output as
     :func:`~transduce.inference.search.greedy.greedy_search` / :func:`~transduce.inference.search.beam.beam_search`.
 
     The encoder and the cross-attention keys/values run eagerly; then each step is one graph
-    replay on CUDA (captured at the first search of a shape) or one eager step elsewhere.
-    ``check_every``: steps between the host's checks that every sentence is done.
+    replay on CUDA (captured at the first search of a shape), one compiled step on a model marked
+    by :func:`~transduce.inference.speed.compile_step` (greedy: at a check with at most
+    ``COMPACT_BELOW`` of its sentences live, it goes on with them in a smaller search), or one
+    eager step. ``check_every``: steps between checks that all are done; ``scored``: :class:`StaticSearch`.
 
     A plain model is prepared for decoding for the search (its captured search is then not
     kept: :func:`~transduce.inference.speed.restore` drops it); a Translator's model keeps them.
@@ -298,12 +425,26 @@ def static_search(model: Transformer, src: Tensor, decode: DecodeConfig = Decode
     with prepared(model):
         enc = model.encode(src)
         cross = [layer.cross_attn.project_kv(enc.memory) for layer in model.decoder_layers]  # (B, H, S, Dh) each
-        shape = (_round_up(b, ROW_MULTIPLE), 0 if greedy else decode.beam, _round_up(s, LENGTH_MULTIPLE),
-                 _round_up(t_out, LENGTH_MULTIPLE))
-        search = _search_for(model, shape, cross[0][0].dtype, decode, device)
+        shape = _padded_shape(model, b, 0 if greedy else decode.beam, s, t_out, device)
+        search = _search_for(model, shape, cross[0][0].dtype, decode, device, scored)
         search.load(cross, enc.mask, limit)
+        compacts = greedy and search.compiled is not None
+        sentences, out = torch.arange(b, device=device), None  # (the sentence of each of the search's rows)
         for step in range(t_out):
-            search.step()
-            if (step + 1) % check_every == 0 and step + 1 < t_out and search.all_done():
+            search.step(step)
+            if (step + 1) % check_every or step + 1 == t_out:
+                continue
+            if not compacts:
+                if search.all_done():
+                    break
+                continue
+            live = (~search.done[:sentences.numel()]).nonzero().squeeze(1)
+            if live.numel() == 0:
                 break
-        return search.output(b, t_out)
+            rows = max(live.numel(), 2)  # (Inductor specialises a size of 1)
+            if live.numel() <= COMPACT_BELOW * sentences.numel() and rows < search.done.shape[0]:
+                out = search.output_into(out, sentences, b, t_out)
+                smaller = _search_for(model, (rows, 0) + shape[2:], cross[0][0].dtype, decode, device, scored)
+                smaller.continue_from(search, live)
+                search, sentences = smaller, sentences[live]
+        return search.output(b, t_out) if out is None else search.output_into(out, sentences, b, t_out)

@@ -85,11 +85,28 @@ def refresh(model: nn.Module) -> None:
 
 # Where :mod:`~transduce.inference.search.static` keeps a model's captured searches (and their memory).
 STATIC_SEARCHES = "_static_searches"
+# The mark of a model whose CPU greedy searches run the static search with a compiled step
+# (``runtime.compile``).
+COMPILED_STEP = "_compiled_step"
+
+
+def compile_step(model: nn.Module) -> nn.Module:
+    """Mark ``model`` (prepared for decoding; its oneDNN linear layers run ``F.linear`` in a traced
+    step, the packed-weight op does not trace) so that its CPU greedy searches (and beam searches
+    asked for ``static=True``) run the static search with its step compiled
+    (:mod:`~transduce.inference.search.static`); :func:`restore` takes the mark off."""
+    model.__dict__[COMPILED_STEP] = True
+    return model
+
+
+def compiles_step(model: nn.Module) -> bool:
+    return bool(model.__dict__.get(COMPILED_STEP))
 
 
 def restore(model: nn.Module) -> nn.Module:
     """Undo :func:`prepare_for_decoding` and forget every kept copy of the weights (packed
-    oneDNN weights, casts, fused projections) and the captured static searches, in place;
+    oneDNN weights, casts, fused projections), the captured or compiled static searches and
+    the mark of :func:`compile_step`, in place;
     returns ``model``."""
     plain_linears(model)
     for module in model.modules():
@@ -97,7 +114,7 @@ def restore(model: nn.Module) -> nn.Module:
             module.__class__ = _PLAIN[type(module)]
             if type(module) is MultiHeadAttention and is_quantized(module.q_proj):
                 module.__class__ = StaticInt8Attention
-        for name in ("_packed", "_cast", "cast_dtype", "_fused_layers", STATIC_SEARCHES):
+        for name in ("_packed", "_cast", "cast_dtype", "_fused_layers", STATIC_SEARCHES, COMPILED_STEP):
             module.__dict__.pop(name, None)
     return model
 

@@ -142,6 +142,8 @@ class FastAttention(MultiHeadAttention):
         """
         mods = [self._modules[n] for n in names]  # (not nn.Module.__getattr__: this runs every step)
         cached = self._fused_cache.get(names)
+        if cached is not None and torch.compiler.is_compiling():
+            return cached[1]  # a compiled step reads the kept layer (refreshed before each search)
         if cached is not None and cached[0] is not None and not torch.is_grad_enabled() \
                 and cached[0] == _weights_key(names, mods):
             return cached[1]  # the kept layer, up to date (the slow path below made the key)
@@ -157,7 +159,8 @@ class FastAttention(MultiHeadAttention):
             return (torch.cat([m.weight for m in mods]),
                     torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None)
 
-        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(p.requires_grad for p in params)) \
+                or any(p.is_inference() for p in params):
             # (inference tensors keep no version counter to tell when a kept copy is stale)
             w, b = side_by_side()
             return lambda x: F.linear(x, w, b)

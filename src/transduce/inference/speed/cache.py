@@ -137,17 +137,23 @@ class StaticLayerCache:
     cross_v: Tensor
     length: Tensor                    # () the position the next append writes
     positions: Tensor                 # (T,) 0..T-1
-    key_mask: Tensor | None = None    # (1, 1, 1, T) set by append
+    key_mask: Tensor | None = None    # (1, 1, 1, W) set by append
+    window: int | None = None         # W: the first positions attended (None: all T)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values (N, H, 1, Dh) at ``length`` -> the buffers (N, H, T, Dh)."""
+        """Write new keys/values (N, H, 1, Dh) at ``length`` -> the buffers' first W positions
+        (N, H, W, Dh) (W: ``window``, which must hold ``length``; all T without one)."""
         if k.shape[2] != 1:  # (several new positions would need a causal mask among them)
             raise ValueError(f"a static cache takes one new position per step; got {k.shape[2]}")
         at = self.length.view(1)
         self.self_k.index_copy_(2, at, k)
         self.self_v.index_copy_(2, at, v)
-        self.key_mask = (self.positions <= self.length).view(1, 1, 1, -1)       # (1, 1, 1, T)
-        return self.self_k, self.self_v
+        keys, values, positions = self.self_k, self.self_v, self.positions
+        if self.window is not None:
+            w = self.window
+            keys, values, positions = keys[:, :, :w], values[:, :, :w], positions[:w]
+        self.key_mask = (positions <= self.length).view(1, 1, 1, -1)            # (1, 1, 1, W)
+        return keys, values
 
 
 @dataclass
@@ -171,8 +177,16 @@ class StaticKVCache:
         return cls(layers, length)
 
     def key_length(self, new: int) -> int:
-        """The keys self-attention sees: the whole buffer (its room hidden by the causal mask)."""
-        return self.layers[0].self_k.shape[2]
+        """The keys self-attention sees: the window, or the whole buffer (its room hidden by the
+        causal mask)."""
+        layer = self.layers[0]
+        return layer.self_k.shape[2] if layer.window is None else layer.window
+
+    def attend_first(self, window: int | None) -> None:
+        """Self-attention reads the first ``window`` positions from now on (None: all of them);
+        the steps' positions must stay below it."""
+        for layer in self.layers:
+            layer.window = window
 
     def load(self, cross: list[tuple[Tensor, Tensor]]) -> None:
         """Start a batch at position 0: each layer's cross keys/values (b, H, s, Dh) into its

@@ -68,9 +68,9 @@ class OneDNNLinear(nn.Linear):
     ``ONEDNN_MIN_MACS`` take ``F.linear``.
     """
 
-    def _fast(self, x: Tensor) -> bool:
-        return (x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
-                and x.numel() * self.out_features >= ONEDNN_MIN_MACS
+    def _fast(self, x: Tensor) -> bool:  # (F.linear too in a step torch.compile traces: the packed op does not trace)
+        return (not torch.compiler.is_compiling() and x.is_cpu and x.dtype == torch.float32
+                and not torch.is_grad_enabled() and x.numel() * self.out_features >= ONEDNN_MIN_MACS
                 and not torch.is_autocast_enabled("cpu") and self.weight.dtype == torch.float32)
 
     def _packed_weight(self) -> Tensor:
