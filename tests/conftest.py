@@ -30,6 +30,45 @@ def pytest_configure(config):
         torch.backends.mkldnn.enabled = False
 
 
+# CI runs the suite once (CONTRIBUTING.md, "CI"): its README job, with no extra installed, writes
+# the tests that skipped for want of one to $TRANSDUCE_EXTRA_SKIPS_OUT; its full job, with every
+# extra, runs only those ($TRANSDUCE_EXTRA_SKIPS_IN). A skip is an extra's when its reason is
+# need_extra's (tests/extra_helpers.py), so the mark is made where the skip is decided.
+EXTRA_SKIP_REASON = "needs the '"
+
+
+def _skipped_for_an_extra(report) -> bool:
+    longrepr = report.longrepr
+    return bool(report.skipped and isinstance(longrepr, tuple) and EXTRA_SKIP_REASON in str(longrepr[2]))
+
+
+def _record_extra_skip(report) -> None:
+    out = os.environ.get("TRANSDUCE_EXTRA_SKIPS_OUT")
+    # under pytest-xdist the controller sees every worker's reports: only it writes
+    if out and "PYTEST_XDIST_WORKER" not in os.environ and _skipped_for_an_extra(report):
+        with open(out, "a", encoding="utf-8") as f:  # one short line an append
+            f.write(report.nodeid + "\n")
+
+
+def pytest_runtest_logreport(report):
+    _record_extra_skip(report)
+
+
+def pytest_collectreport(report):
+    _record_extra_skip(report)  # a module skipped whole (need_extra at module level)
+
+
+def pytest_collection_modifyitems(config, items):
+    """With $TRANSDUCE_EXTRA_SKIPS_IN, keep only the tests it lists, or whose module it lists."""
+    listed = os.environ.get("TRANSDUCE_EXTRA_SKIPS_IN")
+    if not listed:
+        return
+    wanted = set(Path(listed).read_text(encoding="utf-8").split("\n")) - {""}
+    keep = [item.nodeid in wanted or item.nodeid.split("::")[0] in wanted for item in items]
+    config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
+    items[:] = [item for item, k in zip(items, keep) if k]
+
+
 extra_helpers = _helper_module("extra_helpers", ".")
 toy_model = _helper_module("toy_model", ".")
 inference_helpers = _helper_module("inference_helpers", "inference")

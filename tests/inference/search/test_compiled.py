@@ -10,6 +10,7 @@ import shutil
 import pytest
 import torch
 
+from extra_helpers import need_extra
 from inference_helpers import SENTENCES, assert_same_search, random_sources, tiny_transformer
 from transduce.cli.parser import build_parser
 from transduce.cli.options import runtime_of
@@ -151,7 +152,7 @@ def test_runtime_refuses_compile_where_it_cannot_run(kwargs, message):
 
 
 def test_compile_refuses_a_static_int8_model():
-    pytest.importorskip("torchao", reason="static int8 needs the quant extra (torchao)")
+    need_extra("quant", "torchao")
     model = tiny_transformer()
     quantize_static(model, {name: 1.0 for name in linear_names(model)})
     with pytest.raises(ConfigError, match="runtime.compile: compiles float models; this one is static int8"):
