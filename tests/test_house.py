@@ -57,3 +57,20 @@ def test_test_modules_have_unique_names():
 
     names = Counter(p.name for p in Path(__file__).parent.rglob("test_*.py"))
     assert [n for n, k in names.items() if k > 1] == []
+
+
+def _private_imports(source: str) -> list[str]:
+    """``from <transduce module> import _name`` in ``source``: another module's private names."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("transduce")):
+            found += [f"{node.lineno}: {a.name}" for a in node.names if a.name.startswith("_")
+                      and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    # STYLE rule 29: a private name used across modules is one module split in two, or a public helper
+    assert _private_imports("from .ct2 import _set_linear, set_norm\nfrom ..x import __version__") == ["1: _set_linear"]
+    found = {name: hits for name, source in _modules().items() if (hits := _private_imports(source))}
+    assert not found, f"imports of another module's private names: {found}"

@@ -39,89 +39,89 @@ logger = logging.getLogger(__name__)
 INT8_LOGPROB_TOL = 0.5  # int8 is not expected to match float32 closely; this catches breakage
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
+def as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy().copy()
 
 
-def _set_linear(spec, layer: nn.Linear) -> None:
-    spec.weight = _np(layer.weight)
+def set_linear(spec, layer: nn.Linear) -> None:
+    spec.weight = as_numpy(layer.weight)
     if layer.bias is not None:
-        spec.bias = _np(layer.bias)
+        spec.bias = as_numpy(layer.bias)
 
 
-def _set_fused(spec, layers: list[nn.Linear]) -> None:
+def set_fused(spec, layers: list[nn.Linear]) -> None:
     """Concatenate linears along the output axis (CTranslate2's fused q/k/v or k/v)."""
-    spec.weight = np.concatenate([_np(layer.weight) for layer in layers])
+    spec.weight = np.concatenate([as_numpy(layer.weight) for layer in layers])
     if layers[0].bias is not None:
-        spec.bias = np.concatenate([_np(layer.bias) for layer in layers])
+        spec.bias = np.concatenate([as_numpy(layer.bias) for layer in layers])
 
 
-def _set_norm(spec, norm: nn.LayerNorm | nn.RMSNorm) -> None:
-    spec.gamma = _np(norm.weight)
+def set_norm(spec, norm: nn.LayerNorm | nn.RMSNorm) -> None:
+    spec.gamma = as_numpy(norm.weight)
     if isinstance(norm, nn.LayerNorm):  # (an RMSNorm spec has a scale only)
         # CTranslate2 LayerNorms always have a beta; a bias-free one is a zero beta.
-        spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
+        spec.beta = as_numpy(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
 
 
-def _set_self_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
-    _set_fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
-    _set_linear(spec.linear[1], attn.out_proj)
-    _set_norm(spec.layer_norm, norm)
+def set_self_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
+    set_fused(spec.linear[0], [attn.q_proj, attn.k_proj, attn.v_proj])
+    set_linear(spec.linear[1], attn.out_proj)
+    set_norm(spec.layer_norm, norm)
 
 
-def _set_cross_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
-    _set_linear(spec.linear[0], attn.q_proj)
-    _set_fused(spec.linear[1], [attn.k_proj, attn.v_proj])
-    _set_linear(spec.linear[2], attn.out_proj)
-    _set_norm(spec.layer_norm, norm)
+def set_cross_attention(spec, attn: nn.Module, norm: nn.LayerNorm) -> None:
+    set_linear(spec.linear[0], attn.q_proj)
+    set_fused(spec.linear[1], [attn.k_proj, attn.v_proj])
+    set_linear(spec.linear[2], attn.out_proj)
+    set_norm(spec.layer_norm, norm)
 
 
-def _set_ffn(spec, ffn: nn.Module, norm: nn.LayerNorm) -> None:
+def set_ffn(spec, ffn: nn.Module, norm: nn.LayerNorm) -> None:
     # SwiGLU: silu(fc1 x) * fc_gate x -> CTranslate2's activated linear_0 and plain linear_0_noact.
-    _set_linear(spec.linear_0, ffn.fc1)
-    _set_linear(spec.linear_1, ffn.fc2)
+    set_linear(spec.linear_0, ffn.fc1)
+    set_linear(spec.linear_1, ffn.fc2)
     if ffn.fc_gate is not None:
-        _set_linear(spec.linear_0_noact, ffn.fc_gate)
-    _set_norm(spec.layer_norm, norm)
+        set_linear(spec.linear_0_noact, ffn.fc_gate)
+    set_norm(spec.layer_norm, norm)
 
 
-def _set_encoder_layer(spec, layer: nn.Module) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
-    _set_ffn(spec.ffn, layer.ffn, layer.norm2)
+def set_encoder_layer(spec, layer: nn.Module) -> None:
+    set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
+    set_ffn(spec.ffn, layer.ffn, layer.norm2)
 
 
-def _set_decoder_layer(spec, layer: nn.Module) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
-    _set_cross_attention(spec.attention, layer.cross_attn, layer.norm2)
-    _set_ffn(spec.ffn, layer.ffn, layer.norm3)
+def set_decoder_layer(spec, layer: nn.Module) -> None:
+    set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
+    set_cross_attention(spec.attention, layer.cross_attn, layer.norm2)
+    set_ffn(spec.ffn, layer.ffn, layer.norm3)
 
 
-def _set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
+def set_inputs(spec, embed: nn.Module, cfg: ModelConfig) -> None:
     """Token embeddings, the sqrt(D) scale and the position table (none for RoPE or a relative bias)."""
     emb = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
-    emb.weight = _np(embed.tokens.weight)
+    emb.weight = as_numpy(embed.tokens.weight)
     spec.scale_embeddings = cfg.scale_embeddings
-    if cfg.positions == "relative":  # the bias lives in the self-attention specs (_set_attention_options)
+    if cfg.positions == "relative":  # the bias lives in the self-attention specs (set_attention_options)
         return
     if cfg.positions == "rope":
         # The encoder spec declares a position table even with rotary attention; drop it.
         if hasattr(spec, "position_encodings"):
             delattr(spec, "position_encodings")
     else:
-        spec.position_encodings.encodings = _np(embed.positions(0, cfg.max_positions))
+        spec.position_encodings.encodings = as_numpy(embed.positions(0, cfg.max_positions))
 
 
-def _activation(cfg: ModelConfig):
+def ct2_activation(cfg: ModelConfig):
     Activation = require("ctranslate2.specs.common_spec", "export").Activation
     return {"relu": Activation.RELU, "gelu": Activation.GELU, "gelu_tanh": Activation.GELUTanh,
             "silu": Activation.SWISH, "swiglu": Activation.SWISH, "geglu": Activation.GELUTanh}[cfg.activation]
 
 
-def _set_attention_options(stack, bias: nn.Module | None, cfg: ModelConfig) -> None:
+def set_attention_options(stack, bias: nn.Module | None, cfg: ModelConfig) -> None:
     """T5's options on one stack's attention specs: the relative position bias (buckets x heads),
     one table shared by every self-attention of the stack (as CTranslate2's T5 converter shares
     it), and unscaled scores (``model.scale_attention: false``)."""
-    shared = None if bias is None else (_np(bias.weight), np.dtype("int32").type(cfg.relative_max_distance))
+    shared = None if bias is None else (as_numpy(bias.weight), np.dtype("int32").type(cfg.relative_max_distance))
     for spec in stack.layer:
         if shared is not None:
             spec.self_attention.relative_attention_bias, spec.self_attention.relative_attention_max_distance = shared
@@ -136,25 +136,25 @@ def transformer_spec(model: Transformer):
     ts = require("ctranslate2.specs.transformer_spec", "export")
     cfg = model.config
     rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
-    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation in GATED,
+    common = dict(pre_norm=cfg.norm == "pre", activation=ct2_activation(cfg), ffn_glu=cfg.activation in GATED,
                   head_dim=cfg.head_dim, relative_attention_bias=cfg.positions == "relative",
                   rms_norm=cfg.norm_kind == "rms", **rope)
     encoder = ts.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **common)
     decoder = ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **common)
-    _set_inputs(encoder, model.src_embed, cfg)
-    _set_inputs(decoder, model.tgt_embed, cfg)
+    set_inputs(encoder, model.src_embed, cfg)
+    set_inputs(decoder, model.tgt_embed, cfg)
     for spec, layer in zip(encoder.layer, model.encoder_layers):
-        _set_encoder_layer(spec, layer)
+        set_encoder_layer(spec, layer)
     for spec, layer in zip(decoder.layer, model.decoder_layers):
-        _set_decoder_layer(spec, layer)
+        set_decoder_layer(spec, layer)
     if cfg.norm == "pre":
-        _set_norm(encoder.layer_norm, model.encoder_norm)
-        _set_norm(decoder.layer_norm, model.decoder_norm)
-    _set_attention_options(encoder, model.encoder_bias, cfg)
-    _set_attention_options(decoder, model.decoder_bias, cfg)
+        set_norm(encoder.layer_norm, model.encoder_norm)
+        set_norm(decoder.layer_norm, model.decoder_norm)
+    set_attention_options(encoder, model.encoder_bias, cfg)
+    set_attention_options(decoder, model.decoder_bias, cfg)
     if cfg.scale_output:  # T5's d_model^-0.5 before the tied output projection
         decoder.scale_outputs = np.float32(model.output_scale)
-    _set_linear(decoder.projection, model.output_proj)
+    set_linear(decoder.projection, model.output_proj)
     if not cfg.bos_in_softmax:  # BOS is no output class (an imported T5): a bias of -inf leaves it out
         bias = np.zeros(cfg.tgt_vocab_size, dtype=np.float32)
         bias[cfg.bos_id] = -np.inf
@@ -197,8 +197,7 @@ def export_ctranslate2(model_dir: str | os.PathLike, out: Path, quantization: st
 
 def ct2_translate_ids(translator, tok, src, beam: int, max_len: int, lenpen: float = 0.0) -> list[list[int]]:
     """Run ``translator`` on id rows (tokens + EOS, padded) and return output ids (EOS appended)."""
-    eos = 2
-    sources = [tok.pieces([i for i in row.tolist() if i not in (0, eos)], "src") for row in src]
+    sources = [tok.pieces([i for i in row.tolist() if i not in (tok.pad_id, tok.eos_id)], "src") for row in src]
     # CTranslate2's default min_decoding_length is 1; ours (min_len) is 0.
     results = translator.translate_batch(
         sources, beam_size=beam, max_decoding_length=max_len, min_decoding_length=0, length_penalty=lenpen,
@@ -213,9 +212,8 @@ def ct2_log_probs(translator, tok, src, tgt_ids: list[list[int]]) -> list[float]
     ``score_batch`` always scores an EOS after the target; it is left out for targets that
     have none (a hypothesis cut at the length limit), so both sides sum the same tokens.
     """
-    eos = 2
-    sources = [tok.pieces([i for i in row.tolist() if i not in (0, eos)], "src") for row in src]
-    targets = [tok.pieces([i for i in t if i != eos], "tgt") for t in tgt_ids]
+    sources = [tok.pieces([i for i in row.tolist() if i not in (tok.pad_id, tok.eos_id)], "src") for row in src]
+    targets = [tok.pieces([i for i in t if i != tok.eos_id], "tgt") for t in tgt_ids]
     results = translator.score_batch(sources, targets)
     return [sum(r.log_probs[: len(t)]) for r, t in zip(results, tgt_ids)]
 

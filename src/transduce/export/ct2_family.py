@@ -37,8 +37,8 @@ from ..errors import require
 from ..model.layers import GATED
 from ..progress import progress_bar
 from .base import ExportError, load_for_export
-from .ct2 import _activation, _np, _set_attention_options, _set_encoder_layer, _set_ffn, _set_inputs, \
-    _set_linear, _set_norm, _set_self_attention
+from .ct2 import ct2_activation, as_numpy, set_attention_options, set_encoder_layer, set_ffn, set_inputs, \
+    set_linear, set_norm, set_self_attention
 from .verify import check_close
 
 logger = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 def _common(cfg) -> dict:
     rope = dict(rotary_dim=0, rotary_interleave=False, rotary_base=cfg.rope_base) if cfg.positions == "rope" else {}
-    return dict(pre_norm=cfg.norm == "pre", activation=_activation(cfg), ffn_glu=cfg.activation in GATED,
+    return dict(pre_norm=cfg.norm == "pre", activation=ct2_activation(cfg), ffn_glu=cfg.activation in GATED,
                 head_dim=cfg.head_dim, rms_norm=cfg.norm_kind == "rms", layernorm_embedding=cfg.embed_norm, **rope)
 
 
@@ -56,16 +56,16 @@ def decoder_lm_spec(model: nn.Module):
     cfg = model.config
     decoder = ts.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, with_encoder_attention=False,
                                         **_common(cfg))
-    _set_inputs(decoder, model.tgt_embed, cfg)
+    set_inputs(decoder, model.tgt_embed, cfg)
     if cfg.embed_norm:
-        _set_norm(decoder.layernorm_embedding, model.tgt_embed.norm)
+        set_norm(decoder.layernorm_embedding, model.tgt_embed.norm)
     for spec, layer in zip(decoder.layer, model.decoder_layers):
-        _set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
-        _set_ffn(spec.ffn, layer.ffn, layer.norm3)
+        set_self_attention(spec.self_attention, layer.self_attn, layer.norm1)
+        set_ffn(spec.ffn, layer.ffn, layer.norm3)
     if cfg.norm == "pre":
-        _set_norm(decoder.layer_norm, model.decoder_norm)
-    _set_attention_options(decoder, None, cfg)
-    _set_linear(decoder.projection, model.output_proj)
+        set_norm(decoder.layer_norm, model.decoder_norm)
+    set_attention_options(decoder, None, cfg)
+    set_linear(decoder.projection, model.output_proj)
     return ts.TransformerDecoderModelSpec(decoder)
 
 
@@ -81,24 +81,24 @@ def encoder_model_spec(model: nn.Module):
                           f"{cfg.positions} (the single token type is folded into a position table)")
     encoder = ts.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, num_source_embeddings=2 if types else 1,
                                         embeddings_merge=common.EmbeddingsMerge.ADD, **_common(cfg))
-    _set_inputs(encoder, model.embed, cfg)
+    set_inputs(encoder, model.embed, cfg)
     if types:
-        encoder.embeddings[1].weight = _np(model.embed.token_types.weight)
+        encoder.embeddings[1].weight = as_numpy(model.embed.token_types.weight)
     elif cfg.type_vocab_size == 1:
         encoder.position_encodings.encodings = encoder.position_encodings.encodings + \
-            _np(model.embed.token_types.weight[0])
+            as_numpy(model.embed.token_types.weight[0])
     if cfg.embed_norm:
-        _set_norm(encoder.layernorm_embedding, model.embed.norm)
+        set_norm(encoder.layernorm_embedding, model.embed.norm)
     for spec, layer in zip(encoder.layer, model.layers):
-        _set_encoder_layer(spec, layer)
+        set_encoder_layer(spec, layer)
     if cfg.norm == "pre":
-        _set_norm(encoder.layer_norm, model.final_norm)
-    _set_attention_options(encoder, None, cfg)
+        set_norm(encoder.layer_norm, model.final_norm)
+    set_attention_options(encoder, None, cfg)
     head = model.cls_head or model.nsp_head
     spec = ts.TransformerEncoderModelSpec(encoder, pooling_layer=head is not None,
                                           pooling_activation=common.Activation.Tanh)
     if head is not None:
-        _set_linear(spec.pooler_dense, head.pooler)
+        set_linear(spec.pooler_dense, head.pooler)
     return spec
 
 

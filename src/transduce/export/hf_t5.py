@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import require
@@ -168,11 +168,6 @@ def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor) -> d
     if not cfg.tie_output:
         ours["output_proj.weight"] = get("lm_head.weight")[order]
     return {k: v.float().contiguous() for k, v in ours.items()}
-
-
-def is_t5_layout(model: nn.Module) -> bool:
-    """Whether ``model`` is a Transformer T5ForConditionalGeneration can express."""
-    return isinstance(model, Transformer) and not t5_incompatibilities(model.config)
 
 
 def export_hf_t5(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:

@@ -81,11 +81,8 @@ class DecoderStepGraph(nn.Module):
         return (out.logits[:, -1], *new)                                   # (B, V), 2n x (B, H, t+1, Dh)
 
 
-_names = io_names  # the graphs' I/O contract is written once, beside its runner (inference.graphs)
-
-
-def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
-            dynamic_shapes: tuple) -> None:
+def export_graph(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+                 dynamic_shapes: tuple) -> None:
     """torch.onnx.export with the dynamo exporter, quietly; ExportError with a one-line reason."""
     require("onnxscript", "export")
     try:
@@ -120,12 +117,12 @@ def export_graphs(model: Transformer, out: Path) -> None:
     batch, src_len = Dim("batch", min=1, max=4096), Dim("src_len", min=1, max=model.config.max_positions)
     past = Dim("past_len", min=0, max=model.config.max_positions - 1)
     src, step = _example(model)
-    cross = _names(n, "cross")
-    _export(EncoderGraph(model), (src,), out / ENCODER, ["src"], cross, ({0: batch, 1: src_len},))
+    cross = io_names(n, "cross")  # the graphs' I/O contract is written once, beside its runner
+    export_graph(EncoderGraph(model), (src,), out / ENCODER, ["src"], cross, ({0: batch, 1: src_len},))
     caches = (*[{0: batch, 2: past}] * (2 * n), *[{0: batch, 2: src_len}] * (2 * n))
     shapes = ({0: batch}, {0: batch, 1: src_len}, caches)  # the varargs are one tuple
-    _export(DecoderStepGraph(model), step, out / DECODER, ["tokens", "src_mask", *_names(n, "self"), *cross],
-            ["logits", *_names(n, "new_self")], shapes)
+    export_graph(DecoderStepGraph(model), step, out / DECODER, ["tokens", "src_mask", *io_names(n, "self"), *cross],
+                 ["logits", *io_names(n, "new_self")], shapes)
 
 
 def _write_meta(model: Transformer, out: Path) -> None:

@@ -34,11 +34,11 @@ from torch import Tensor, nn
 
 from ..config import GenerationConfig
 from ..errors import require
-from ..inference.graphs import GraphCache, ort_sessions
+from ..inference.graphs import GraphCache, io_names, ort_sessions
 from ..model.attention import KVCache, LayerCache
 from ..model.transformer import DecoderOutput
 from .base import load_for_export
-from .onnx_export import META, OPSET, _export, _names
+from .onnx_export import META, OPSET, export_graph
 from .verify import check_close
 
 LM, ENCODER = "lm.onnx", "encoder.onnx"
@@ -99,7 +99,7 @@ class OnnxLM(nn.Module):
         (self.session,) = ort_sessions(root, threads, names=(LM,))
         m = self.meta
         self.config = LMGraphConfig(m["pad_id"], m["bos_id"], m["eos_id"], m["max_positions"])
-        self.names = _names(m["n_layers"], "self")
+        self.names = io_names(m["n_layers"], "self")
 
     def new_cache(self) -> GraphCache:
         return GraphCache()
@@ -156,8 +156,8 @@ def export_lm_graph(model: nn.Module, out: Path) -> None:
     batch, past = Dim("batch", min=1, max=4096), Dim("past_len", min=0, max=cfg.max_positions - 1)
     kv = [torch.zeros(2, cfg.n_heads, 3, cfg.d_head) for _ in range(2 * n)]
     shapes = ({0: batch}, tuple({0: batch, 2: past} for _ in range(2 * n)))  # the varargs are one tuple
-    _export(LMStepGraph(model), (torch.full((2, 1), 5, dtype=torch.long), *kv), out / LM,
-            ["tokens", *_names(n, "self")], ["logits", *_names(n, "new_self")], shapes)
+    export_graph(LMStepGraph(model), (torch.full((2, 1), 5, dtype=torch.long), *kv), out / LM,
+                 ["tokens", *io_names(n, "self")], ["logits", *io_names(n, "new_self")], shapes)
     _meta(model, out, n_layers=n, vocab_size=cfg.tgt_vocab_size, never_generated=list(cfg.never_generated))
 
 
@@ -169,7 +169,7 @@ def export_encoder_graph(model: nn.Module, out: Path) -> None:
     ids = torch.full((2, 5), 5, dtype=torch.long)
     args, inputs = ((ids, torch.zeros_like(ids)), ["ids", "token_types"]) if types else ((ids,), ["ids"])
     outputs = ["logits", "nsp_logits"] if cfg.nsp else ["logits"]
-    _export(EncoderOnlyGraph(model), args, out / ENCODER, inputs, outputs, ({0: batch, 1: length},) * len(args))
+    export_graph(EncoderOnlyGraph(model), args, out / ENCODER, inputs, outputs, ({0: batch, 1: length},) * len(args))
     _meta(model, out, token_types=types, vocab_size=cfg.src_vocab_size, n_classes=cfg.n_classes, nsp=cfg.nsp,
           labels=list(cfg.labels))
 

@@ -40,7 +40,7 @@ from .placement import ModelDirs, model_dirs
 from .search import AttentionChoice, SearchOutput, SearchSpec
 from .search.forced import ForcedOutput, ForceSpec
 from .translator import BaseTranslator, shared_tokenizer
-from .workers import Task, Worker, _Packed, unpack
+from .workers import Task, Worker, TensorBytes, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -227,9 +227,10 @@ class SearchPool:
         prefixes = prefixes or [None] * len(batches)
         constraints = constraints or [None] * len(batches)
         positions = [_positions(src, spec) for src in batches]
-        words = None if inside is None else _Packed.of(inside)
-        jobs = [(_Packed.of(src), spec, None if p is None else _Packed.of(p),
-                 None if c is None else (_Packed.of(c), words)) for src, p, c in zip(batches, prefixes, constraints)]
+        words = None if inside is None else TensorBytes.of(inside)
+        jobs = [(TensorBytes.of(src), spec, None if p is None else TensorBytes.of(p),
+                 None if c is None else (TensorBytes.of(c), words))
+                for src, p, c in zip(batches, prefixes, constraints)]
         call = _Call(jobs, [self._deadline(n) for n in positions], positions)
         call.pending.extend(range(len(batches)))
         call.losses = [0] * len(batches)

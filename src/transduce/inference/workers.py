@@ -43,7 +43,7 @@ WorkerInit = tuple[list[str], "str | None", Runtime]
 
 
 @dataclass(frozen=True)
-class _Packed:
+class TensorBytes:
     """A tensor as plain bytes. Pickled by value: torch's own reductions would share it through
     file descriptors that the sender must still serve when the receiver unpickles, which fails
     (with a traceback in every worker) once a stopping parent has gone."""
@@ -53,7 +53,7 @@ class _Packed:
     shape: tuple[int, ...]
 
     @classmethod
-    def of(cls, t: Tensor) -> "_Packed":
+    def of(cls, t: Tensor) -> "TensorBytes":
         t = t.detach().cpu().contiguous()
         # One C copy of the memory (bytes() of a storage iterates it in Python, element by element).
         return cls(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()), t.dtype, tuple(t.shape))
@@ -64,11 +64,12 @@ class _Packed:
         return torch.frombuffer(bytearray(self.data), dtype=self.dtype).view(self.shape)
 
 
-Packed = tuple[type, tuple[_Packed | None, ...]]  # an output's class and its tensors (or None) in field order
+Packed = tuple[type, tuple[TensorBytes | None, ...]]  # an output's class and its tensors (or None) in field order
 
 
 def pack(out: SearchOutput | ForcedOutput) -> Packed:
-    return type(out), tuple(None if t is None else _Packed.of(t) for t in (getattr(out, f.name) for f in fields(out)))
+    tensors = (getattr(out, f.name) for f in fields(out))
+    return type(out), tuple(None if t is None else TensorBytes.of(t) for t in tensors)
 
 
 def unpack(parts: Packed) -> SearchOutput | ForcedOutput:
@@ -122,8 +123,8 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def _search(translator: Translator, src: _Packed, spec: SearchSpec | ForceSpec, prefix: _Packed | None,
-            constraints: tuple[_Packed, _Packed | None] | None = None) -> tuple[float, Packed]:
+def _search(translator: Translator, src: TensorBytes, spec: SearchSpec | ForceSpec, prefix: TensorBytes | None,
+            constraints: tuple[TensorBytes, TensorBytes | None] | None = None) -> tuple[float, Packed]:
     """Search one batch (with its forced prefixes, and its constraint ids with the table of the
     pieces that continue a word, if any), or force-decode it (``prefix``: the targets): (seconds
     it took, the packed SearchOutput or ForcedOutput)."""
