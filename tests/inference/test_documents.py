@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 
 import pytest
 
@@ -14,6 +15,7 @@ from transduce.cli import main
 from transduce.inference import Translator
 from transduce.inference.documents import (fit, split_blocks, split_paragraph, split_sentences, translate_document,
                                            translate_document_file)
+from transduce.inference.markup import TOKEN
 from transduce.inference.translator import input_limit
 
 need_extra("documents", "sentencex")
@@ -50,7 +52,7 @@ def test_a_200_paragraph_document_keeps_its_shape_and_each_sentence_translates_a
     decode = translator.settings(beam=1)
     calls = []
     translate = translator.translate
-    translator.translate = lambda sources, d: calls.append(len(sources)) or translate(sources, d)
+    translator.translate = lambda sources, d, markup: calls.append(len(sources)) or translate(sources, d, markup=markup)
     try:
         out = translate_document(translator, text, decode)
     finally:
@@ -99,6 +101,9 @@ def test_a_paragraph_ten_times_the_limit_is_translated_whole(translator, caplog)
     ("The U.S. economy grew 2.5% in Q3. Really?  Yes!", ["The U.S. economy grew 2.5% in Q3. ", "Really?  ",
                                                          "Yes!"]),
     ("Version 1.2.3 is out", ["Version 1.2.3 is out"]),
+    ("They <b>love birds.</b> Birds sing.", ["They <b>love birds.</b> ", "Birds sing."]),  # not "</b> Birds"
+    ("<p>A cat eats.</p> <p>It sleeps.</p>", ["<p>A cat eats.</p> ", "<p>It sleeps.</p>"]),
+    ("It ends.<br/> Next one.", ["It ends.", "<br/> Next one."]),  # only closing tags go back
 ])
 def test_the_splitter_keeps_abbreviations_numbers_and_quotes(text, want):
     assert split_sentences(text) == want
@@ -146,3 +151,45 @@ def test_cli_refuses_line_options_with_documents(trained_dir, tmp_path, capsys):
     assert main(["translate", str(trained_dir), "--documents", "--input", str(src), "--nbest", "2"]) != 0
     err = capsys.readouterr().err.strip()
     assert "--nbest" in err and "\n" not in err
+
+
+# A document with markup as its blocks: a paragraph (a tuple) is its sentences, each with the
+# whitespace after it, as the splitter must cut it; a blank line is a str. A tag inside a sentence,
+# one over words, one closing after the full stop, a placeholder, several sentences a paragraph
+# (over two lines), a paragraph without tags.
+MARKED_DOCUMENT = [
+    ("The <b>old dog</b> sees the cat. ", "A bird sings."),
+    " \t",
+    ("  The dog <i>runs.</i>  ", "The cat sleeps.\n", "The <u>red bird</u> sings {name}."),
+    "",
+    ("The river is near the tree.  ", "A house is big."),
+    ("<p>The small cat eats.</p> ", "<p>The bird sings.</p>"),
+]
+
+
+def _sentences(paragraph: tuple[str, ...]) -> list[tuple[str, str]]:
+    """A paragraph's sentences as (sentence, the whitespace after it); the paragraph's leading
+    whitespace as a first ("", lead)."""
+    lead = paragraph[0][: len(paragraph[0]) - len(paragraph[0].lstrip())]
+    return [("", lead)] + [(s.strip(), s[len(s.rstrip()):]) for s in paragraph]
+
+
+def marked_document() -> tuple[str, list[tuple[str, str] | str]]:
+    """The document's text; per block, its sentences with their separators or the blank line."""
+    blocks = [b if isinstance(b, str) else _sentences(b) for b in MARKED_DOCUMENT]
+    text = "\n".join(b if isinstance(b, str) else "".join(s + g for s, g in b) for b in blocks)
+    return text, blocks
+
+
+def test_documents_with_markup_are_markup_on_each_sentence_joined_as_the_source(trained_dir, translator, tmp_path):
+    text, blocks = marked_document()
+    alone = {s: translator.translate([s], beam=1, markup=True)[0] for b in blocks if isinstance(b, list)
+             for s, _ in b if s}
+    want = "\n".join(b if isinstance(b, str) else "".join((alone[s] if s else "") + g for s, g in b) for b in blocks)
+    assert Counter(m.group(0) for m in TOKEN.finditer(want)) == Counter(m.group(0) for m in TOKEN.finditer(text))
+    assert translate_document(translator, text, beam=1, markup=True) == want
+    src, out = tmp_path / "doc.html", tmp_path / "doc.de"
+    src.write_text(text + "\n", encoding="utf-8")
+    assert main(["translate", str(trained_dir), "--documents", "--markup", "--input", str(src), "--output", str(out),
+                 "--beam", "1", "--device", "cpu"]) == 0
+    assert out.read_text(encoding="utf-8") == want + "\n"

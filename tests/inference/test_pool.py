@@ -235,9 +235,9 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("t", [torch.empty(0, 3), torch.randn(4, 5).t(), torch.tensor([[True, False]]),
                                torch.arange(10)[2:7], torch.randn(2, 3).to(torch.bfloat16)])
 def test_tensors_cross_processes_as_bytes_and_back(t):
-    from transduce.inference.workers import _Packed
+    from transduce.inference.workers import TensorBytes
 
-    back = _Packed.of(t).tensor()
+    back = TensorBytes.of(t).tensor()
     assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)
 
 

@@ -69,7 +69,8 @@ def _cmd_translate_documents(args: argparse.Namespace) -> int:
     if given:
         raise ConfigError(f"translate --documents: writes one translated document; drop {', '.join(given)}")
     with load_translator(args) as translator:
-        translate_document_file(translator, args.input, args.output, args.language, **decode_overrides(args))
+        translate_document_file(translator, args.input, args.output, args.language, markup=args.markup,
+                                **decode_overrides(args))
     return 0
 
 

@@ -8,7 +8,9 @@ punctuation, then whitespace, then, for a run with neither, between characters),
 piece of the whole document goes to the translator in ONE call, so the search batches them by
 length. Nothing is dropped or truncated: the pieces and the whitespace between them, joined,
 give back the paragraph exactly (:meth:`Paragraph.source`), and the translations are joined
-with that same whitespace.
+with that same whitespace. With ``markup``, each sentence's tags are kept as
+``translate(markup=True)`` keeps a line's (:mod:`~transduce.inference.markup`); closing tags that
+follow a sentence's end (``<b>It runs.</b> Next.``) belong to that sentence, not the next.
 
 Examples:
     >>> translate_document(translator, "A dog runs. It sleeps.\\n\\nThe end.")  # doctest: +SKIP
@@ -26,6 +28,7 @@ from ..config import DecodeConfig
 from ..data.multilingual import with_tag
 from ..errors import ConfigError, require
 from .files import atomic_output, iter_lines
+from .markup import TOKEN
 from .translator import input_limit
 
 _BLANK = re.compile(r"^[ \t\f\v]*$")
@@ -73,7 +76,23 @@ def split_sentences(text: str, language: str = "en") -> list[str]:
     sentences = [s for s in sentencex.segment(language, text) if s]
     if "".join(sentences) != text:  # sentencex keeps every character; never lose one if that changes
         return [text]
-    return sentences
+    return _closing_tags_back(sentences)
+
+
+def _closing_tags_back(sentences: list[str]) -> list[str]:
+    """``sentences`` with the closing tags (and the whitespace after them) that begin one moved
+    to the end of the sentence before: sentencex cuts right after the full stop, so
+    ``<b>It runs.</b> Next.`` would give ``</b>`` (and the space) to the next sentence."""
+    out: list[str] = []
+    for sentence in sentences:
+        end = 0
+        while out and (m := TOKEN.match(sentence, end)) and m.group(1):  # </name>
+            end = len(sentence) - len(sentence[m.end():].lstrip())
+        if end:
+            out[-1] += sentence[:end]
+        if sentence[end:]:
+            out.append(sentence[end:])
+    return out
 
 
 def fit(text: str, limit: int, count: Callable[[str], int], level: int = 0) -> list[str]:
@@ -128,11 +147,12 @@ def split_paragraph(lines: list[str], language: str, limit: int, count: Callable
 
 
 def translate_document(translator, text: str, decode: DecodeConfig | None = None, language: str = "en",
-                       **overrides) -> str:
+                       markup: bool = False, **overrides) -> str:
     """Translate a document (see the module doc) with ``decode`` (default: the translator's
     settings) and ``overrides`` of its fields; blank lines, paragraph breaks and the whitespace
     between sentences are kept. An empty document gives an empty one. A multilingual model's
-    ``tgt_lang`` tags every sentence (and counts in its length)."""
+    ``tgt_lang`` tags every sentence (and counts in its length). ``markup``: each sentence's tags
+    and placeholders are kept (``translator.translate(..., markup=True)``)."""
     decode = translator.settings(decode, **overrides)
     limit = input_limit(translator.config, decode.max_input_len)
 
@@ -144,16 +164,17 @@ def translate_document(translator, text: str, decode: DecodeConfig | None = None
     blocks = split_blocks(text)
     paragraphs = [split_paragraph(b, language, limit, count) for b in blocks if isinstance(b, list)]
     sources = [p for para in paragraphs for p in para.pieces]
-    translations = iter(translator.translate(sources, decode))  # one call: batched by length
+    translations = iter(translator.translate(sources, decode, markup=markup))  # one call: batched by length
     translated = iter([para.joined([next(translations) for _ in para.pieces]) for para in paragraphs])
     return "\n".join(next(translated) if isinstance(b, list) else b for b in blocks)
 
 
 def translate_document_file(translator, input_path: str | os.PathLike | None, output_path: str | os.PathLike | None,
                             language: str = "en", decode: DecodeConfig | None = None, stdin: IO | None = None,
-                            stdout: TextIO | None = None, **overrides) -> int:
+                            stdout: TextIO | None = None, markup: bool = False, **overrides) -> int:
     """Translate a document file (or stdin) into a file (or stdout, written atomically); returns
-    the paragraphs translated. Lines end in ``\\n`` on output (``\\r\\n`` is read as ``\\n``)."""
+    the paragraphs translated. Lines end in ``\\n`` on output (``\\r\\n`` is read as ``\\n``).
+    ``markup``: tags kept, as in :func:`translate_document`."""
     if not language or not language.replace("-", "").replace("_", "").isalnum():
         raise ConfigError(f"language: an ISO 639 code such as en or de; got {language!r}")
     lines = list(iter_lines(input_path, stdin))
@@ -161,7 +182,7 @@ def translate_document_file(translator, input_path: str | os.PathLike | None, ou
         with atomic_output(output_path, stdout):
             return 0
     text = "\n".join(lines)
-    result = translate_document(translator, text, decode, language, **overrides)
+    result = translate_document(translator, text, decode, language, markup, **overrides)
     with atomic_output(output_path, stdout) as out:
         out.write(result + "\n")
     return sum(isinstance(b, list) for b in split_blocks(text))
