@@ -4,8 +4,10 @@ AutoTokenizer: identical ids on 1,000 Multi30k lines and the hard cases, and the
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
+import yaml
 
 from extra_helpers import need_extra
 from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, multi30k_lines, wordpiece_dir
@@ -13,6 +15,7 @@ from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, multi30k_lines, word
 need_extra("pretrained", "tokenizers")
 transformers = need_extra("export", "transformers")
 
+from transduce.checksums import record  # noqa: E402
 from transduce.data.hf_tokenizer import HFTokenizer  # noqa: E402
 from transduce.data.tokenizer import Tokenizer, load_tokenizer, tokenizer_exists  # noqa: E402
 from transduce.errors import CheckpointError, DataError  # noqa: E402
@@ -66,6 +69,30 @@ def test_special_tokens_recorded_with_their_ids(hf_dir, tmp_path):
         assert (tok.bos_id, tok.eos_id, tok.pad_id) == (hf.cls_token_id, hf.sep_token_id, hf.pad_token_id)
     assert tok.decode([tok.bos_id, *tok.encode("A dog."), tok.eos_id, *tok.encode("ignored")]) == \
         hf.decode(hf("A dog.", add_special_tokens=False)["input_ids"], clean_up_tokenization_spaces=False)
+
+
+def test_bos_first_as_autotokenizer_puts_it(hf_dir, tmp_path):
+    """``add_bos_token`` is what AutoTokenizer does (GPT-2 no BOS; RoBERTa's <s>, BERT's [CLS] first),
+    kept by save/load and pickling; a tokenizer.yaml written before it was recorded loads as BOS
+    first, as those directories were prompted."""
+    hf = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    tok = HFTokenizer.from_hf_dir(hf_dir)
+    assert tok.add_bos_token is (hf("A dog.")["input_ids"][0] == tok.bos_id) is not hf_dir.name.startswith("gpt2")
+    tok.save(tmp_path)
+    assert load_tokenizer(tmp_path).add_bos_token is tok.add_bos_token
+    assert pickle.loads(pickle.dumps(tok)).add_bos_token is tok.add_bos_token
+    meta = yaml.safe_load((tmp_path / "tokenizer.yaml").read_text())
+    del meta["add_bos_token"]
+    _rewrite_meta(tmp_path, meta)
+    assert load_tokenizer(tmp_path).add_bos_token is True
+    _rewrite_meta(tmp_path, {**meta, "add_bos_token": "yes"})
+    with pytest.raises(DataError, match="add_bos_token"):
+        load_tokenizer(tmp_path)
+
+
+def _rewrite_meta(directory, meta):
+    (directory / "tokenizer.yaml").write_text(yaml.safe_dump(meta))
+    record(directory, ["tokenizer.yaml"])  # as if written so, not altered afterwards
 
 
 def test_factory_opens_either_kind(toy_tokenizer, hf_dir, tmp_path):

@@ -64,6 +64,8 @@ def _eos_probabilities(model_dir) -> list[float]:
 def test_finetuning_learns_the_text_and_its_ends(imported, finetuned):
     model_dir, text = finetuned
     assert load_tokenizer(model_dir).digest() == load_tokenizer(imported[1]).digest()  # no new tokenizer
+    # trained with <|endoftext|> first (as every transduce LM), so prompted with it, unlike the import
+    assert load_tokenizer(model_dir).add_bos_token and not load_tokenizer(imported[1]).add_bos_token
     assert load_model(model_dir).config.eos_id == load_tokenizer(model_dir).eos_id != 0
     before, after = perplexity(imported[1], text)["perplexity"], perplexity(model_dir, text)["perplexity"]
     # A random 400-token model starts near 400 (it was ~1600 when tried); four memorised lines end

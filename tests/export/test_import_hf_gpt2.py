@@ -1,6 +1,7 @@
 """Importing a Hugging Face GPT2LMHeadModel (a random tiny one, with a byte-level BPE tokenizer
-trained on Multi30k): same logits, greedy continuations and tokens as transformers, ``generate``
-on the import, the export round trip, and one-line errors with nothing written for bad input."""
+trained on Multi30k, or on the toy corpus's German side): same logits, greedy continuations and
+tokens as transformers, ``generate`` on the import equal to transformers' on the prompt as a user
+passes it, the export round trip, and one-line errors with nothing written for bad input."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from transduce.cli import main
 from transduce.config import GenerationConfig
 from transduce.data.tokenizer import load_tokenizer
+from transduce.data.toy import generate_pairs
 from transduce.export import export_model
 from transduce.export.hf_import import import_hf
 from transduce.inference import Generator
@@ -24,7 +26,9 @@ from hf_tokenizer_fixtures import HARD_CASES, multi30k_lines
 transformers = need_extra("export", "transformers")
 need_extra("pretrained", "tokenizers")
 
-PROMPTS = ["A dog", "Zwei Männer", "The woman in a red", "Ein Kind spielt", "Café", "  two  spaces"]
+# The first words of toy German sentences, and a few that tokenizers get wrong first.
+PROMPTS = [" ".join(de.split()[:3]) for _, de in generate_pairs(7, seed=7)] + ["Café", "  two  spaces", "Ein"]
+GREEDY = GenerationConfig(temperature=0, max_new_tokens=15)
 
 
 @pytest.fixture(scope="module")
@@ -66,21 +70,54 @@ def test_tokenizer_equals_autotokenizer(hf_dir, imported, lines):
     assert [tok.encode(t) for t in texts] == _hf_ids(auto, texts)
 
 
+@pytest.fixture(scope="module")
+def toy_hf_dir(tmp_path_factory):
+    """A random GPT-2 over a tokenizer trained on text that ships with transduce (no Multi30k);
+    ``<|endoftext|>`` is the last id, as GPT-2's 50256 is."""
+    lines = [de for _, de in generate_pairs(2000, seed=0)]
+    return random_gpt2(tmp_path_factory.mktemp("gpt2_toy") / "hf", lines, eot_last=True)
+
+
+def _bos_first(hf_dir, where):
+    """``hf_dir`` with a tokenizer that puts ``<|endoftext|>`` before a text, as one saved from
+    ``AutoTokenizer.from_pretrained(..., add_bos_token=True)`` does (its post-processor's template)."""
+    from tokenizers import Tokenizer, processors
+
+    shutil.copytree(hf_dir, where)
+    tok = Tokenizer.from_file(str(where / "tokenizer.json"))
+    eot = ("<|endoftext|>", tok.token_to_id("<|endoftext|>"))
+    tok.post_processor = processors.TemplateProcessing(single=f"{eot[0]} $A", pair=f"{eot[0]} $A {eot[0]} $B:1",
+                                                       special_tokens=[eot])
+    tok.save(str(where / "tokenizer.json"))
+    return where
+
+
 @torch.no_grad()
-def test_generate_equals_transformers_generate(hf_dir, imported, capsys):
+@pytest.mark.parametrize("bos_first", [False, True])
+def test_generate_equals_transformers_generate_on_the_prompt_as_given(toy_hf_dir, tmp_path, capsys, bos_first):
+    """Greedy continuations of 10 prompts equal ``generate`` on ``tokenizer(prompt)``: GPT-2's
+    tokenizer puts no ``<|endoftext|>`` first, so neither do we; one whose tokenizer does gets it
+    on both sides. An empty prompt, which transformers' tokenizer leaves empty, is continued as
+    ``generate()`` continues no input: from BOS."""
+    hf_dir = _bos_first(toy_hf_dir, tmp_path / "hf") if bos_first else toy_hf_dir
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
     auto = transformers.AutoTokenizer.from_pretrained(hf_dir)
-    want = []
-    for ids in _hf_ids(auto, PROMPTS):
-        row = torch.tensor([[auto.eos_token_id, *ids]])
-        new = hf.generate(input_ids=row, attention_mask=torch.ones_like(row), max_new_tokens=10, do_sample=False,
-                          pad_token_id=auto.eos_token_id)[0, row.shape[1]:].tolist()
-        new = new[:new.index(auto.eos_token_id)] if auto.eos_token_id in new else new
-        want.append(auto.decode(ids + new, clean_up_tokenization_spaces=False))
-    with Generator.load(imported) as gen:
-        assert gen.generate(PROMPTS, GenerationConfig(temperature=0, max_new_tokens=10)) == want
-    assert main(["generate", str(imported), "--prompt", PROMPTS[0], "--temperature", "0",
-                 "--max-new-tokens", "10"]) == 0
+    assert (auto("a")["input_ids"][0] == auto.bos_token_id) is bos_first
+
+    def theirs(**inputs):
+        out = hf.generate(**inputs, max_new_tokens=15, do_sample=False, pad_token_id=auto.eos_token_id)
+        return auto.decode(out[0], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    want = [theirs(**auto(p, return_tensors="pt")) for p in PROMPTS]
+    if not bos_first:  # the test can fail: <|endoftext|> first changes the continuations
+        first = [theirs(input_ids=torch.tensor([[auto.bos_token_id, *auto(p)["input_ids"]]])) for p in PROMPTS]
+        assert sum(a != b for a, b in zip(want, first)) >= len(PROMPTS) // 2
+    checks = import_hf(hf_dir, tmp_path / "model")
+    assert checks["add_bos_token"] is bos_first is load_tokenizer(tmp_path / "model").add_bos_token
+    with Generator.load(tmp_path / "model") as gen:
+        assert gen.generate(PROMPTS, GREEDY) == want
+        assert gen.generate([""], GREEDY) == [theirs()]
+    assert main(["generate", str(tmp_path / "model"), "--prompt", PROMPTS[0], "--temperature", "0",
+                 "--max-new-tokens", "15"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == want[0]
 
 

@@ -87,6 +87,15 @@ def test_batched_prompts_match_one_at_a_time(lm_dir):
     assert gen.generate(["der hund"], greedy)[0].startswith("der hund")
 
 
+def test_our_lm_reads_bos_first(lm_dir):
+    """Our language models are trained with BOS first (batch.pad), so every prompt starts with it;
+    an imported GPT-2's do not (tests/export/test_import_hf_gpt2.py)."""
+    gen = Generator.load(lm_dir)
+    assert gen.tokenizer.add_bos_token
+    assert gen.encode(["der hund", ""]) == [[gen.config.bos_id, *gen.tokenizer.encode("der hund", "tgt")],
+                                            [gen.config.bos_id]]
+
+
 def test_sampling_is_seeded_and_top_k_1_is_greedy(lm_dir):
     gen = Generator.load(lm_dir)
     prompts = ["der hund", "die katze"]

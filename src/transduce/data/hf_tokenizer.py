@@ -8,8 +8,13 @@ emoji, CJK, control characters, runs of spaces, empty lines). Its special tokens
 role's token and id, e.g. GPT-2's ``<|endoftext|>`` 50256 as bos, eos and pad. One vocabulary serves
 both sides (``side`` is accepted and ignored), as a decoder-only or encoder-only model has one.
 
+Whether the model reads BOS before a text is the tokenizer's too (Hugging Face's ``add_bos_token``):
+BERT's [CLS] and RoBERTa's ``<s>`` come first, GPT-2's ``<|endoftext|>`` does not, so
+:class:`~transduce.inference.Generator` prompts an imported GPT-2 as ``AutoTokenizer`` does.
+
 On disk: ``tokenizer.json`` (Hugging Face's file) and ``tokenizer.yaml`` (``kind``, ``vocab_size``,
-``specials``); :func:`transduce.data.tokenizer.load_tokenizer` opens whichever kind a directory holds.
+``specials``, ``add_bos_token``); :func:`transduce.data.tokenizer.load_tokenizer` opens whichever
+kind a directory holds.
 """
 
 from __future__ import annotations
@@ -60,9 +65,12 @@ class HFTokenizer:
         data: the ``tokenizer.json`` text (bytes).
         specials: role (``pad``, ``bos``, ``eos``, ``unk``, ``cls``, ``sep``, ``mask``) -> token string.
         name: where it came from, for error messages.
+        add_bos_token: whether the model reads BOS before a text (:meth:`encode` never adds it; the
+            caller does): None takes what ``tokenizer.json``'s post-processor does.
     """
 
-    def __init__(self, data: bytes, specials: dict[str, str], name: str = "<memory>"):
+    def __init__(self, data: bytes, specials: dict[str, str], name: str = "<memory>",
+                 add_bos_token: bool | None = None):
         lib = _library()
         try:
             raw = json.loads(data.decode("utf-8"))
@@ -86,6 +94,13 @@ class HFTokenizer:
                 if not found:
                     raise DataError(f"{name}: no {role} token (nor {' or '.join(alternatives)}) among the specials")
                 self.ids[role] = found[0]
+        self.add_bos_token = self._template_adds_bos() if add_bos_token is None else add_bos_token
+
+    def _template_adds_bos(self) -> bool:
+        """Whether ``tokenizer.json``'s post-processor puts BOS before a text (BERT's, RoBERTa's)."""
+        plain = self._tok.encode("a", add_special_tokens=False).ids
+        full = self._tok.encode("a", add_special_tokens=True).ids
+        return full[:1] == [self.bos_id] and full[1:1 + len(plain)] == plain
 
     # ---- the interface every command uses ----------------------------------------------------
 
@@ -164,7 +179,8 @@ class HFTokenizer:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(out / HF_FILE, self._data)
         meta = {"kind": self.kind, "vocab_size": self.vocab_size,
-                "specials": {role: {"token": tok, "id": self.ids[role]} for role, tok in self.tokens.items()}}
+                "specials": {role: {"token": tok, "id": self.ids[role]} for role, tok in self.tokens.items()},
+                "add_bos_token": self.add_bos_token}
         atomic_write_bytes(out / META_FILE, yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).encode())
         record(out, [HF_FILE, META_FILE])
 
@@ -180,7 +196,12 @@ class HFTokenizer:
         specials = meta.get("specials")
         if not isinstance(specials, dict) or not all(isinstance(v, dict) and "token" in v for v in specials.values()):
             raise DataError(f"{root / META_FILE}: 'specials' must map each role to its token and id")
-        tok = cls((root / HF_FILE).read_bytes(), {r: v["token"] for r, v in specials.items()}, str(root / HF_FILE))
+        # A directory written before the flag was recorded prompted with BOS first, and still does.
+        add_bos = meta.get("add_bos_token", True)
+        if not isinstance(add_bos, bool):
+            raise DataError(f"{root / META_FILE}: 'add_bos_token' must be true or false, not {add_bos!r}")
+        tok = cls((root / HF_FILE).read_bytes(), {r: v["token"] for r, v in specials.items()}, str(root / HF_FILE),
+                  add_bos)
         wrong = [r for r, v in specials.items() if v.get("id") != tok.ids[r]]
         if wrong:
             raise DataError(f"{root / META_FILE}: recorded ids of {wrong} do not match {HF_FILE}")
@@ -189,7 +210,9 @@ class HFTokenizer:
     @classmethod
     def from_hf_dir(cls, where: str | os.PathLike) -> "HFTokenizer":
         """The tokenizer of a Hugging Face model directory: its ``tokenizer.json``, with the special
-        tokens named in ``tokenizer_config.json`` / ``special_tokens_map.json``."""
+        tokens named in ``tokenizer_config.json`` / ``special_tokens_map.json``. BOS comes first
+        where ``tokenizer.json``'s post-processor puts it first: transformers drops
+        ``tokenizer_config.json``'s ``add_bos_token`` when that file exists."""
         root = Path(where)
         if not (root / HF_FILE).is_file():
             raise DataError(f"{root}: no {HF_FILE} (transduce imports tokenizers from Hugging Face's fast "
@@ -201,10 +224,11 @@ class HFTokenizer:
         return cls((root / HF_FILE).read_bytes(), specials, str(root / HF_FILE))
 
     def __reduce__(self):  # pickled as its file and specials (a worker process rebuilds it)
-        return HFTokenizer, (self._data, self.tokens, self.name)
+        return HFTokenizer, (self._data, self.tokens, self.name, self.add_bos_token)
 
     def __repr__(self) -> str:
-        return f"HFTokenizer(kind={self.kind}, vocab_size={self.vocab_size}, specials={self.ids})"
+        return (f"HFTokenizer(kind={self.kind}, vocab_size={self.vocab_size}, specials={self.ids}, "
+                f"add_bos_token={self.add_bos_token})")
 
 
 def _named_specials(path: Path) -> dict[str, str]:

@@ -145,9 +145,12 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
 # ---- the tokenizer ------------------------------------------------------------------------------
 
 def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tokenizer:
-    """Reuse ``data.tokenizer`` or train on a seeded sample of the training text."""
+    """Reuse ``data.tokenizer`` or train on a seeded sample of the training text. A reused one
+    says BOS comes first from now on (``add_bos_token``): the batches put it first (batch.pad), so
+    a model trained on them, an imported GPT-2 fine-tuned included, is prompted so."""
     if cfg.tokenizer is not None:
         tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer.add_bos_token = True
         tokenizer.save(out)
         return tokenizer
     src, tgt, n = tokenizer_sample(cfg, train, seed)

@@ -238,6 +238,7 @@ class Tokenizer:
     # the special ids, as :class:`~transduce.data.hf_tokenizer.HFTokenizer` names its own
     pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     mask_id = None  # no [MASK] piece: an encoder-only model's is one id past the vocabulary
+    add_bos_token = True  # our models read BOS first (batch.pad), language models' prompts included
 
     @functools.cached_property
     def lang_tags(self) -> dict[str, int]:

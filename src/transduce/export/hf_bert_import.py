@@ -197,7 +197,7 @@ def imported_tokenizer(where: Path, n_rows: int) -> tuple["HFTokenizer", "HFToke
     original = HFTokenizer.from_hf_dir(where)
     order = vocab_order(original, n_rows, where)
     ours = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
-                       str(where / "tokenizer.json"))
+                       str(where / "tokenizer.json"), original.add_bos_token)
     return original, ours, order
 
 

@@ -11,11 +11,14 @@ one-line errors naming the key.
 
 Tokenizer. GPT-2's byte-level BPE ``tokenizer.json`` is carried verbatim
 (:class:`~transduce.data.hf_tokenizer.HFTokenizer`), and its ids are the model's: no reordering
-(unlike Marian's). ``<|endoftext|>`` is bos, eos and pad at once, as in GPT-2.
+(unlike Marian's). ``<|endoftext|>`` is bos, eos and pad at once, as in GPT-2. GPT-2's tokenizer
+does not put it before a text (``add_bos_token`` false), so ``tokenizer.yaml`` records that and
+:class:`~transduce.inference.Generator` prompts the import without it, as transformers does.
 
 Verified before anything is written: logits within 1e-4 of transformers' on a probe batch, greedy
 continuations identical on 100 prompts (through :func:`~transduce.inference.search.lm.generate_ids`,
-the code ``transduce generate`` runs), ids identical to ``AutoTokenizer``'s on sample text.
+the code ``transduce generate`` runs), ids identical to ``AutoTokenizer``'s on sample text, and
+BOS first or not as ``AutoTokenizer`` puts it.
 
 Legend: D d_model, V vocabulary, P max_positions.
 """
@@ -154,7 +157,8 @@ def our_gpt2_state(state: dict[str, Tensor], cfg: ModelConfig, where: Path) -> d
 def verify_gpt2_import(model: DecoderOnlyLM, where: Path, tokenizer: HFTokenizer, atol: float = 1e-4,
                        n_prompts: int = 100) -> dict[str, object]:
     """Our model against transformers' on ``where``: logits within ``atol`` on a probe batch,
-    identical greedy continuations of ``n_prompts`` prompts, and identical tokenization."""
+    identical greedy continuations of ``n_prompts`` prompts, and identical tokenization (BOS first
+    or not included)."""
     transformers = require("transformers", "export", "transduce import")
     hf = load_hf_model(transformers.GPT2LMHeadModel, where)
     cfg = model.config
@@ -176,5 +180,17 @@ def verify_gpt2_import(model: DecoderOnlyLM, where: Path, tokenizer: HFTokenizer
                             f"{len(want)} prompts")
     checks["greedy_differences"], checks["greedy_prompts"] = differences, len(want)
     checks["tokenizer_differences"] = hf_tokenizer_differences(tokenizer, where, HFImportError)
+    checks["add_bos_token"] = check_bos_first(tokenizer, where)
     return checks
+
+
+def check_bos_first(tokenizer: HFTokenizer, where: Path) -> bool:
+    """``tokenizer.add_bos_token``, checked against whether ``AutoTokenizer`` on ``where`` puts BOS
+    before a text (a one-line HFImportError if they differ: our prompts would not be transformers')."""
+    auto = require("transformers", "export", "transduce import").AutoTokenizer.from_pretrained(where)
+    theirs = auto("a")["input_ids"][:1] == [tokenizer.bos_id]
+    if theirs != tokenizer.add_bos_token:
+        raise HFImportError(f"verification failed: AutoTokenizer on {where} {'puts' if theirs else 'does not put'} "
+                            f"BOS before a text, unlike ours (add_bos_token={tokenizer.add_bos_token})")
+    return theirs
 

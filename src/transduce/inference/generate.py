@@ -1,6 +1,8 @@
 """Text generation with a decoder-only language model (``transduce generate``, :class:`Generator`).
 
-A prompt becomes BOS + its ids; the model reads it at once into a :class:`KVCache`, then adds
+A prompt becomes its ids, after BOS where the tokenizer says the model reads BOS first
+(``add_bos_token``: our own models; not an imported GPT-2, prompted as transformers prompts it);
+the model reads it at once into a :class:`KVCache`, then adds
 one token per step (greedy when ``temperature`` is 0, else sampled after temperature, top-k and
 top-p filtering, :func:`~transduce.inference.search.sampling.filter_logits`) until EOS,
 ``max_new_tokens`` or the model's ``max_positions``. Prompts of the same token length share a
@@ -80,12 +82,19 @@ class Generator:
         return cls(load_model_dir(model_dir, device), load_tokenizer(model_dir), runtime)
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """BOS + the ids of each prompt; a one-line DataError if one leaves no position free."""
-        rows = [[self.config.bos_id, *self.tokenizer.encode(p, side="tgt")] for p in prompts]
-        for i, row in enumerate(rows):
+        """Each prompt as the model reads it: BOS + its ids where the tokenizer's ``add_bos_token``
+        is true (our models, trained so), else its ids alone, as ``AutoTokenizer`` gives them to
+        an imported GPT-2. An empty prompt is BOS alone either way: a continuation needs a token
+        to follow, and transformers' ``generate`` given no input starts from BOS too. A one-line
+        DataError if a prompt leaves no position free."""
+        rows = []
+        for i, prompt in enumerate(prompts):
+            ids = self.tokenizer.encode(prompt, side="tgt")
+            row = [self.config.bos_id, *ids] if self.tokenizer.add_bos_token or not ids else ids
             if len(row) >= self.config.max_positions:
-                raise DataError(f"prompt {i + 1}: {len(row) - 1} tokens leave no room to generate within "
+                raise DataError(f"prompt {i + 1}: {len(ids)} tokens leave no room to generate within "
                                 f"model.max_positions={self.config.max_positions}")
+            rows.append(row)
         return rows
 
     def generate(self, prompts: Sequence[str], gen: GenerationConfig = GenerationConfig()) -> list[str]:
@@ -101,7 +110,9 @@ class Generator:
                 out = generate_ids(self.model, ids, gen, generator)
             for i, row in zip(batch, out):
                 new[i] = row
-        return [self.tokenizer.decode(row[1:] + out, side="tgt") for row, out in zip(rows, new)]
+        bos = self.config.bos_id
+        prompt_ids = [row[1:] if row[0] == bos else row for row in rows]  # without the BOS encode put first
+        return [self.tokenizer.decode(ids + out, side="tgt") for ids, out in zip(prompt_ids, new)]
 
 
 def _same_length_batches(lengths: list[int], size: int) -> list[list[int]]:
