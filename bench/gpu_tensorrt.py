@@ -57,7 +57,7 @@ def build_engines(model_dir: Path, out: Path, precision: str = "fp16") -> float:
 def base_random(device: torch.device, runs: int, work: Path, measure: Callable) -> dict:
     """Token level: the searches over the engines vs over the bf16 model (see the module doc)."""
     from transduce.inference import SearchSpec, prepare_for_decoding
-    from transduce.inference.graphs import open_graphs
+    from transduce.inference.backends.onnx import open_graphs
     from transduce.model.io import save_model
 
     s = BASE

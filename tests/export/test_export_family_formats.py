@@ -55,7 +55,7 @@ def _prompts(tok):
 
 
 def test_gpt2_import_to_onnx_same_logits_and_greedy_on_real_text(gpt2, tmp_path):
-    from transduce.export.onnx_family import OnnxLM
+    from transduce.inference.backends.onnx import OnnxLM
 
     report = export_model(gpt2, "onnx", tmp_path / "onnx")
     assert report.checks["max_logit_diff"] < 1e-4 and report.checks["greedy_differences"] == 0
@@ -98,7 +98,7 @@ def test_gpt2_import_to_ctranslate2_same_logits_and_greedy_on_real_text(gpt2, tm
 
 @pytest.mark.parametrize("case", ["BertForSequenceClassification", "RobertaForMaskedLM", "BertForPreTraining"])
 def test_bert_imports_to_onnx_same_logits_on_real_text(tmp_path, tokenizer_dirs, case):
-    from transduce.export.onnx_family import OnnxEncoder
+    from transduce.inference.backends.onnx import OnnxEncoder
 
     model_dir = _bert(tmp_path, tokenizer_dirs, case)
     report = export_model(model_dir, "onnx", tmp_path / "onnx")
@@ -180,3 +180,40 @@ def test_what_the_family_cannot_take_is_one_line(gpt2, tmp_path, capsys):
     assert main(["export", str(gpt2), "--format", "ctranslate2", "--out", str(tmp_path / "c")]) == 0
     assert "greedy_differences=0" in capsys.readouterr().out
     assert json.loads((tmp_path / "c" / "config.json").read_text())["eos_token"] == "<|endoftext|>"
+
+
+def test_load_with_the_onnx_backend_generates_as_eager(gpt2, tmp_path):
+    from transduce.config import Runtime
+    from transduce.inference import load
+    from transduce.inference.backends.onnx import OnnxLM
+
+    export_model(gpt2, "onnx", tmp_path / "onnx")
+    gen = GenerationConfig(max_new_tokens=12, temperature=0)
+    with load(gpt2) as eager, load(gpt2, Runtime(backend="onnx", engines=str(tmp_path / "onnx"))) as graphs:
+        assert isinstance(graphs.model, OnnxLM)  # the front door ran the graph, not the weights
+        want = eager.generate(TEXTS, gen)
+        assert graphs.generate(TEXTS, gen) == want
+        assert want != eager.generate(TEXTS, GenerationConfig(max_new_tokens=12, temperature=1.0, seed=1))
+
+
+def test_load_with_the_onnx_backend_classifies_as_eager(tmp_path, tokenizer_dirs):
+    from transduce.config import Runtime
+    from transduce.errors import ConfigError
+    from transduce.inference import load
+    from transduce.inference.backends.onnx import OnnxClassifier
+
+    model_dir = _bert(tmp_path, tokenizer_dirs, "BertForSequenceClassification")
+    export_model(model_dir, "onnx", tmp_path / "onnx")
+    runtime = Runtime(backend="onnx", engines=str(tmp_path / "onnx"))
+    with load(model_dir) as eager, load(model_dir, runtime) as graphs:
+        assert isinstance(graphs.model, OnnxClassifier)
+        assert graphs.classify(TEXTS) == eager.classify(TEXTS)
+        tok = load_tokenizer(model_dir)
+        ids = pad([tok.encode(t) for t in TEXTS], 0, bos=True, eos=True)  # (B, T)
+        types = torch.zeros_like(ids)
+        with torch.no_grad():
+            want = eager.model.classify(eager.model(ids, types))            # (B, K)
+        assert len(set(want.argmax(-1).tolist())) > 1 or want.std() > 0  # logits that tell texts apart
+        torch.testing.assert_close(graphs.model.classify(graphs.model(ids, types)), want, rtol=0, atol=1e-4)
+    with pytest.raises(ConfigError, match="runtime.backend: tensorrt runs translation models"):
+        load(model_dir, Runtime(backend="tensorrt", engines=str(tmp_path / "onnx")))

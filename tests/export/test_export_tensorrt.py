@@ -15,8 +15,8 @@ import torch
 from transduce.config import DecodeConfig, Runtime
 from transduce.errors import CheckpointError, ConfigError, TransduceError
 from transduce.export.tensorrt import EngineBuild, limits_for, plan_meta, precision_plan, profile_shapes
-from transduce.inference.graphs import io_names
-from transduce.inference.tensorrt_run import TrtSteps, plan_mismatch, read_plan_meta
+from transduce.inference.backends.onnx import io_names
+from transduce.inference.backends.tensorrt import TrtSteps, plan_mismatch, read_plan_meta
 
 META = {"n_decoder_layers": 2, "n_heads": 4, "head_dim": 8, "max_positions": 256}
 HAS_TRT = importlib.util.find_spec("tensorrt") is not None

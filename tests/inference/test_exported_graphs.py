@@ -13,7 +13,7 @@ from transduce.config import Runtime
 from transduce.errors import CheckpointError, ConfigError
 from transduce.export import export_model
 from transduce.inference import load
-from transduce.inference.graphs import GraphCache, GraphModel
+from transduce.inference.backends.onnx import GraphCache, GraphModel
 from toy_model import toy_pairs
 from extra_helpers import need_extra
 

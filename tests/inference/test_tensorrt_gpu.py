@@ -15,7 +15,7 @@ from transduce.errors import CheckpointError
 from transduce.export import export_model
 from transduce.export.tensorrt import EngineBuild
 from transduce.inference import load
-from transduce.inference.graphs import GraphModel
+from transduce.inference.backends.onnx import GraphModel
 from toy_model import toy_pairs
 from extra_helpers import need_extra
 

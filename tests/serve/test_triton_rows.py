@@ -1,4 +1,4 @@
-"""The Triton model's request handling (:mod:`transduce.inference.triton_rows`) without Triton: rows
+"""The Triton model's request handling (:mod:`transduce.inference.backends.triton`) without Triton: rows
 checked one by one, requests of equal settings translated together as the Translator does."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from toy_model import toy_pairs
 from transduce.errors import TransduceError
-from transduce.inference.triton_rows import TritonTranslate, number
+from transduce.inference.backends.triton import TritonTranslate, number
 
 SENTENCES = [s for s, _ in toy_pairs(6, seed=3)]
 

@@ -7,7 +7,7 @@
 
 Batch, source length and cache length are dynamic axes (up to the model's ``max_positions``,
 whose position table is baked into the graphs); the first step passes a cache of length 0.
-:func:`~transduce.inference.graphs.open_graphs` presents them as the interface the searches
+:func:`~transduce.inference.backends.onnx.open_graphs` presents them as the interface the searches
 use, so the project's own greedy and beam search decode with them (``--backend onnx``).
 The graphs come from ``torch.onnx.export(dynamo=True)`` (torch.export), which traces the
 cache length as a symbolic size so positions, masks and T5's relative position bias (a gather
@@ -35,7 +35,7 @@ from ..model.attention import KVCache, LayerCache
 from ..model.transformer import EncoderOutput
 from ..errors import one_line, require
 from ..config import Runtime
-from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, GraphModel, io_names, open_graphs
+from ..inference.backends.onnx import DECODER_ONNX, ENCODER_ONNX, ONNX_META, GraphModel, io_names, open_graphs
 from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
 from .verify import check_close, check_same_outputs, eager_logits, probe_sources, probe_targets, search_ids

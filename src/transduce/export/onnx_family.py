@@ -12,11 +12,12 @@ model has two or more token types; RoBERTa's single type is inside the graph) ->
 masked-LM logits (B, T, V) or the class logits (B, K); with a next-sentence head also
 ``nsp_logits`` (B, 2). Rows are right-padded with PAD, which no position attends to.
 
-:class:`OnnxLM` presents ``lm.onnx`` in ONNX Runtime as the model interface generation uses
-(``decode`` with a cache, ``new_cache``, ``output_proj``), so the verification's greedy
-continuations are :func:`~transduce.inference.search.lm.generate_ids` over it, the search eager
-models run (as :class:`~transduce.inference.graphs.GraphModel` for the translation graphs).
-:class:`OnnxEncoder` runs ``encoder.onnx``.
+The graphs run in ONNX Runtime through :mod:`transduce.inference.backends.onnx`
+(:class:`~transduce.inference.backends.onnx.OnnxLM`, the model interface generation uses, so the
+verification's greedy continuations are :func:`~transduce.inference.search.lm.generate_ids` over
+it; :class:`~transduce.inference.backends.onnx.OnnxEncoder`), as ``load(model_dir,
+Runtime(backend="onnx", engines=...))`` runs them for :class:`~transduce.inference.Generator` and
+:class:`~transduce.inference.Classifier`.
 
 Legend: B batch, T length, t cached positions, H heads, Dh head dim, V vocabulary, K classes.
 """
@@ -25,23 +26,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..config import GenerationConfig
 from ..errors import require
-from ..inference.graphs import GraphCache, io_names, ort_sessions
+from ..inference.backends.onnx import ENCODER_ONNX, LM_ONNX, OnnxEncoder, OnnxLM, io_names
 from ..model.attention import KVCache, LayerCache
-from ..model.transformer import DecoderOutput
 from .base import load_for_export
 from .onnx_export import META, OPSET, export_graph
 from .verify import check_close
 
-LM, ENCODER = "lm.onnx", "encoder.onnx"
+LM, ENCODER = LM_ONNX, ENCODER_ONNX
 
 
 class LMStepGraph(nn.Module):
@@ -69,77 +67,6 @@ class EncoderOnlyGraph(nn.Module):
         states = self.model(ids, token_types)                                # (B, T, D)
         head = self.model.classify(states) if self.model.config.n_classes else self.model.mlm_logits(states)
         return (head, self.model.next_sentence_logits(states)) if self.model.config.nsp else (head,)
-
-
-@dataclass(frozen=True)
-class LMGraphConfig:
-    """What generation reads of a model's config, from the graph's onnx_config.json."""
-
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    max_positions: int
-
-
-class OnnxLM(nn.Module):
-    """``lm.onnx`` in ONNX Runtime as a decoder-only model for generation (module docstring):
-    ``decode`` feeds the step graph a token at a time, its logits the states.
-
-    Examples:
-        >>> lm = OnnxLM("exported/onnx")                                  # doctest: +SKIP
-        >>> gen = GenerationConfig(max_new_tokens=5, temperature=0)
-        >>> generate_ids(lm, torch.tensor([[1, 57, 12]]), gen)            # doctest: +SKIP
-        [[31, 8, 44, 9, 17]]
-    """
-
-    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        super().__init__()
-        root = Path(directory)
-        self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        (self.session,) = ort_sessions(root, threads, names=(LM,))
-        m = self.meta
-        self.config = LMGraphConfig(m["pad_id"], m["bos_id"], m["eos_id"], m["max_positions"])
-        self.names = io_names(m["n_layers"], "self")
-
-    def new_cache(self) -> GraphCache:
-        return GraphCache()
-
-    def decode(self, tgt: Tensor, cache: GraphCache | None = None, project: bool = True) -> DecoderOutput:
-        """tgt (B, T) after the ``cache`` (extended in place; None: an empty one) -> states =
-        logits (B, T, V)."""
-        cache = GraphCache() if cache is None else cache
-        if cache.self_kv is None:
-            m = self.meta
-            cache.self_kv = [torch.zeros(tgt.shape[0], m["n_heads"], 0, m["head_dim"])] * len(self.names)
-        ids, out = tgt.cpu().numpy().astype(np.int64), []
-        for t in range(ids.shape[1]):
-            logits, *kv = self.session.run(None, {"tokens": ids[:, t: t + 1],
-                                                  **{n: c.numpy() for n, c in zip(self.names, cache.self_kv)}})
-            cache.self_kv = [torch.from_numpy(c) for c in kv]                # 2 x layers of (B, H, t+1, Dh)
-            out.append(logits)                                               # (B, V)
-            cache.length += 1
-        states = torch.from_numpy(np.stack(out, axis=1)).float()             # (B, T, V)
-        return DecoderOutput(states, states if project else None, cache)
-
-    def output_proj(self, states: Tensor) -> Tensor:
-        """The identity: the graph's outputs are already logits."""
-        return states
-
-
-class OnnxEncoder:
-    """``encoder.onnx`` in ONNX Runtime: ids (B, T) [, token types] -> {output name: array}."""
-
-    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
-        root = Path(directory)
-        self.meta = json.loads((root / META).read_text(encoding="utf-8"))
-        (self.session,) = ort_sessions(root, threads, names=(ENCODER,))
-
-    def run(self, ids: np.ndarray, token_types: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        feeds = {"ids": ids.astype(np.int64)}
-        if self.meta["token_types"]:
-            feeds["token_types"] = (np.zeros_like(ids) if token_types is None else token_types).astype(np.int64)
-        names = [o.name for o in self.session.get_outputs()]
-        return dict(zip(names, self.session.run(None, feeds)))
 
 
 def _meta(model: nn.Module, out: Path, **extra) -> None:

@@ -2,7 +2,7 @@
 
 The directory holds what ``--format onnx`` writes (encoder.onnx, decoder.onnx, onnx_config.json,
 the tokenizer; verified against the eager model) and beside it ``encoder.plan``,
-``decoder.plan`` and ``tensorrt.json`` (:mod:`transduce.inference.tensorrt_run` runs them:
+``decoder.plan`` and ``tensorrt.json`` (:mod:`transduce.inference.backends.tensorrt` runs them:
 ``translate --backend tensorrt --engines DIR``). Each engine has one optimization profile
 (:func:`profile_shapes`): batch rows 1..max_batch (sentences x beam), source length 1..the
 longest input the model's decoding settings let through, cache length 0..the longest output
@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ..config import DecodeConfig
 from ..errors import ConfigError, one_line, require
-from ..inference.graphs import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names
-from ..inference.tensorrt_run import DECODER_PLAN, ENCODER_PLAN, PLAN_META, gpu_identity, load_tensorrt
+from ..inference.backends.onnx import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names
+from ..inference.backends.tensorrt import DECODER_PLAN, ENCODER_PLAN, PLAN_META, gpu_identity, load_tensorrt
 from .base import ExportError
 
 logger = logging.getLogger(__name__)

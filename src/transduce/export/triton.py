@@ -1,7 +1,7 @@
 """``transduce export --format triton``: a Triton model repository serving translation end to end.
 
 ``REPO/NAME/config.pbtxt`` declares the model (Python backend; BYTES ``text`` in; ``translation``,
-``score`` and ``error`` out, as :mod:`~transduce.inference.triton_rows` describes; dynamic
+``score`` and ``error`` out, as :mod:`~transduce.inference.backends.triton` describes; dynamic
 batching with preferred batch sizes and a maximum queue delay). ``REPO/NAME/1/model.py`` runs
 transduce on the model directory copied beside it (``1/model_dir``), whose saved decoding settings
 are the defaults a request's parameters replace. Exporting again with another ``--name`` adds a
@@ -39,7 +39,7 @@ import triton_python_backend_utils as pb_utils
 sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
 
 from transduce.inference import load  # noqa: E402
-from transduce.inference.triton_rows import TritonTranslate  # noqa: E402
+from transduce.inference.backends.triton import TritonTranslate  # noqa: E402
 
 
 class TritonPythonModel:

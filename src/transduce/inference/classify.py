@@ -13,6 +13,7 @@ from ..data.labelled import encode_example
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError
 from ..config import Runtime
+from .backends.onnx import open_graphs
 from .placement import apply_threads, load_model_dir, model_dirs
 from .speed.cpu import quantize_dynamic_int8
 
@@ -23,7 +24,9 @@ class Classifier:
     Args:
         model: an encoder-only model with a classification head (``train.task: classify``).
         tokenizer: its :class:`~transduce.data.tokenizer.Tokenizer`.
-        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`).
+        runtime: device, precision and int8 (:class:`~transduce.inference.runtime.Runtime`); with
+            ``backend="onnx"``, the classifier's ``encoder.onnx`` in ``engines`` (``transduce export
+            --format onnx``) runs in ONNX Runtime in the model's place.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime()):
@@ -33,8 +36,10 @@ class Classifier:
             raise ConfigError(f"runtime.int8: dynamic int8 quantisation runs on the CPU; got device {self.device}")
         if runtime.int8:
             quantize_dynamic_int8(model, inplace=True)
-        self.model, self.tokenizer, self.runtime = model.to(self.device).eval(), tokenizer, runtime
         self.config = model.config
+        if runtime.backend != "torch":  # the exported encoder graph in the model's place
+            model = open_graphs(model.config, self.device, runtime)
+        self.model, self.tokenizer, self.runtime = model.to(self.device).eval(), tokenizer, runtime
 
     def close(self) -> None:
         """Nothing is held beyond the model; here for the front doors' common ``with`` use."""

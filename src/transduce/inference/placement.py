@@ -49,9 +49,9 @@ def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime)
     autocast dtype for bf16/fp16, or on the CPU oneDNN linear layers; with ``runtime.compile`` on the
     CPU, also the mark that its searches compile their step
     (:func:`~transduce.inference.speed.compile_step`). With ``runtime.backend`` onnx or tensorrt, the
-    exported graphs of ``runtime.engines`` in its place (:func:`~.graphs.open_graphs`)."""
+    exported graphs of ``runtime.engines`` in its place (:func:`~.backends.onnx.open_graphs`)."""
     if runtime.backend != "torch":
-        from .graphs import open_graphs
+        from .backends.onnx import open_graphs
         return open_graphs(model.config, device, runtime)
     from .speed import compile_step, prepare_for_decoding
     compiled = runtime.compile and device.type == "cpu"

@@ -1,7 +1,7 @@
 """``transduce serve --engine triton``: a real Triton Inference Server on a model directory.
 
 pytriton (the ``triton`` extra) starts the ``tritonserver`` binary it bundles, which runs on a
-CPU too, and binds one model, ``translate`` (:mod:`~transduce.inference.triton_rows`), whose requests Triton's
+CPU too, and binds one model, ``translate`` (:mod:`~transduce.inference.backends.triton`), whose requests Triton's
 dynamic batcher gathers (``max_queue_delay`` = ``ServeConfig.batch_wait_ms``, preferred batch
 sizes up to ``max_sentences``). HTTP (KServe v2) listens on ``ServeConfig.port``, gRPC on
 ``grpc_port`` (default: the port + 1). Decoding runs in this process, through the one front door
@@ -21,7 +21,7 @@ from ..config import ServeConfig
 from ..errors import TransduceError, require
 from ..export.triton import preferred_batch_sizes
 from ..inference.runtime import ModelDirs, Runtime, load
-from ..inference.triton_rows import PARAMETERS, Rows, TritonTranslate
+from ..inference.backends.triton import PARAMETERS, Rows, TritonTranslate
 from .signals import sigterm_as_interrupt
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import CheckpointError, ConfigError, require
+from ...errors import CheckpointError, ConfigError, require
 
 ENCODER_PLAN, DECODER_PLAN, PLAN_META = "encoder.plan", "decoder.plan", "tensorrt.json"
 # trt.DataType names -> torch dtypes (the graphs' I/O: int64 ids, bool mask, float caches and logits)

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import TransduceError, one_line
+from ...errors import TransduceError, one_line
 
 # The request parameters a client may set (Triton's "parameters"), each a DecodeConfig field, and
 # its type (Triton's parameters are strings, integers or booleans, so a float may come as "0.6").

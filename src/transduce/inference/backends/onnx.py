@@ -1,6 +1,6 @@
 """Search over exported graphs: the encoder and one-step decoder graphs that ``transduce export
 --format onnx`` writes (:mod:`transduce.export.onnx_export`), run by ONNX Runtime on the CPU or,
-built into engines by ``--format tensorrt``, by TensorRT on a GPU (:mod:`.tensorrt_run`).
+built into engines by ``--format tensorrt``, by TensorRT on a GPU (:mod:`.tensorrt`).
 
 :class:`GraphModel` presents them as the interface every search uses
 (:class:`~transduce.inference.search.common.Seq2Seq`: ``encode``, ``decode`` one step with a KV
@@ -31,11 +31,12 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor, nn
 
-from ..config import Runtime
-from ..errors import CheckpointError, ConfigError, require
-from ..model.transformer import DecoderOutput
+from ...config import Runtime
+from ...errors import CheckpointError, ConfigError, require
+from ...model.transformer import DecoderOutput
 
 ENCODER_ONNX, DECODER_ONNX, ONNX_META = "encoder.onnx", "decoder.onnx", "onnx_config.json"
+LM_ONNX = "lm.onnx"  # a decoder-only model's one step (a language model's)
 # What the exported graphs' onnx_config.json must agree on with the model directory's config.
 _SAME = (("n_heads", "n_heads"), ("head_dim", "d_head"), ("tgt_vocab_size", "tgt_vocab_size"),
          ("pad_id", "pad_id"), ("bos_id", "bos_id"), ("eos_id", "eos_id"))
@@ -123,7 +124,7 @@ class GraphModel(nn.Module):
     """The exported graphs as a :class:`~transduce.inference.search.common.Seq2Seq` (see the module doc).
 
     Args:
-        steps: what runs the graphs (:class:`OrtSteps`, :class:`~.tensorrt_run.TrtSteps`).
+        steps: what runs the graphs (:class:`OrtSteps`, :class:`~.tensorrt.TrtSteps`).
         config: the model directory's :class:`~transduce.config.ModelConfig`.
         n_layers, n_heads, head_dim: the decoder's shape, from the graphs' onnx_config.json.
     """
@@ -192,33 +193,137 @@ def read_graph_meta(root: str | os.PathLike, config, backend: str) -> dict:
         raise CheckpointError(f"{root}: no exported graphs ({ONNX_META}); write them with transduce export MODEL_DIR "
                               f"--format {backend} --out {root}")
     meta = json.loads(path.read_text(encoding="utf-8"))
+    if meta.get("arch", "encoder_decoder") != config.arch:
+        raise CheckpointError(f"{root}: the graphs are of a model.arch={meta.get('arch', 'encoder_decoder')} model; "
+                              f"the model directory's is {config.arch}: export this model")
+    vocab = config.src_vocab_size if config.arch == "encoder_only" else config.tgt_vocab_size
     for key, field in _SAME:
+        if key not in meta and config.arch != "encoder_decoder":
+            continue  # a language model's or encoder's graphs record their vocabulary as vocab_size
         if meta.get(key) != getattr(config, field):
             raise CheckpointError(f"{root}: the graphs are of another model ({key} {meta.get(key)}, the model "
                                   f"directory's {field} is {getattr(config, field)}); export this model")
+    if meta.get("vocab_size", vocab) != vocab:
+        raise CheckpointError(f"{root}: the graphs are of another model (vocab_size {meta['vocab_size']}, the model "
+                              f"directory's is {vocab}); export this model")
     return meta
 
 
-def open_graphs(config, device: torch.device, runtime: Runtime) -> GraphModel:
+def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
     """The exported graphs of ``runtime.engines`` for a model of ``config``, on ``device``, as
     ``runtime.backend`` says: ONNX Runtime (CPU, fp32) or TensorRT engines (CUDA, at the
-    precision they were built for)."""
+    precision they were built for). A translation model's graphs as a :class:`GraphModel`; a
+    language model's as an :class:`OnnxLM`, a classifier's as an :class:`OnnxClassifier` (ONNX
+    Runtime only)."""
     backend = runtime.backend
-    if getattr(config, "arch", None) != "encoder_decoder":
-        raise ConfigError(f"runtime.backend: {backend} runs translation (encoder_decoder) models; this one is "
-                          f"{getattr(config, 'arch', None)}")
+    if config.arch != "encoder_decoder" and (backend != "onnx" or config.arch == "encoder_only" and not config.labels):
+        what = "translation, language and classifier models" if backend == "onnx" else "translation models"
+        raise ConfigError(f"runtime.backend: {backend} runs {what}; this one is a model.arch={config.arch} model"
+                          f"{' without labels (a masked LM)' if config.arch == 'encoder_only' else ''}")
     if backend == "onnx" and device.type != "cpu":
         raise ConfigError(f"runtime.backend: onnx runs ONNX Runtime on the CPU; got device {device} (use backend "
                           "tensorrt on a GPU)")
     if backend == "tensorrt":
-        from .tensorrt_run import check_can_run
+        from .tensorrt import check_can_run
         check_can_run(device)  # what is missing (a GPU, the package) before what is wrong
     meta = read_graph_meta(runtime.engines, config, backend)
     if backend == "onnx":
         if runtime.precision != "fp32":
             raise ConfigError(f"runtime.precision: the ONNX graphs compute in fp32; got {runtime.precision}")
+        if config.arch == "decoder_only":
+            return OnnxLM(runtime.engines, runtime.threads)
+        if config.arch == "encoder_only":
+            return OnnxClassifier(runtime.engines, config, runtime.threads)
         steps: Steps = OrtSteps(Path(runtime.engines), meta, runtime.threads)
     else:
-        from .tensorrt_run import TrtSteps
+        from .tensorrt import TrtSteps
         steps = TrtSteps.open(Path(runtime.engines), device, runtime.precision)
     return GraphModel(steps, config, meta["n_decoder_layers"], meta["n_heads"], meta["head_dim"])
+
+
+@dataclass(frozen=True)
+class LMGraphConfig:
+    """What generation reads of a model's config, from the graph's onnx_config.json."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    max_positions: int
+
+
+class OnnxLM(nn.Module):
+    """``lm.onnx`` in ONNX Runtime as a decoder-only model for generation (module docstring):
+    ``decode`` feeds the step graph a token at a time, its logits the states.
+
+    Examples:
+        >>> lm = OnnxLM("exported/onnx")                                  # doctest: +SKIP
+        >>> gen = GenerationConfig(max_new_tokens=5, temperature=0)
+        >>> generate_ids(lm, torch.tensor([[1, 57, 12]]), gen)            # doctest: +SKIP
+        [[31, 8, 44, 9, 17]]
+    """
+
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
+        super().__init__()
+        root = Path(directory)
+        self.meta = json.loads((root / ONNX_META).read_text(encoding="utf-8"))
+        (self.session,) = ort_sessions(root, threads, names=(LM_ONNX,))
+        m = self.meta
+        self.config = LMGraphConfig(m["pad_id"], m["bos_id"], m["eos_id"], m["max_positions"])
+        self.names = io_names(m["n_layers"], "self")
+
+    def new_cache(self) -> GraphCache:
+        return GraphCache()
+
+    def decode(self, tgt: Tensor, cache: GraphCache | None = None, project: bool = True) -> DecoderOutput:
+        """tgt (B, T) after the ``cache`` (extended in place; None: an empty one) -> states =
+        logits (B, T, V)."""
+        cache = GraphCache() if cache is None else cache
+        if cache.self_kv is None:
+            m = self.meta
+            cache.self_kv = [torch.zeros(tgt.shape[0], m["n_heads"], 0, m["head_dim"])] * len(self.names)
+        ids, out = tgt.cpu().long().numpy(), []
+        for t in range(ids.shape[1]):
+            logits, *kv = self.session.run(None, {"tokens": ids[:, t: t + 1],
+                                                  **{n: c.numpy() for n, c in zip(self.names, cache.self_kv)}})
+            cache.self_kv = [torch.from_numpy(c) for c in kv]                # 2 x layers of (B, H, t+1, Dh)
+            out.append(logits)                                               # (B, V)
+            cache.length += 1
+        states = torch.stack([torch.from_numpy(o) for o in out], dim=1).float()  # (B, T, V)
+        return DecoderOutput(states, states if project else None, cache)
+
+    def output_proj(self, states: Tensor) -> Tensor:
+        """The identity: the graph's outputs are already logits."""
+        return states
+
+
+class OnnxEncoder:
+    """``encoder.onnx`` in ONNX Runtime: ids (B, T) [, token types] -> {output name: array}."""
+
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None):
+        root = Path(directory)
+        self.meta = json.loads((root / ONNX_META).read_text(encoding="utf-8"))
+        (self.session,) = ort_sessions(root, threads, names=(ENCODER_ONNX,))
+
+    def run(self, ids, token_types=None) -> dict:
+        """ids (B, T) [, token types (B, T)], numpy integer arrays -> {output name: numpy array}."""
+        feeds = {"ids": ids.astype("int64")}
+        if self.meta["token_types"]:
+            feeds["token_types"] = (ids * 0 if token_types is None else token_types).astype("int64")
+        names = [o.name for o in self.session.get_outputs()]
+        return dict(zip(names, self.session.run(None, feeds)))
+
+
+class OnnxClassifier(nn.Module):
+    """``encoder.onnx`` of a classifier as the model :class:`~transduce.inference.Classifier` runs:
+    ``forward`` gives the graph's class logits (B, K), ``classify`` passes them on."""
+
+    def __init__(self, directory: str | os.PathLike, config, threads: int | None = None):
+        super().__init__()
+        self.runner, self.config = OnnxEncoder(directory, threads), config
+
+    def forward(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:
+        out = self.runner.run(ids.cpu().numpy(), None if token_types is None else token_types.cpu().numpy())
+        return torch.from_numpy(out["logits"])                               # (B, K)
+
+    def classify(self, logits: Tensor) -> Tensor:
+        return logits
