@@ -111,7 +111,8 @@ def test_observers_resume_bitwise_and_quantize_takes_them(tmp_path):
     static int8 model exactly those scales (the vocabulary projection kept float, as QAT kept it)."""
     need_extra("quant", "torchao")
     from safetensors.torch import load_file
-    from transduce.inference.speed.static import FILE, QAT_FILE
+    from transduce.config.quantize import QAT_FILE
+    from transduce.inference.speed.static import FILE
 
     def cfg(**train):
         return RunConfig.from_dict({"model": MODEL, "data": TOY, "train": {

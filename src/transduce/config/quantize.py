@@ -8,6 +8,12 @@ from .base import check, typecheck
 
 # The vocabulary projection (logits) stays float by default: see float_layers.
 FLOAT_LAYERS = ("output_proj",)
+# Static int8's constants that training (train.qat) and inference (transduce quantize, loading) share:
+# beside a train.qat run's weights, each fake-quantised layer's observed input magnitude
+# (training/qat.py), and the scale's divisor: torchao's symmetric int8 scale is
+# max |x| / ((127 - -128) / 2), so -max|x| rounds to -128.
+QAT_FILE = "qat_scales.safetensors"
+SYMMETRIC_LEVELS = 127.5
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from ..config import QuantizeConfig, Runtime, model_task
 from ..errors import ConfigError, DataError
-from .speed.static import FILE, FLOAT_KEY, QAT_FILE, SCHEME, linear_names, read_scales, torchao_quantization
+from ..config.quantize import QAT_FILE
+from .speed.static import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
 from .translator import Translator
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from ..atomic import atomic_dir, atomic_write_text
 from ..checksums import record, sha256_file, verify_all
 from ..config import DecodeConfig
 from ..errors import CheckpointError, one_line
-from ..inference.speed.static import QAT_FILE
+from ..config.quantize import QAT_FILE
 from ..model.io import WEIGHTS, load_model_config, read_weights, save_model, save_weights
 from ..model.transformer import Transformer
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import QuantizeConfig
-from ..inference.speed.static import SYMMETRIC_LEVELS
+from ..config.quantize import SYMMETRIC_LEVELS
 from ..model.attention import MultiHeadAttention
 
 QMIN, QMAX = -128, 127

@@ -22,7 +22,7 @@ from ..data.tokenizer import load_tokenizer, tokenizer_exists
 from ..errors import CheckpointError, ConfigError
 from ..model.io import WEIGHTS, load_model_config, load_state_checked, read_weights, unique_state_dict
 from .checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
-from ..inference.speed.static import QAT_FILE
+from ..config.quantize import QAT_FILE
 from .ema import EMA_WEIGHTS
 from .qat import observed_scales, restore_scales
 from .distributed import all_gather_object, collective_failure, is_collective_error

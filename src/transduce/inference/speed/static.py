@@ -22,16 +22,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ...config.quantize import SYMMETRIC_LEVELS
 from ...errors import CheckpointError, ConfigError
 from ...model.attention import MultiHeadAttention
 
 FILE = "quant.safetensors"
 SCHEME = "static_int8"
 FLOAT_KEY = "float_layers"  # header entry: the linear layers left in float32, comma-separated
-# beside a train.qat run's weights: each fake-quantised layer's observed input magnitude (training/qat.py)
-QAT_FILE = "qat_scales.safetensors"
-# torchao's symmetric int8 scale is max |x| / ((127 - -128) / 2): -max|x| rounds to -128.
-SYMMETRIC_LEVELS = 127.5
 
 
 def torchao_quantization():
