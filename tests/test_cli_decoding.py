@@ -4,6 +4,7 @@ constraints and reranking."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -68,12 +69,27 @@ def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
 
 
 def test_translate_with_repetition_options(model_dir, tmp_path):
+    """The untrained model repeats itself (12 pieces of one or two kinds); --no-repeat-ngram-size N
+    leaves no n-gram of N pieces twice, and a strong --repetition-penalty no piece twice."""
     src = _write(tmp_path / "src.txt", SOURCES)
-    out = tmp_path / "out.txt"
-    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--beam", "3",
-                 "--max-len-a", "0", "--max-len-b", "12", "--device", "cpu", "--no-repeat-ngram-size", "1",
-                 "--repetition-penalty", "1.2"]) == 0
-    assert len(out.read_text(encoding="utf-8").splitlines()) == len(SOURCES)
+    out = tmp_path / "out.jsonl"
+
+    def pieces(*flags: str) -> list[list[str]]:
+        assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--beam", "3",
+                     "--max-len-a", "0", "--max-len-b", "12", "--device", "cpu", "--output-format", "jsonl",
+                     *flags]) == 0
+        rows = [json.loads(line)["pieces"] for line in out.read_text(encoding="utf-8").splitlines()]
+        assert len(rows) == len(SOURCES) and rows[2] == ["</s>"]  # the empty source: EOS alone
+        return [[p for p in row if p != "</s>"] for row in rows]
+
+    def repeats(row: list[str], n: int) -> bool:
+        return len(set(_ngrams(row, n))) < len(_ngrams(row, n))
+
+    plain = pieces()
+    for n in (1, 2, 3):
+        assert all(repeats(row, n) for row in plain if row)
+        assert not any(repeats(row, n) for row in pieces("--no-repeat-ngram-size", str(n))), n
+    assert not any(repeats(row, 1) for row in pieces("--repetition-penalty", "5"))
     assert main(["translate", str(model_dir), "--input", str(src), "--repetition-penalty", "0"]) == 2
 
 
@@ -100,12 +116,32 @@ def test_constraint_errors_are_one_line(trained_dir, tmp_path, capsys, case):
 
 
 def test_translate_nbest_with_mbr_writes_its_choice(trained_dir, tmp_path):
+    """MBR writes, of the 4-best, the one of highest expected utility (sentence BLEU or chrF, by
+    sacrebleu) against them all, each weighted by its probability renormalised over the list:
+    here computed again from the 4-best's texts and log-probabilities."""
+    import sacrebleu
+
     src = _write(tmp_path / "src.txt", TOY)
-    out = tmp_path / "out.txt"
-    assert main(["translate", str(trained_dir), "--input", str(src), "--output", str(out), "--nbest", "4",
-                 "--rerank", "mbr", "--mbr-utility", "bleu", "--device", "cpu"]) == 0
-    lines = out.read_text(encoding="utf-8").splitlines()
-    assert len(lines) == len(TOY) and all("\t" not in line for line in lines)  # one choice per input
+    nbest, out = tmp_path / "nbest.jsonl", tmp_path / "out.txt"
+    common = ["translate", str(trained_dir), "--input", str(src), "--nbest", "4", "--device", "cpu"]
+    assert main([*common, "--output", str(nbest), "--output-format", "jsonl"]) == 0
+    lists = [json.loads(line)["hypotheses"] for line in nbest.read_text(encoding="utf-8").splitlines()]
+    assert [len(hyps) for hyps in lists] == [4] * len(TOY)
+    metric = {"bleu": sacrebleu.sentence_bleu, "chrf": sacrebleu.sentence_chrf}
+    for utility in ("bleu", "chrf"):
+        assert main([*common, "--output", str(out), "--rerank", "mbr", "--mbr-utility", utility]) == 0
+        lines = out.read_text(encoding="utf-8").splitlines()
+        assert len(lines) == len(TOY) and all("\t" not in line for line in lines)  # one choice per input
+        want = []
+        for hyps in lists:
+            top = max(h["log_prob"] for h in hyps)
+            weights = [math.exp(h["log_prob"] - top) for h in hyps]
+            expected = [sum(w * metric[utility](h["translation"], [r["translation"]]).score
+                            for w, r in zip(weights, hyps)) / sum(weights) for h in hyps]
+            want.append(hyps[expected.index(max(expected))]["translation"])
+        assert lines == want, utility
+        if utility == "bleu":  # on some input the consensus is not the most probable translation
+            assert lines != [hyps[0]["translation"] for hyps in lists]
     assert main(["translate", str(trained_dir), "--input", str(src), "--rerank", "mbr", "--device", "cpu"]) == 2
 
 

@@ -178,15 +178,34 @@ def test_word_alignments_number_the_users_words_not_the_tag(tagged_tokenizer, on
         assert max(i for i, _ in tagged_first.best.alignment) <= 2
 
 
-def test_validation_scores_each_language_pair(tagged_tokenizer, one_thread):
+def test_validation_scores_each_language_pair(tagged_tokenizer, one_thread, monkeypatch):
+    """Each pair's BLEU is sacrebleu's over that pair's own outputs and references. The outputs
+    are set (an untrained model's would score 0 whatever they were scored against): German's are
+    its references, French's two of them swapped, so the pairs score 100 and less than 100."""
+    from sacrebleu.metrics import BLEU
+    from transduce.inference import Translator
     from transduce.training.validation import validation_bleu
     tok = tagged_tokenizer
     cfg = RunConfig.from_dict({"data": {"corpus": "multi30k", "pairs": ["en-de", "en-fr"]},
                                "decode": {"max_len_b": 3}})
     texts = [(tagged(s, lang), t) for lang in ("de", "fr") for s, t in zip(EN, TEXT[lang])]
+    hyps = {"de": list(DE), "fr": [FR[1], FR[0], *FR[2:]]}
+    outputs = dict(zip([s for s, _ in texts], hyps["de"] + hyps["fr"]))
+    asked = []
+    monkeypatch.setattr(Translator, "translate", lambda self, sources, **kw: asked.extend(sources) or
+                        [outputs[s] for s in sources])
     scores = validation_bleu(_tiny_model(tok), tok, texts, cfg, torch.device("cpu"))
-    assert set(scores) == {"val_bleu", "val_bleu/en-de", "val_bleu/en-fr"}
-    assert all(0 <= v <= 100 for v in scores.values())
+    assert asked == [s for s, _ in texts]
+
+    def bleu(h, r):
+        return BLEU().corpus_score(h, [r]).score
+
+    assert scores == {"val_bleu": pytest.approx(bleu(hyps["de"] + hyps["fr"], DE + FR)),
+                      "val_bleu/en-de": pytest.approx(bleu(hyps["de"], DE)),
+                      "val_bleu/en-fr": pytest.approx(bleu(hyps["fr"], FR))}
+    assert scores["val_bleu/en-de"] == pytest.approx(100) and 0 < scores["val_bleu/en-fr"] < 100
+    for lang, other in (("de", FR), ("fr", DE)):  # another pair's references score otherwise
+        assert scores[f"val_bleu/en-{lang}"] != pytest.approx(bleu(hyps[lang], other))
 
 
 def test_cli_translate_takes_tgt_lang_and_refuses_a_missing_or_unknown_one(tagged_tokenizer, tmp_path, capsys,

@@ -81,16 +81,41 @@ def test_task_scores_are_bleu_for_translate_prefixes_and_accuracy_else():
         task_scores(inputs, hyps[:-1], refs)
 
 
-def test_fine_tuning_validates_each_task(tmp_path, one_thread):
-    train = _tsv(tmp_path / "train.tsv", LINES * 30)
+def test_fine_tuning_validates_each_task(tmp_path, one_thread, monkeypatch):
+    """Validation scores each task over its own lines. The model still decodes, but its outputs are
+    then set (four steps' would score 0 whatever they were scored against): one German sentence
+    and "present" for every line, each right in part."""
+    from sacrebleu.metrics import BLEU
+    from transduce.inference import Translator
+
+    decoded = Translator.translate
+    valid_lines = ["translate English to German: the old dog sees the ball\tder alte Hund sieht den Ball",
+                   "classify: the dog runs\tpresent", "classify: the dog ran\tpast",
+                   "translate English to German: a cat reads the book\teine Katze liest das Buch",
+                   "classify: the dog sits\tpresent"] * 2
+    inputs, targets = zip(*(line.split("\t") for line in valid_lines))
+    outputs = {s: "present" if s.startswith("classify") else "der alte Hund sieht das Buch" for s in inputs}
+    asked = []
+
+    def set_outputs(self, sources, **kw):
+        assert len(decoded(self, sources, **kw)) == len(sources)
+        asked.append(list(sources))
+        return [outputs[s] for s in sources]
+
+    monkeypatch.setattr(Translator, "translate", set_outputs)
+    train, valid = _tsv(tmp_path / "train.tsv", LINES * 30), _tsv(tmp_path / "valid.tsv", valid_lines)
     out = tmp_path / "run"
     assert main(["train", "--out", str(out), "--set", "model.preset=tiny", "--set", "data.corpus=tsv",
-                 "--set", f"data.train_src={train}", "--set", f"data.valid_src={train}",
+                 "--set", f"data.train_src={train}", "--set", f"data.valid_src={valid}",
                  "--set", "data.vocab_size=60", "--set", "data.tokenizer_type=unigram", "--set", "data.max_tokens=300",
                  "--set", "train.max_steps=4", "--set", "train.eval_every=4", "--set", "train.save_every=4",
                  "--set", "train.warmup_steps=2", "--set", "train.num_threads=1"]) == 0
     record = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line][-1]
-    assert 0 <= record["val_acc/classify"] <= 1 and 0 <= record["val_bleu/translate English to German"] <= 100
+    assert asked == [list(inputs)]  # the validation file's inputs, once (one validation, at step 4)
+    pairs = [(outputs[s], t) for s, t in zip(inputs, targets) if s.startswith("translate")]
+    bleu = BLEU().corpus_score([h for h, _ in pairs], [[t for _, t in pairs]]).score
+    assert 0 < bleu < 100 and record["val_bleu/translate English to German"] == pytest.approx(bleu)
+    assert record["val_acc/classify"] == pytest.approx(2 / 3)  # "present" is right on two classify lines of three
     assert "val_bleu" not in record
 
 

@@ -1,7 +1,5 @@
 """The Multi30k-style tokenized lowercase BLEU."""
 
-from pathlib import Path
-
 import pytest
 
 from transduce.data.corpus import read_lines
@@ -10,18 +8,17 @@ from extra_helpers import need_extra
 need_extra("moses", "sacremoses")
 from transduce.evaluation.moses import moses_lc_bleu, moses_lc_tokenize  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
-
 
 def test_escaping_and_lowercasing():
     # normalisation moves the comma
     assert moses_lc_tokenize(["A man's \"Hat\", red."], "en") == ["a man &apos;s &quot; hat , &quot; red ."]
 
 
-@pytest.mark.skipif(not (ROOT / "tok").is_dir(), reason="Multi30k is not beside the repository")
-def test_raw_references_score_100_against_official_tokenized_ones():
-    raw = list(read_lines(ROOT / "test_2016_flickr.de.gz"))
-    tok = list(read_lines(ROOT / "tok" / "test_2016_flickr.lc.norm.tok.de"))
+def test_raw_references_score_100_against_official_tokenized_ones(multi30k_root):
+    if not (multi30k_root / "tok").is_dir():
+        pytest.skip(f"Multi30k's tokenized files are not in {multi30k_root / 'tok'}")
+    raw = list(read_lines(multi30k_root / "test_2016_flickr.de.gz"))
+    tok = list(read_lines(multi30k_root / "tok" / "test_2016_flickr.lc.norm.tok.de"))
     assert moses_lc_bleu(raw, tok, "de")["bleu_moses_lc"] == pytest.approx(100.0)
     # a degraded hypothesis scores lower
     assert moses_lc_bleu([" ".join(s.split()[:-2]) for s in raw], tok, "de")["bleu_moses_lc"] < 90

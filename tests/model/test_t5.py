@@ -122,11 +122,19 @@ def test_t5_parameters_and_output_rescale():
     assert not any(n.endswith(".bias") for n in names)
     assert isinstance(model.encoder_layers[0].norm1, torch.nn.RMSNorm)
     assert model.encoder_layers[0].ffn.fc_gate is None and _model(**KINDS[1]).encoder_layers[0].ffn.fc_gate is not None
+    assert model.output_proj.weight is model.tgt_embed.tokens.weight
+    model.double()  # float64: the reference below differs only by rounding, far below the tolerance
     src, tgt = _batch()
+    residual = []  # the last decoder layer's output: the residual stream the final RMSNorm takes
+    model.decoder_layers[-1].register_forward_hook(lambda m, args, out: residual.append(out[0]))
     with torch.no_grad():
-        states = model.decode(tgt, model.encode(src), project=False).states
-        unscaled = model.decoder_norm(model.decode(tgt, model.encode(src), project=False).states)
-    assert states.norm() < unscaled.norm()  # d_model^-0.5 applied before the tied projection
+        out = model.decode(tgt, model.encode(src))
+        x = residual[0]                                                  # (B, T, D)
+        # T5's RMSNorm (no mean subtracted, no bias), then d_model^-0.5 (32^-0.5) before the tied projection
+        rms = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + T5["layer_norm_eps"])
+        want = x * rms * model.decoder_norm.weight * 32 ** -0.5
+        torch.testing.assert_close(out.states, want, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(out.logits, want @ model.tgt_embed.tokens.weight.T, rtol=1e-10, atol=1e-12)
 
 
 def test_t5_small_preset_has_the_published_shape():

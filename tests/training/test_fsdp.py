@@ -40,11 +40,11 @@ def _train(args: list[str], ranks: int) -> None:
 
 def _records(run) -> dict[tuple[int, str], float]:
     """Every logged figure of a run: (step, key) -> value (rank 0's loss, the global gradient norm,
-    the validation loss)."""
+    the learning rate, the validation loss)."""
     out = {}
     for line in (run / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        out |= {(record["step"], k): record[k] for k in ("loss", "grad_norm", "val_loss") if k in record}
+        out |= {(record["step"], k): record[k] for k in ("loss", "grad_norm", "lr", "val_loss") if k in record}
     return out
 
 
@@ -65,8 +65,57 @@ def _from_step_10(run, to):
     return to
 
 
+def _train_state(run, step: int, *keys: str) -> dict:
+    state = json.loads((run / "checkpoints" / f"step_{step:08d}" / "state.json").read_text())["train_state"]
+    return {k: state[k] for k in keys}
+
+
+def _assert_restores_whole(run, went_on) -> None:
+    """Resumed in this process with nothing left to train, ``run`` (a copy of ``went_on`` at step
+    10, two ranks' and sharded) holds the checkpoint's weights, Adam state and counters bit for
+    bit, and its final validation of the restored average is the one ``went_on`` logged at step 10."""
+    from safetensors.torch import load_file
+    from transduce.config import load_run_config
+    from transduce.model.io import saved_model_settings, unique_state_dict
+    from transduce.training.loop import run_training
+
+    ckpt = run / "checkpoints" / "step_00000010"
+    trainer, metrics = run_training(load_run_config(run / "config.yaml", ["train.max_steps=10"], saved_model_settings),
+                                    run, resume=True)
+    assert trainer.dist.world_size == 1 and metrics["val_loss"] == pytest.approx(_records(went_on)[10, "val_loss"],
+                                                                                 rel=RTOL)
+    keys = ("step", "epoch", "offset", "tokens")
+    assert {k: getattr(trainer.state, k) for k in keys} == _train_state(went_on, 10, *keys)
+    weights, average = load_file(str(ckpt / "model.safetensors")), load_file(str(ckpt / "ema.safetensors"))
+    restored = unique_state_dict(trainer.model)
+    assert restored.keys() == weights.keys() and all(torch.equal(restored[k], weights[k]) for k in weights)
+    final = load_file(str(run / "model" / "model.safetensors"))  # written from the restored average
+    assert all(torch.equal(final[k], average[k]) for k in average)
+    saved = torch.load(ckpt / "trainer.pt", weights_only=True)["optimizer"]["state"]
+    state = trainer.optimizer.state_dict()["state"]
+    assert state.keys() == saved.keys()
+    for i, s in saved.items():
+        assert all(torch.equal(torch.as_tensor(state[i][k]), torch.as_tensor(v)) for k, v in s.items()), i
+
+
+def _assert_goes_on_alone(went_on, to) -> None:
+    """``went_on``'s step-10 checkpoint resumed in one process (grad_accum 4: both ranks'
+    micro-batches) to step 20. Its dropout masks are rank 0's stream, so its losses are not
+    ``went_on``'s; its schedule, data position and Adam's step counts are."""
+    alone = _from_step_10(went_on, to)
+    _train(["--out", str(alone), "--resume", "--set", "train.grad_accum=4"], 1)
+    records, want = _records(alone), _records(went_on)
+    assert records.keys() == want.keys()
+    assert {k: v for k, v in records.items() if k[0] <= 10 or k[1] == "lr"} == {
+        k: v for k, v in want.items() if k[0] <= 10 or k[1] == "lr"}
+    keys = ("step", "epoch", "offset", "tokens")
+    assert _train_state(alone, 20, *keys) == _train_state(went_on, 20, *keys)
+    saved = torch.load(alone / "checkpoints" / "step_00000020" / "trainer.pt", weights_only=True)["optimizer"]
+    assert {float(s["step"]) for s in saved["state"].values()} == {20.0}  # Adam's counts went on from 10
+
+
 @pytest.mark.slow
-def test_fsdp_steps_as_ddp_and_its_checkpoint_resumes_under_ddp_and_in_one_process(tmp_path):
+def test_fsdp_steps_as_ddp_and_its_checkpoint_resumes_under_ddp_and_in_one_process(tmp_path, one_thread):
     _config(tmp_path / "c.yaml")
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
     _train([str(tmp_path / "c.yaml"), "--out", str(ddp)], 2)
@@ -86,10 +135,10 @@ def test_fsdp_steps_as_ddp_and_its_checkpoint_resumes_under_ddp_and_in_one_proce
     _train(["--out", str(resumed), "--resume", "--set", "train.fsdp=false"], 2)
     _assert_same(_records(resumed), _records(fsdp))
 
-    # ... and in one process, taking both ranks' micro-batches (its dropout masks are rank 0's stream)
-    alone = _from_step_10(fsdp, tmp_path / "alone")
-    _train(["--out", str(alone), "--resume", "--set", "train.grad_accum=4"], 1)
-    assert (alone / "checkpoints" / "step_00000020").is_dir()
+    # ... and in one process: it restores the step-10 checkpoint whole (here, in this process), and
+    # goes on taking both ranks' micro-batches
+    _assert_restores_whole(_from_step_10(fsdp, tmp_path / "restored"), fsdp)
+    _assert_goes_on_alone(fsdp, tmp_path / "alone")
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "transduce", "translate", str(fsdp / "model")], input="a b c\n",
