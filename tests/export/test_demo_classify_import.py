@@ -60,13 +60,16 @@ def test_classify_demo_fine_tunes_an_import_in_its_shape(tmp_path, tokenizer_dir
     assert report.checks["max_class_logit_diff"] < 1e-4 and report.checks["tokenizer_differences"] == 0
     back = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "back").eval()
     # the export writes BERT's layout: a RoBERTa-based classifier too (its positions already shifted
-    # and its ids renumbered on import), with the same logits on the same text
+    # on import), in the original checkpoint's ids (the tuned model's tokenizer keeps where its ids
+    # came from), with the same logits on the same text
     assert type(back).__name__ == "BertForSequenceClassification"
     texts = [en for en, _ in toy_pairs(20, 5)] + ["Café 👍🏽 東京", "  two  spaces "]
     with torch.no_grad(), Classifier.load(tmp_path / "demo" / "pretrained" / "best") as classifier:
         enc = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(texts, padding=True, return_tensors="pt")
         want = back(**enc).logits                                                       # (B, K)
         assert classifier.classify(texts) == [back.config.id2label[int(k)] for k in want.argmax(-1)]
+        assert enc["input_ids"].tolist() == transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(
+            texts, padding=True)["input_ids"]                                           # the original's ids
         model, tok = classifier.model, classifier.tokenizer
         ids = pad([tok.encode(t) for t in texts], 0, bos=True, eos=True)  # what classify feeds the model
         got = model.classify(model(ids, torch.zeros_like(ids) if model.config.type_vocab_size else None))

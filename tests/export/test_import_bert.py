@@ -1,16 +1,19 @@
 """`transduce import` of BERT and RoBERTa directories: locally built random tiny models of each
 importable architecture give the same logits as transformers (ids mapped to our order), keep
-their heads, survive an `export --format hf` round trip, and bad directories fail in one line
-with nothing written."""
+their heads, export with `--format hf` as the original checkpoint (its ids, its tokenizer files,
+its logits on text), and bad directories fail in one line with nothing written."""
 
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+from transduce.checksums import record
 from transduce.cli import main
 from transduce.errors import TransduceError
 from transduce.export import export_model
@@ -19,13 +22,14 @@ from transduce.export.hf_import import import_hf
 from transduce.model import EncoderOnly, load_model
 from extra_helpers import need_extra
 from bert_fixtures import CASES, bert_tokenizer_dirs, build_hf
-from hf_tokenizer_fixtures import HARD_CASES
+from hf_tokenizer_fixtures import HARD_CASES, byte_bpe_dir, wordpiece_dir
 from toy_model import toy_pairs
+from transduce.data.toy import generate_pairs
 
 need_extra("pretrained", "tokenizers")
 transformers = need_extra("export", "transformers")
 
-from transduce.data.hf_tokenizer import HFTokenizer  # noqa: E402
+from transduce.data.hf_tokenizer import SIDE_FILES, HFTokenizer  # noqa: E402
 from transduce.data.batch import pad  # noqa: E402
 from transduce.data.tokenizer import load_tokenizer  # noqa: E402
 from transduce.inference.classify import Classifier  # noqa: E402
@@ -72,11 +76,10 @@ def test_import_equals_transformers_and_exports_back(tmp_path, case, tokenizer_d
     assert order[:4].tolist() == ([0, 2, 3, 1] if "Bert" in case else [1, 0, 2, 3]) and order[-1] == 4  # [MASK] last
     for ours, theirs in _ours_vs_theirs(model, hf, order):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-4)
-    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")  # BERT with our ids
+    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")  # BERT in the original's ids
     back = transformers.AutoConfig.from_pretrained(tmp_path / "back").architectures[0]
     exported = getattr(transformers, back).from_pretrained(tmp_path / "back").eval()
-    identity = torch.arange(cfg.src_vocab_size)
-    for (_, theirs), (_, again) in zip(_ours_vs_theirs(model, hf, order), _ours_vs_theirs(model, exported, identity)):
+    for (_, theirs), (_, again) in zip(_ours_vs_theirs(model, hf, order), _ours_vs_theirs(model, exported, order)):
         torch.testing.assert_close(again, theirs, rtol=0, atol=1e-4)  # the original's logits, round trip
     assert all(v < 1e-4 for k, v in report.checks.items() if k.startswith("max_"))
 
@@ -118,6 +121,91 @@ def test_imported_classifier_reads_text_as_transformers(tmp_path, tokenizer_dirs
     with torch.no_grad():  # text -> AutoTokenizer -> model, on the export: the original's logits
         enc = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")(texts, padding=True, return_tensors="pt")
         torch.testing.assert_close(back(**enc).logits, want, rtol=0, atol=1e-4)
+
+
+# Real sentences (the toy grammar's, not in the tokenizers' training text) and what tokenizers get
+# wrong first: accents, punctuation, runs of spaces, characters the vocabulary lacks.
+ROUND_TRIP_LINES = [s for pair in generate_pairs(5, 99) for s in pair] + [
+    "Café naïve résumé façade Ångström", "Straße ÄÖÜ äöü ß", "a  b   c    d", "  leading and trailing  ",
+    "\ttab\tseparated\t", "", "Wait... what?! (Yes: \"no\") - 3.5% #1", "👍🏽 emoji 👨‍👩‍👧 family 🇩🇪 flag",
+    "東京で寿司を食べた。", "control\x00\x01\x07\x1b chars ﬁ ™ ½"]
+
+
+@pytest.fixture(scope="module")
+def sentence_tokenizer_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tokenizers as a user trains them on real text (the toy grammar's English and German): BERT's
+    WordPiece cased (AutoTokenizer takes ``do_lower_case`` from tokenizer_config.json) and RoBERTa's
+    byte-level BPE."""
+    root = tmp_path_factory.mktemp("sentence_tokenizers")
+    lines = [s for pair in generate_pairs(800, 1) for s in pair] + HARD_CASES
+    return {"bert": wordpiece_dir(root / "bert", lines, vocab_size=400, lowercase=False),
+            "roberta": byte_bpe_dir(root / "roberta", lines, flavour="roberta", vocab_size=400)}
+
+
+@pytest.mark.parametrize("case", ["BertForMaskedLM", "BertForSequenceClassification", "RobertaForMaskedLM"])
+def test_export_of_an_import_is_the_original_checkpoint(tmp_path, sentence_tokenizer_dirs, case):
+    """import then export --format hf: AutoTokenizer on the export gives the original's input_ids,
+    and AutoModel on the export the original's logits on real text, each side read by its own
+    AutoTokenizer."""
+    assert len(ROUND_TRIP_LINES) == 20
+    original = build_hf(tmp_path / "hf", case, sentence_tokenizer_dirs, seed=4)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    export_model(tmp_path / "ours", "hf", tmp_path / "back")
+    auto = {side: transformers.AutoTokenizer.from_pretrained(tmp_path / side) for side in ("hf", "back")}
+    for text in ROUND_TRIP_LINES:
+        assert auto["back"](text)["input_ids"] == auto["hf"](text)["input_ids"], text
+    head = transformers.AutoModelForSequenceClassification if "Classification" in case \
+        else transformers.AutoModelForMaskedLM
+    exported = head.from_pretrained(tmp_path / "back").eval()
+    enc = {side: auto[side](ROUND_TRIP_LINES, padding=True, truncation=True, max_length=32, return_tensors="pt")
+           for side in auto}  # (B, T); 32 tokens: within both position tables
+    with torch.no_grad():
+        want, got = original(**enc["hf"]).logits, exported(**enc["back"]).logits   # (B, K) or (B, T, V)
+    if want.dim() == 3:  # masked-LM logits at the text's tokens (RoBERTa's pad rows are not BERT's)
+        keep = enc["hf"]["attention_mask"].bool()
+        want, got = want[keep], got[keep]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def _edit_tokenizer_yaml(model_dir: Path, edit) -> None:
+    """``edit`` the tokenizer.yaml mapping of ``model_dir`` in place, its checksum recorded again."""
+    meta = yaml.safe_load((model_dir / "tokenizer.yaml").read_text(encoding="utf-8"))
+    edit(meta)
+    (model_dir / "tokenizer.yaml").write_text(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True),
+                                              encoding="utf-8")
+    record(model_dir, ["tokenizer.yaml"])
+
+
+def test_export_of_an_import_kept_without_its_origin_reads_as_ours(tmp_path, sentence_tokenizer_dirs):
+    """An import saved before the tokenizer kept its origin exports in our ids with our
+    tokenizer.json, read verbatim by AutoTokenizer: the cased WordPiece stays cased."""
+    build_hf(tmp_path / "hf", "BertForMaskedLM", sentence_tokenizer_dirs, seed=4)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+    tok = load_tokenizer(tmp_path / "ours")
+    assert tok.origin.files == {name: (tmp_path / "hf" / name).read_text() for name in SIDE_FILES}
+    assert pickle.loads(pickle.dumps(tok)).origin == tok.origin          # as a worker process gets it
+    _edit_tokenizer_yaml(tmp_path / "ours", lambda meta: meta.pop("origin"))
+    report = export_model(tmp_path / "ours", "hf", tmp_path / "back")
+    assert report.checks["tokenizer_differences"] == 0 and report.checks["max_text_logit_diff"] < 1e-4
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
+    for text in ROUND_TRIP_LINES:
+        assert auto(text)["input_ids"] == [1, *load_tokenizer(tmp_path / "ours").encode(text), 2], text
+
+
+def test_export_refuses_a_tokenizer_autotokenizer_reads_otherwise(tmp_path, sentence_tokenizer_dirs):
+    """The export's own check reads text through AutoTokenizer on the export: an origin claiming
+    the cased WordPiece lower-cases fails it in one line, and nothing is written."""
+    build_hf(tmp_path / "hf", "BertForMaskedLM", sentence_tokenizer_dirs, seed=4)
+    import_hf(tmp_path / "hf", tmp_path / "ours")
+
+    def lower_cased(meta):
+        files = meta["origin"]["files"]
+        files["tokenizer_config.json"] = json.dumps({**json.loads(files["tokenizer_config.json"]),
+                                                     "do_lower_case": True})
+    _edit_tokenizer_yaml(tmp_path / "ours", lower_cased)
+    with pytest.raises(TransduceError, match=r"^verification failed: AutoTokenizer on .* reads 'A dog runs") as e:
+        export_model(tmp_path / "ours", "hf", tmp_path / "back")
+    assert "\n" not in str(e.value) and not (tmp_path / "back").exists()
 
 
 def test_roberta_positions_start_after_the_padding_row(tmp_path, tokenizer_dirs):

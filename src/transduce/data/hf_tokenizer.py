@@ -12,9 +12,15 @@ Whether the model reads BOS before a text is the tokenizer's too (Hugging Face's
 BERT's [CLS] and RoBERTa's ``<s>`` come first, GPT-2's ``<|endoftext|>`` does not, so
 :class:`~transduce.inference.Generator` prompts an imported GPT-2 as ``AutoTokenizer`` does.
 
+An imported BERT's or RoBERTa's ids are the original checkpoint's renumbered (its special tokens
+moved to ours, :mod:`transduce.export.hf_bert_vocab`): its tokenizer keeps an :class:`HFOrigin`,
+the specials' ids in the original and the files ``AutoTokenizer`` read there beside
+``tokenizer.json``, so that an export, of the import or of a model fine-tuned from it, gives the
+original's ids and files back.
+
 On disk: ``tokenizer.json`` (Hugging Face's file) and ``tokenizer.yaml`` (``kind``, ``vocab_size``,
-``specials``, ``add_bos_token``); :func:`transduce.data.tokenizer.load_tokenizer` opens whichever
-kind a directory holds.
+``specials``, ``add_bos_token``, and ``origin`` where there is one);
+:func:`transduce.data.tokenizer.load_tokenizer` opens whichever kind a directory holds.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -39,6 +46,9 @@ ROLES = ("pad", "bos", "eos", "unk", "cls", "sep", "mask")
 # Which roles stand in for ours where a model has no token of that role: GPT-2 has only
 # <|endoftext|>, which begins, ends and pads; BERT begins with [CLS] and ends with [SEP].
 FALLBACKS = {"bos": ("cls", "eos"), "eos": ("sep", "bos"), "pad": ("eos", "unk")}
+# What AutoTokenizer reads beside tokenizer.json: the class and its options (``do_lower_case``,
+# ``add_prefix_space``...) and the special tokens' names.
+SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def _library():
@@ -57,6 +67,39 @@ def kind_of(raw: dict, name: str) -> str:
                     "(GPT-2, RoBERTa) and WordPiece (BERT)")
 
 
+@dataclass(frozen=True)
+class HFOrigin:
+    """The Hugging Face checkpoint a tokenizer was imported from with its ids renumbered.
+
+    Attributes:
+        ids: role (``pad``, ``cls``...) -> that special token's id in the original.
+        files: :data:`SIDE_FILES` name -> the original's text of that file, verbatim.
+    """
+
+    ids: dict[str, int]
+    files: dict[str, str]
+
+    @classmethod
+    def read(cls, where: str | os.PathLike, ids: dict[str, int]) -> "HFOrigin":
+        """The origin of a tokenizer imported from the directory ``where``, whose specials had ``ids``."""
+        root = Path(where)
+        return cls(dict(ids), {name: (root / name).read_text(encoding="utf-8") for name in SIDE_FILES
+                               if (root / name).is_file()})
+
+    def as_dict(self) -> dict:
+        """What ``tokenizer.yaml`` holds under ``origin``."""
+        return {"ids": dict(self.ids), "files": dict(self.files)}
+
+    @classmethod
+    def from_dict(cls, raw, path: Path) -> "HFOrigin":
+        """What :meth:`as_dict` gave, read back from ``path``; a one-line DataError if it is not that."""
+        ids, files = (raw.get("ids"), raw.get("files")) if isinstance(raw, dict) else (None, None)
+        if not (isinstance(ids, dict) and all(r in ROLES and type(i) is int for r, i in ids.items())
+                and isinstance(files, dict) and all(n in SIDE_FILES and isinstance(t, str) for n, t in files.items())):
+            raise DataError(f"{path}: 'origin' must hold 'ids' (role -> id) and 'files' (one of {SIDE_FILES} -> text)")
+        return cls(ids, files)
+
+
 class HFTokenizer:
     """A Hugging Face ``tokenizers`` tokenizer with its special tokens, behind the same calls as
     :class:`~transduce.data.tokenizer.Tokenizer` (encode, decode, pieces, vocab sizes, special ids).
@@ -67,10 +110,11 @@ class HFTokenizer:
         name: where it came from, for error messages.
         add_bos_token: whether the model reads BOS before a text (:meth:`encode` never adds it; the
             caller does): None takes what ``tokenizer.json``'s post-processor does.
+        origin: the checkpoint whose ids ``data``'s are renumbered from, or None (they are its own).
     """
 
     def __init__(self, data: bytes, specials: dict[str, str], name: str = "<memory>",
-                 add_bos_token: bool | None = None):
+                 add_bos_token: bool | None = None, origin: HFOrigin | None = None):
         lib = _library()
         try:
             raw = json.loads(data.decode("utf-8"))
@@ -95,6 +139,7 @@ class HFTokenizer:
                     raise DataError(f"{name}: no {role} token (nor {' or '.join(alternatives)}) among the specials")
                 self.ids[role] = found[0]
         self.add_bos_token = self._template_adds_bos() if add_bos_token is None else add_bos_token
+        self.origin = origin
 
     def _template_adds_bos(self) -> bool:
         """Whether ``tokenizer.json``'s post-processor puts BOS before a text (BERT's, RoBERTa's)."""
@@ -126,6 +171,11 @@ class HFTokenizer:
     def mask_id(self) -> int | None:
         """[MASK] / ``<mask>`` (an imported BERT's or RoBERTa's, renumbered to the last id), or None."""
         return self.ids.get("mask")
+
+    @property
+    def data(self) -> bytes:
+        """The ``tokenizer.json`` text (bytes)."""
+        return self._data
 
     @property
     def vocab_size(self) -> int:
@@ -181,6 +231,8 @@ class HFTokenizer:
         meta = {"kind": self.kind, "vocab_size": self.vocab_size,
                 "specials": {role: {"token": tok, "id": self.ids[role]} for role, tok in self.tokens.items()},
                 "add_bos_token": self.add_bos_token}
+        if self.origin is not None:
+            meta["origin"] = self.origin.as_dict()
         atomic_write_bytes(out / META_FILE, yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).encode())
         record(out, [HF_FILE, META_FILE])
 
@@ -200,8 +252,9 @@ class HFTokenizer:
         add_bos = meta.get("add_bos_token", True)
         if not isinstance(add_bos, bool):
             raise DataError(f"{root / META_FILE}: 'add_bos_token' must be true or false, not {add_bos!r}")
+        origin = HFOrigin.from_dict(meta["origin"], root / META_FILE) if "origin" in meta else None
         tok = cls((root / HF_FILE).read_bytes(), {r: v["token"] for r, v in specials.items()}, str(root / HF_FILE),
-                  add_bos)
+                  add_bos, origin)
         wrong = [r for r, v in specials.items() if v.get("id") != tok.ids[r]]
         if wrong:
             raise DataError(f"{root / META_FILE}: recorded ids of {wrong} do not match {HF_FILE}")
@@ -218,13 +271,13 @@ class HFTokenizer:
             raise DataError(f"{root}: no {HF_FILE} (transduce imports tokenizers from Hugging Face's fast "
                             "tokenizer file)")
         specials: dict[str, str] = {}
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        for name in SIDE_FILES:
             if (root / name).is_file():
                 specials.update(_named_specials(root / name))
         return cls((root / HF_FILE).read_bytes(), specials, str(root / HF_FILE))
 
     def __reduce__(self):  # pickled as its file and specials (a worker process rebuilds it)
-        return HFTokenizer, (self._data, self.tokens, self.name, self.add_bos_token)
+        return HFTokenizer, (self._data, self.tokens, self.name, self.add_bos_token, self.origin)
 
     def __repr__(self) -> str:
         return (f"HFTokenizer(kind={self.kind}, vocab_size={self.vocab_size}, specials={self.ids}, "

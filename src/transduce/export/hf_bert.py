@@ -7,10 +7,13 @@ an embedding LayerNorm, no embedding scaling, biases everywhere. The weights the
 one; a model without token types (``type_vocab_size`` 0) is written with one all-zero type row,
 which is what adding nothing is. Other options are refused with a one-line error naming them.
 
-A model with a Hugging Face tokenizer (an imported BERT's WordPiece or RoBERTa's byte-level BPE,
-its ids ours) is written with it, and AutoTokenizer on the export is checked to split as ours. A
-SentencePiece tokenizer is not written: the directory is then loaded with ``AutoModel*`` and fed
-our token ids (the [MASK] id is the last one).
+An imported model (BERT's WordPiece or RoBERTa's byte-level BPE tokenizer, its ids the original's
+renumbered) is written in the original checkpoint's ids with the original's tokenizer files
+(:mod:`~transduce.export.hf_bert_vocab`), a model fine-tuned from one too; a RoBERTa as BERT
+(its position table already starts at its first real position). Checked as a user reads it:
+AutoTokenizer on the export gives our ids (in the export's numbering) on sample texts, and the
+exported model's logits on them are ours. A SentencePiece tokenizer is not written: the directory
+is then loaded with ``AutoModel*`` and fed our token ids (the [MASK] id is the last one).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..data.batch import pad
 from ..data.hf_tokenizer import HFTokenizer
 from ..errors import require
 from ..model.encoder_only import EncoderOnly
 from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
-from .hf_gpt2 import copy_tokenizer, hf_tokenizer_differences
+from .hf_bert_vocab import export_order, original_tokenizer_files
+from .hf_gpt2 import SAMPLE_TEXT, copy_tokenizer
+from .hf_read import load_hf_model
 from .verify import check_close, probe_batch
 
 
@@ -45,9 +51,10 @@ def check_bert_compatible(cfg: ModelConfig) -> None:
         raise ExportError(f"cannot export to Hugging Face BERT: {'; '.join(problems)}")
 
 
-def bert_config(cfg: ModelConfig):
+def bert_config(cfg: ModelConfig, order: Tensor | None = None):
     """The BertConfig of the same shape; a classifier's ``id2label`` / ``label2id`` are its
-    ``model.labels`` (a pipeline's output names), or BERT's ``LABEL_i`` for a model without them."""
+    ``model.labels`` (a pipeline's output names), or BERT's ``LABEL_i`` for a model without them.
+    ``order``: the exported id of each of ours (None: ours), for the pad id."""
     transformers = require("transformers", "export")
     labels = cfg.labels or tuple(f"LABEL_{i}" for i in range(cfg.n_classes))
     heads = (dict(id2label=dict(enumerate(labels)), label2id={name: i for i, name in enumerate(labels)})
@@ -57,7 +64,8 @@ def bert_config(cfg: ModelConfig):
         num_attention_heads=cfg.n_heads, intermediate_size=cfg.d_ff, hidden_act="gelu",
         hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.attention_dropout,
         max_position_embeddings=cfg.max_positions, type_vocab_size=max(cfg.type_vocab_size, 1),
-        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_id, tie_word_embeddings=cfg.tie_output, **heads,
+        layer_norm_eps=cfg.layer_norm_eps, pad_token_id=cfg.pad_id if order is None else int(order[cfg.pad_id]),
+        tie_word_embeddings=cfg.tie_output, **heads,
     )
 
 
@@ -72,6 +80,8 @@ GLOBAL_NAMES = {"self_attn.q_global_proj": "attention.self.query_global",
                 "self_attn.v_global_proj": "attention.self.value_global"}
 # The families whose heads are RoBERTa's (lm_head, classifier.dense + out_proj).
 ROBERTA_HEADS = ("roberta", "longformer")
+# Our tensors with a row per vocabulary id: reordered between our ids and the original's.
+VOCAB_ROWS = ("embed.tokens.weight", "mlm_head.decoder.weight", "mlm_head.bias")
 
 
 def _pair(ours: str, theirs: str) -> dict[str, str]:
@@ -116,11 +126,14 @@ def _head_names(cfg: ModelConfig, family: str) -> dict[str, str]:
     return names
 
 
-def bert_state_dict(model: EncoderOnly) -> dict[str, Tensor]:
+def bert_state_dict(model: EncoderOnly, order: Tensor | None = None) -> dict[str, Tensor]:
     """Our weights under BertForMaskedLM's (BertForPreTraining's, BertForSequenceClassification's)
-    names; a model without token types gets one all-zero type row."""
+    names, vocabulary rows in the exported ids (``order[i]`` that of our id i; None: ours); a model
+    without token types gets one all-zero type row."""
     cfg, ours = model.config, model.state_dict()
-    state = {theirs: ours[name] for name, theirs in bert_names(cfg).items()}
+    back = None if order is None else torch.argsort(order)              # back[exported id] = our id
+    state = {theirs: ours[name] if back is None or name not in VOCAB_ROWS else ours[name][back]
+             for name, theirs in bert_names(cfg).items()}
     if not cfg.type_vocab_size:
         state["bert.embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.d_model)
     if not cfg.n_classes:
@@ -136,22 +149,36 @@ def bert_class(transformers, cfg: ModelConfig):
 
 def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
     """Write a BertForMaskedLM / BertForPreTraining / BertForSequenceClassification directory for ``model_dir``
-    into ``out`` and verify it."""
+    into ``out`` and verify it: on probes, and on sample texts through its AutoTokenizer."""
     transformers = require("transformers", "export")
     model, tok = load_for_export(model_dir, need_tokenizer=False)
-    check_bert_compatible(model.config)
-    hf = bert_class(transformers, model.config)(bert_config(model.config))
-    missing, unexpected = hf.load_state_dict(bert_state_dict(model), strict=False)
+    cfg = model.config
+    check_bert_compatible(cfg)
+    order = export_order(tok, cfg.src_vocab_size)                        # (V,) the exported id of each of ours
+    hf = bert_class(transformers, cfg)(bert_config(cfg, order))
+    missing, unexpected = hf.load_state_dict(bert_state_dict(model, order), strict=False)
     if missing or unexpected:
         raise ExportError(f"BERT weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
     with no_progress_bars(transformers):
         hf.save_pretrained(out)
-        checks = verify_hf_bert(model, out)
+        back = load_hf_model(bert_class(transformers, cfg), out)
+        checks = verify_bert(model, back, order, "BERT")
         if isinstance(tok, HFTokenizer):  # an imported tokenizer: AutoTokenizer reads it beside the model
-            kind = "BertTokenizer" if tok.kind == "wordpiece" else "RobertaTokenizer"
-            copy_tokenizer(Path(model_dir), out, tok, kind)
-            checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
+            write_hf_tokenizer(Path(model_dir), out, tok, order)
+            checks.update(verify_bert_on_text(model, tok, back, out, order))
         return checks
+
+
+def write_hf_tokenizer(model_dir: Path, out: Path, tok: HFTokenizer, order: Tensor) -> None:
+    """The files AutoTokenizer reads: the original's (in its ids, ``order``) for an imported
+    tokenizer; for one imported before its origin was kept, ours, read verbatim from
+    ``tokenizer.json`` (``PreTrainedTokenizerFast``: BertTokenizer would rebuild the normaliser from
+    defaults, lower-casing a cased WordPiece)."""
+    if tok.origin is None:
+        copy_tokenizer(model_dir, out, tok, "PreTrainedTokenizerFast")
+        return
+    for name, data in original_tokenizer_files(tok, order).items():
+        (out / name).write_bytes(data)
 
 
 def probe_inputs(cfg: ModelConfig, seed: int = 0, lengths: tuple[int, ...] = (7, 3, 11, 1, 5, 9)
@@ -170,20 +197,47 @@ def probe_inputs(cfg: ModelConfig, seed: int = 0, lengths: tuple[int, ...] = (7,
 
 
 @torch.no_grad()
-def verify_hf_bert(model: EncoderOnly, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """Reload ``out`` with transformers; compare its logits with the eager model's on padded
-    probes with token types."""
+def verify_bert(model: EncoderOnly, hf, order: Tensor, what: str, atol: float = 1e-4) -> dict[str, object]:
+    """Our model against the transformers model ``hf`` (``order[i]``: its id of our id i) on padded
+    probes with token types: the heads' logits within ``atol``. The import's check and the export's."""
+    ids, types = probe_inputs(model.config)                              # (B, T) our ids
+    keep = ids != model.config.pad_id                                    # (B, T)
+    theirs = hf(input_ids=order[ids], attention_mask=keep.long(), token_type_ids=types)
+    return compare_heads(model, model(ids, types), theirs, keep, order, what, atol)
+
+
+@torch.no_grad()
+def verify_bert_on_text(model: EncoderOnly, tok: HFTokenizer, hf, out: Path, order: Tensor,
+                        atol: float = 1e-4) -> dict[str, object]:
+    """What a user of ``out`` sees: AutoTokenizer on ``out`` reads sample texts into our ids with
+    [CLS] / <s> first and [SEP] / </s> last (as ``order`` numbers them), and the model ``hf`` gives our
+    logits on its encoding. ``tokenizer_differences`` (0, or an ExportError) and ``max_text_*``."""
     transformers = require("transformers", "export")
     cfg = model.config
-    hf = bert_class(transformers, cfg).from_pretrained(out).eval()
-    ids, types = probe_inputs(cfg)
-    out = hf(input_ids=ids, attention_mask=(ids != cfg.pad_id).long(), token_type_ids=types)
-    states = model(ids, types)
+    texts = [t for t in SAMPLE_TEXT if len(tok.encode(t)) + 2 <= cfg.max_positions]
+    ids = pad([tok.encode(t) for t in texts], cfg.pad_id, bos=True, eos=True)  # (B, T) what classify feeds
+    enc = transformers.AutoTokenizer.from_pretrained(out)(texts, padding=True, return_tensors="pt")
+    bad = [t for t, want, got in zip(texts, order[ids].tolist(), enc["input_ids"].tolist()) if want != got]
+    if bad:
+        raise ExportError(f"verification failed: AutoTokenizer on {out} reads {bad[0]!r} into other ids than ours")
+    states = model(ids, torch.zeros_like(ids) if cfg.type_vocab_size else None)
+    checks = compare_heads(model, states, hf(**enc), ids != cfg.pad_id, order, "BERT (text through AutoTokenizer)",
+                           atol)
+    return {"tokenizer_differences": 0, **{k.replace("max_", "max_text_", 1): v for k, v in checks.items()}}
+
+
+def compare_heads(model: EncoderOnly, states: Tensor, theirs, keep: Tensor, order: Tensor, what: str,
+                  atol: float) -> dict[str, object]:
+    """Our heads' logits on ``states`` (B, T, D) against transformers' output ``theirs``: the class
+    logits, the masked-LM ones (in our id order, at the ``keep`` (B, T) positions), the next-sentence ones."""
+    cfg = model.config
     if cfg.n_classes:
-        return {"max_class_logit_diff": check_close("BERT class logits", out.logits, model.classify(states), atol)}
-    if not cfg.nsp:
-        return {"max_logit_diff": check_close("BERT masked-LM logits", out.logits, model.mlm_logits(states), atol)}
-    return {"max_logit_diff": check_close("BERT masked-LM logits", out.prediction_logits, model.mlm_logits(states),
-                                          atol),
-            "max_nsp_logit_diff": check_close("BERT next-sentence logits", out.seq_relationship_logits,
-                                              model.next_sentence_logits(states), atol)}
+        return {"max_class_logit_diff": check_close(f"{what} class logits", model.classify(states), theirs.logits,
+                                                    atol)}
+    mlm = theirs.prediction_logits if cfg.nsp else theirs.logits         # (B, T, V) in the exported ids
+    checks: dict[str, object] = {"max_logit_diff": check_close(
+        f"{what} masked-LM logits", model.mlm_logits(states)[keep], mlm[..., order][keep], atol)}
+    if cfg.nsp:
+        checks["max_nsp_logit_diff"] = check_close(f"{what} next-sentence logits", model.next_sentence_logits(states),
+                                                   theirs.seq_relationship_logits, atol)
+    return checks

@@ -17,16 +17,14 @@ differs in three places, each mapped exactly:
 - its special ids (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3): reordered, below.
 
 Vocabulary. transduce fixes its special ids (pad 0, bos 1, eos 2, unk 3) and an encoder_only
-model's [MASK] is its last id. Our ids are the original's reordered::
-
-    ours 0 = pad   1 = [CLS] / <s>   2 = [SEP] / </s>   3 = [UNK] / <unk>
-    ours 4.. = every other id in order   ours V-1 = [MASK] / <mask>
-
-(:func:`vocab_order` gives the original id of each of ours, from the tokenizer's special tokens).
-The tokenizer (WordPiece or byte-level BPE, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) is
-the original tokenizer.json with its ids renumbered the same way (:func:`renumbered_tokenizer`):
-it segments exactly as the original, and its ids are ours. ``transduce classify``, masked-LM
-evaluation and training then read text as transformers' tokenizer does.
+model's [MASK] is its last id, so our ids are the original's reordered: the specials first, [MASK]
+last (:mod:`~transduce.export.hf_bert_vocab`; :func:`vocab_order` gives the original id of each of
+ours). The tokenizer (WordPiece or byte-level BPE, :class:`~transduce.data.hf_tokenizer.HFTokenizer`)
+is the original tokenizer.json with its ids renumbered the same way: it segments exactly as the
+original, and its ids are ours. ``transduce classify``, masked-LM evaluation and training then
+read text as transformers' tokenizer does. The tokenizer keeps the original's special ids and
+tokenizer_config.json / special_tokens_map.json (its ``origin``), so ``export --format hf`` gives
+the checkpoint back in its own ids with its own tokenizer files.
 
 Not supported (one-line errors): another ``hidden_act`` than ``gelu``, relative position
 embeddings, a decoder (``is_decoder``), an attention width that does not divide into the heads.
@@ -34,7 +32,6 @@ embeddings, a decoder (``is_decoder``), an attention width that does not divide 
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -48,9 +45,9 @@ from ..errors import ConfigError, one_line, require
 from ..model import EncoderOnly, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
-from .hf_bert import ROBERTA_HEADS, bert_names, probe_inputs
+from .hf_bert import ROBERTA_HEADS, VOCAB_ROWS, bert_names, verify_bert
+from .hf_bert_vocab import ORDER_ROLES, renumbered_tokenizer, special_order
 from .hf_read import HFImportError, load_hf_model, read_weights, refuse_unsupported
-from .verify import check_close
 
 if TYPE_CHECKING:
     from ..data.hf_tokenizer import HFTokenizer
@@ -74,48 +71,17 @@ def bert_architecture(config: dict, where: Path) -> tuple[str, str, str]:
 
 
 def vocab_order(tokenizer: "HFTokenizer", n_rows: int, where: Path) -> Tensor:
-    """The original id of each of our ids (see the module docstring), from the tokenizer's special
-    tokens: pad, [CLS] / <s>, [SEP] / </s>, [UNK] / <unk> first, [MASK] / <mask> last."""
-    missing = [role for role in ("pad", "cls", "sep", "unk", "mask") if role not in tokenizer.tokens]
+    """The original id of each of our ids (:mod:`~transduce.export.hf_bert_vocab`), from the
+    tokenizer's special tokens: pad, [CLS] / <s>, [SEP] / </s>, [UNK] / <unk> first, [MASK] / <mask> last."""
+    missing = [role for role in ORDER_ROLES if role not in tokenizer.tokens]
     if missing:
         raise HFImportError(f"{where}: the tokenizer names no {', '.join(missing)} token (tokenizer_config.json "
                             "or special_tokens_map.json)")
-    first = [tokenizer.ids[role] for role in ("pad", "cls", "sep", "unk")]
-    mask = tokenizer.ids["mask"]
-    if len({*first, mask}) < 5 or tokenizer.vocab_size > n_rows:
-        raise HFImportError(f"{where}: the tokenizer's {tokenizer.vocab_size} tokens (specials "
-                            f"{ {r: tokenizer.ids[r] for r in ('pad', 'cls', 'sep', 'unk', 'mask')} }) do not fit "
-                            f"the model's vocab_size={n_rows} as distinct ids")
-    return torch.tensor(first + [i for i in range(n_rows) if i not in first and i != mask] + [mask])
-
-
-def renumbered_tokenizer(data: bytes, order: Tensor) -> bytes:
-    """A tokenizer.json with every id replaced by ours (``order[ours]`` is the original id): the
-    model's vocabulary, the added tokens, the post-processor's and padding's special ids."""
-    new = torch.argsort(order).tolist()                                  # new[original id] = our id
-    raw = json.loads(data.decode("utf-8"))
-    model = raw.get("model") or {}
-    model["vocab"] = {token: new[int(i)] for token, i in (model.get("vocab") or {}).items()}
-    for added in raw.get("added_tokens") or []:
-        added["id"] = new[int(added["id"])]
-    _renumber_processor(raw.get("post_processor"), new)
-    if isinstance(raw.get("padding"), dict) and "pad_id" in raw["padding"]:
-        raw["padding"]["pad_id"] = new[int(raw["padding"]["pad_id"])]
-    return json.dumps(raw, ensure_ascii=False).encode("utf-8")
-
-
-def _renumber_processor(proc, new: list[int]) -> None:
-    """BertProcessing / RobertaProcessing (``cls``, ``sep``: [token, id]), TemplateProcessing
-    (``special_tokens``) and Sequence (``processors``) renumbered in place."""
-    if not isinstance(proc, dict):
-        return
-    for key in ("cls", "sep"):
-        if isinstance(proc.get(key), list):
-            proc[key][1] = new[int(proc[key][1])]
-    for spec in (proc.get("special_tokens") or {}).values():
-        spec["ids"] = [new[int(i)] for i in spec.get("ids", [])]
-    for inner in proc.get("processors") or []:
-        _renumber_processor(inner, new)
+    specials = {role: tokenizer.ids[role] for role in ORDER_ROLES}
+    if len(set(specials.values())) < len(specials) or tokenizer.vocab_size > n_rows:
+        raise HFImportError(f"{where}: the tokenizer's {tokenizer.vocab_size} tokens (specials {specials}) do not "
+                            f"fit the model's vocab_size={n_rows} as distinct ids")
+    return special_order(specials, n_rows)
 
 
 def bert_model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
@@ -169,7 +135,7 @@ def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, orde
         if theirs not in state:
             raise HFImportError(f"{family} weights lack tensor {theirs}")
         t = state[theirs]
-        if name in ("embed.tokens.weight", "mlm_head.decoder.weight", "mlm_head.bias"):
+        if name in VOCAB_ROWS:
             if t.shape[0] != len(order):
                 raise HFImportError(f"{family} weights: {theirs} has {t.shape[0]} rows, but config.json's "
                                     f"vocab_size is {len(order)}")
@@ -191,13 +157,14 @@ def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str
 
 
 def imported_tokenizer(where: Path, n_rows: int) -> tuple["HFTokenizer", "HFTokenizer", Tensor]:
-    """The directory's tokenizer, the same renumbered to our ids, and :func:`vocab_order`."""
-    from ..data.hf_tokenizer import HFTokenizer
+    """The directory's tokenizer, the same renumbered to our ids (keeping where it came from), and
+    :func:`vocab_order`."""
+    from ..data.hf_tokenizer import HFOrigin, HFTokenizer
 
     original = HFTokenizer.from_hf_dir(where)
     order = vocab_order(original, n_rows, where)
-    ours = HFTokenizer(renumbered_tokenizer((where / "tokenizer.json").read_bytes(), order), original.tokens,
-                       str(where / "tokenizer.json"), original.add_bos_token)
+    ours = HFTokenizer(renumbered_tokenizer(original.data, order), original.tokens, str(where / "tokenizer.json"),
+                       original.add_bos_token, HFOrigin.read(where, original.ids))
     return original, ours, order
 
 
@@ -215,26 +182,9 @@ def check_same_ids(original: "HFTokenizer", ours: "HFTokenizer", order: Tensor) 
     return 0
 
 
-@torch.no_grad()
 def verify_bert_import(model: EncoderOnly, hf, order: Tensor, atol: float = 1e-4) -> dict[str, object]:
-    """The imported model against the transformers model on padded probes with token types: the
-    heads' logits (masked-LM ones in our id order, at the non-pad positions) within ``atol``."""
-    cfg = model.config
-    ids, types = probe_inputs(cfg)                                       # (B, T) our ids
-    keep = ids != cfg.pad_id                                             # (B, T)
-    out = hf(input_ids=order[ids], attention_mask=keep.long(), token_type_ids=types)
-    states = model(ids, types)
-    if cfg.n_classes:
-        return {"max_class_logit_diff": check_close("imported class logits", model.classify(states), out.logits,
-                                                    atol)}
-    mlm = out.prediction_logits if cfg.nsp else out.logits
-    checks: dict[str, object] = {"max_logit_diff": check_close(
-        "imported masked-LM logits", model.mlm_logits(states)[keep], mlm[..., order][keep], atol)}
-    if cfg.nsp:
-        checks["max_nsp_logit_diff"] = check_close("imported next-sentence logits",
-                                                   model.next_sentence_logits(states), out.seq_relationship_logits,
-                                                   atol)
-    return checks
+    """The imported model against the transformers model it came from (:func:`~.hf_bert.verify_bert`)."""
+    return verify_bert(model, hf, order, "imported", atol)
 
 
 def write_encoder_import(where: Path, arch: str, out, force: bool, mapping, state: dict, cfg, family: str,
