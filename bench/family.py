@@ -274,7 +274,7 @@ def bench_sample(shape: dict, runs: int, rows: int, prompt_len: int, new: int, t
     ours.eval(), hf.eval()
     ids = prompts(shape, rows, prompt_len)
     diff = max_logit_diff(ours(ids), hf(input_ids=ids).logits)
-    greedy_new = min(8, new)
+    greedy_new = new  # equal over the tokens the race times
     greedy_ours = torch.tensor(generate_ids(ours, ids, GenerationConfig(max_new_tokens=greedy_new,
                                                                         min_new_tokens=greedy_new, temperature=0)))
     out_hf = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=greedy_new,
@@ -347,9 +347,11 @@ def bench_t5_decode(shape: dict, runs: int, rows: int, new: int) -> dict:
     ours.eval(), hf.eval()
     src = text_batch({**shape, "rows": rows, "seq": min(shape["seq"], 32)}).src
     with torch.no_grad():
-        greedy = SearchSpec(DecodeConfig(beam=1, max_len_a=0.0, max_len_b=8, min_len=8)).run(ours, src).tokens[:, 0, :8]
-        hf_greedy = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), max_new_tokens=8, min_new_tokens=8,
-                                do_sample=False, suppress_tokens=[PAD, BOS])[:, 1:9]
+        # equal over the tokens the race times, not a shorter prefix of them
+        greedy = SearchSpec(DecodeConfig(beam=1, max_len_a=0.0, max_len_b=new, min_len=new)).run(ours, src)
+        greedy = greedy.tokens[:, 0, :new]
+        hf_greedy = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), max_new_tokens=new,
+                                min_new_tokens=new, do_sample=False, suppress_tokens=[PAD, BOS])[:, 1:new + 1]
     out: dict = {"greedy_rows_equal": int((greedy == hf_greedy).all(dim=1).sum()), "sources": list(src.shape),
                  "new_tokens": new}
     for beam in (1, 4):
