@@ -1,34 +1,40 @@
 """Local T5 and mT5 directories for the import/export tests: transformers' classes with random
 weights and tiny shapes, and a SentencePiece unigram model (T5's ids: pad 0, eos 1, unk 2, no
-bos) trained on a few thousand Multi30k lines read from the shared data directory (no hub)."""
+bos) trained on a few thousand sentences of the embedded toy corpus (transduce.data.toy), which
+also gives the probe sentences: no hub, no data directory."""
 
 from __future__ import annotations
 
-import gzip
+import functools
 import io
 import json
 from pathlib import Path
 
 import torch
 
-from extra_helpers import multi30k_dir
+from transduce.data.toy import generate_pairs
 
-MULTI30K = multi30k_dir()  # $TRANSDUCE_MULTI30K, else ../shared/data/multi30k beside the repository
-N_TRAIN_LINES = 3000
+N_TRAIN_PAIRS = 3000
+TRAIN_SEED, PROBE_SEED = 0, 1  # the probe sentences are others than the SentencePiece model saw
 
 
-def multi30k_lines(name: str, n: int, skip: int = 0) -> list[str]:
-    """The first ``n`` lines (after ``skip``) of Multi30k's ``name`` (e.g. train.en.gz)."""
-    with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
-        lines = [line.strip() for line in f]
-    return lines[skip:skip + n]
+@functools.lru_cache(maxsize=4)
+def _pairs(n: int, seed: int) -> tuple[tuple[str, str], ...]:
+    return tuple(generate_pairs(n, seed))
+
+
+def toy_lines(side: str, n: int, skip: int = 0, seed: int = PROBE_SEED) -> list[str]:
+    """Sentences ``skip`` to ``skip + n`` of the toy pairs drawn with ``seed``, English (``side``
+    "en") or German ("de")."""
+    column = ("en", "de").index(side)
+    return [pair[column] for pair in _pairs(skip + n, seed)[skip:]]
 
 
 def train_spiece(out: Path, vocab_size: int = 600) -> Path:
     """T5's kind of SentencePiece model (unigram, pad 0, eos 1, unk 2) on English and German lines."""
     import sentencepiece as spm
 
-    lines = multi30k_lines("train.en.gz", N_TRAIN_LINES) + multi30k_lines("train.de.gz", N_TRAIN_LINES)
+    lines = toy_lines("en", N_TRAIN_PAIRS, seed=TRAIN_SEED) + toy_lines("de", N_TRAIN_PAIRS, seed=TRAIN_SEED)
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=vocab_size,
                                    model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1,

@@ -8,11 +8,13 @@ import torch
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.export import ExportError, export_model
-from transduce.export.ct2 import INT8_LOGPROB_TOL
+from transduce.export.ct2 import INT8_LOGPROB_TOL, ct2_translate_ids, verify_ctranslate2
+from transduce.export.verify import search_ids
 from transduce.inference.translator import Translator
-from transduce.model import Transformer, save_model
+from transduce.model import Transformer, load_model, save_model
 from toy_model import toy_pairs
 from extra_helpers import need_extra
+from verify_helpers import MAX_LEN, assert_each_difference_fails, corrupted, many_probes, near_tie_export
 
 ctranslate2 = need_extra("export", "ctranslate2")
 
@@ -64,6 +66,30 @@ def test_int8_is_smaller_and_close(ct2_dirs, trained_dir):
     # kernels, and a sequence's by the sum over its tokens: the bound is per token (the export's
     # own check, 12 tokens at most here), not one fixed figure tuned on one machine
     assert reports["int8"].checks["max_logprob_diff"] <= INT8_LOGPROB_TOL * 12
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_corrupted_eager_model_fails_verification(ct2_dirs, trained_dir, beam):
+    """The export against the trained model with one output row times 1.5: the verification
+    fails (at the log-probs), and so does each probe whose translate_batch output differs."""
+    dirs, _ = ct2_dirs
+    model, tok = load_model(trained_dir).eval(), Tokenizer.load(trained_dir)
+    src = many_probes(model)
+    broken = corrupted(model, src)
+    with pytest.raises(ExportError, match="verification failed"):
+        verify_ctranslate2(broken, tok, dirs[None], None)
+    translator = ctranslate2.Translator(str(dirs[None]), device="cpu", intra_threads=1)
+    want = search_ids(broken, src, beam, MAX_LEN, stop="best_finished")
+    got = ct2_translate_ids(translator, tok, src, beam, MAX_LEN)
+    assert_each_difference_fails("CTranslate2", broken, src, want, got, beam=beam > 1, renormalized=True)
+
+
+def test_a_near_tie_broken_the_other_way_verifies(tmp_path, trained_dir):
+    """Exported with two tokens' tie broken one way, verified against the model with it broken the
+    other: greedy and beam outputs differ, by ties, and verification passes."""
+    eager, out = near_tie_export(tmp_path, trained_dir, "ctranslate2")
+    checks = verify_ctranslate2(eager, Tokenizer.load(trained_dir), out, None)
+    assert checks["greedy_differences"] >= 1 and checks["beam_differences"] >= 1
 
 
 @pytest.mark.parametrize("options", [

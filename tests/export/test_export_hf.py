@@ -12,11 +12,13 @@ from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.export import ExportError, export_model
-from transduce.export.hf import residual_permutation
+from transduce.export.hf import marian_generate_ids, residual_permutation, verify_hf
+from transduce.export.verify import search_ids
 from transduce.inference.translator import Translator
-from transduce.model import Transformer, save_model
+from transduce.model import Transformer, load_model, save_model
 from transduce.model.embeddings import sinusoidal_table
 from extra_helpers import need_extra
+from verify_helpers import MAX_LEN, assert_each_difference_fails, corrupted, many_probes, near_tie_export
 
 transformers = need_extra("export", "transformers")
 
@@ -72,6 +74,28 @@ def test_same_translations(hf_dir, trained_dir, beam):
     want = tr.translate(SENTENCES, beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=30)
     assert got == want
     assert any(w for w in want)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_corrupted_eager_model_fails_verification(hf_dir, trained_dir, beam):
+    """The export against the trained model with one output row times 1.5: the verification
+    fails (at the logits), and so does each probe whose generate output differs, on its own."""
+    model = load_model(trained_dir).eval()
+    src = many_probes(model)
+    broken = corrupted(model, src)
+    with pytest.raises(ExportError, match="verification failed"):
+        verify_hf(broken, hf_dir)
+    hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+    got = marian_generate_ids(hf, src, model.config.pad_id, beam, MAX_LEN)
+    assert_each_difference_fails("Marian", broken, src, search_ids(broken, src, beam, MAX_LEN), got, beam=beam > 1)
+
+
+def test_a_near_tie_broken_the_other_way_verifies(tmp_path, trained_dir):
+    """Exported with two tokens' tie broken one way, verified against the model with it broken the
+    other (logits 2 * TIE apart): greedy and beam outputs differ, by ties, and verification passes."""
+    eager, out = near_tie_export(tmp_path, trained_dir, "hf")
+    checks = verify_hf(eager, out)
+    assert checks["greedy_differences"] >= 1 and checks["beam_differences"] >= 1
 
 
 def _random_model_dir(tmp_path, trained_dir, **options):

@@ -11,11 +11,15 @@ from transduce.config import DecodeConfig
 
 from transduce.export import export_model
 from transduce.errors import ConfigError
-from transduce.export.onnx_export import onnx_graphs
+from transduce.export import ExportError
+from transduce.export.onnx_export import onnx_graphs, verify_onnx
+from transduce.export.verify import search_ids
 from transduce.inference.search import greedy_search
 from transduce.inference.translator import Translator
 from toy_model import toy_pairs
+from transduce.model import load_model
 from extra_helpers import need_extra
+from verify_helpers import MAX_LEN, assert_each_difference_fails, corrupted, many_probes
 
 need_extra("export", "onnx", "onnxruntime", "onnxscript")
 
@@ -26,6 +30,19 @@ def onnx_dir(trained_dir, tmp_path_factory):
     report = export_model(trained_dir, "onnx", out)
     assert report.checks["max_logit_diff"] < 1e-4
     return out
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_corrupted_eager_model_fails_verification(onnx_dir, trained_dir, beam):
+    """The graphs against the trained model with one output row times 1.5: the verification fails
+    (at the logits), and so does each probe whose greedy or beam output over the graphs differs."""
+    model = load_model(trained_dir).eval()
+    src = many_probes(model)
+    broken = corrupted(model, src)
+    with pytest.raises(ExportError, match="verification failed"):
+        verify_onnx(broken, onnx_dir)
+    got = search_ids(onnx_graphs(model, onnx_dir, threads=1), src, beam, MAX_LEN)
+    assert_each_difference_fails("ONNX", broken, src, search_ids(broken, src, beam, MAX_LEN), got, beam=beam > 1)
 
 
 def _sources(tr: Translator, texts: list[str]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Importing a Hugging Face GPT2LMHeadModel (a random tiny one, with a byte-level BPE tokenizer
-trained on Multi30k, or on the toy corpus's German side): same logits, greedy continuations and
-tokens as transformers, ``generate`` on the import equal to transformers' on the prompt as a user
-passes it, the export round trip, and one-line errors with nothing written for bad input."""
+trained on the embedded toy corpus, English and German, or on its German side alone): same
+logits, greedy continuations and tokens as transformers, ``generate`` on the import equal to
+transformers' on the prompt as a user passes it, the export round trip, and one-line errors with
+nothing written for bad input."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from transduce.inference import Generator
 from transduce.model import load_model
 from extra_helpers import need_extra
 from gpt2_fixtures import random_gpt2
-from hf_tokenizer_fixtures import HARD_CASES, multi30k_lines
+from hf_tokenizer_fixtures import HARD_CASES
 
 transformers = need_extra("export", "transformers")
 need_extra("pretrained", "tokenizers")
@@ -32,8 +33,9 @@ GREEDY = GenerationConfig(temperature=0, max_new_tokens=15)
 
 
 @pytest.fixture(scope="module")
-def lines(multi30k_root):
-    return multi30k_lines(2000)
+def lines():
+    """2000 toy sentences, English and German in turn (text that ships with transduce)."""
+    return [line for pair in generate_pairs(1000, seed=3) for line in pair]
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ def test_tokenizer_equals_autotokenizer(hf_dir, imported, lines):
 
 @pytest.fixture(scope="module")
 def toy_hf_dir(tmp_path_factory):
-    """A random GPT-2 over a tokenizer trained on text that ships with transduce (no Multi30k);
-    ``<|endoftext|>`` is the last id, as GPT-2's 50256 is."""
+    """A random GPT-2 over a tokenizer trained on the toy corpus's German side; ``<|endoftext|>``
+    is the last id, as GPT-2's 50256 is."""
     lines = [de for _, de in generate_pairs(2000, seed=0)]
     return random_gpt2(tmp_path_factory.mktemp("gpt2_toy") / "hf", lines, eot_last=True)
 

@@ -241,11 +241,12 @@ def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | N
             return checks
         for beam in (1, 4):
             # CTranslate2 ends a sentence once its best extension ended (at length penalty 0): our
-            # "best_finished" rule, so outputs must be equal, not merely as good.
+            # "best_finished" rule, so outputs must be equal, not merely as good. Its
+            # suppress_sequences leaves PAD and BOS out of the softmax: ``renormalized``.
             want_ids = greedy if beam == 1 else search_ids(model, src, beam, 12, stop="best_finished")
             got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
             name = "greedy" if beam == 1 else "beam"
             checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids,
-                                                               got_ids, beam=beam > 1)
+                                                               got_ids, beam=beam > 1, renormalized=True)
             bar.update()
     return checks

@@ -31,7 +31,7 @@ from ..model import Transformer
 from ..errors import require
 from ..progress import progress_bar
 from .base import ExportError, head_width_problems, load_for_export, no_progress_bars
-from .verify import (check_close, check_same_outputs, eager_logits, search_ids, probe_sources,
+from .verify import (LOGIT_TOL, check_close, check_same_outputs, eager_logits, search_ids, probe_sources,
                      probe_targets)
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
 
 
 @torch.no_grad()
-def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
+def verify_hf(model: Transformer, out: Path, atol: float = LOGIT_TOL) -> dict[str, object]:
     """Reload ``out`` with transformers; compare logits, greedy and beam outputs to eager."""
     transformers = require("transformers", "export")
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
@@ -230,15 +230,21 @@ def verify_hf(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, ob
         max_len = 12
         for beam in (1, 4):
             want = search_ids(model, src, beam, max_len)
-            options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-            gen = hf.generate(input_ids=src, attention_mask=mask.long(), num_beams=beam, max_length=max_len + 1,
-                              do_sample=False, **options)  # max_length counts the decoder start token
-            got_ids = [row[1:].tolist() for row in gen]  # drop the decoder start token
+            got_ids = marian_generate_ids(hf, src, model.config.pad_id, beam, max_len)
             name = "greedy" if beam == 1 else "beam"
             checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
                                                                beam=beam > 1)
             bar.update()
     return checks
+
+
+def marian_generate_ids(hf, src: Tensor, pad_id: int, beam: int, max_len: int) -> list[list[int]]:
+    """``hf.generate``'s greedy (beam 1) or beam output ids for id rows ``src`` (B, S), as our
+    search decodes: length penalty 0, stopping at ``beam`` finished, ``max_len`` tokens at most."""
+    options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+    gen = hf.generate(input_ids=src, attention_mask=(src != pad_id).long(), num_beams=beam,
+                      max_length=max_len + 1, do_sample=False, **options)  # max_length counts the decoder start
+    return [row[1:].tolist() for row in gen]  # without the decoder start token
 
 
 def opus_mt_layout(hf_dir: str | os.PathLike, out: str | os.PathLike, separate_vocabs: bool = False) -> Path:

@@ -61,6 +61,7 @@ from .base import staging_dir, torch_threads
 from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, residual_permutation
 from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
                       refuse_unsupported, rewrite_spm)
+from .verify import LOGIT_TOL
 
 logger = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def _tokenizer(where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab) -> tuple[Token
 
 @torch.no_grad()
 def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab,
-                  atol: float = 1e-4) -> dict[str, object]:
+                  atol: float = LOGIT_TOL) -> dict[str, object]:
     """transformers' MarianMTModel from ``where`` against the imported model on the probe set:
     logits (in our id order) within ``atol``, and the same greedy and beam-4 outputs."""
     transformers = require("transformers", "export", "transduce import")

@@ -21,7 +21,7 @@ from ..errors import TransduceError, one_line, require
 from ..model import Transformer
 from ..progress import progress_bar
 from .base import no_progress_bars
-from .verify import check_close, check_same_outputs, search_ids, probe_sources, probe_targets
+from .verify import LOGIT_TOL, check_close, check_same_outputs, search_ids, probe_sources, probe_targets
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def load_hf_model(cls, where: Path):
 
 
 @torch.no_grad()
-def check_against_hf(model: Transformer, hf, src_order: Tensor, tgt_order: Tensor, atol: float = 1e-4,
+def check_against_hf(model: Transformer, hf, src_order: Tensor, tgt_order: Tensor, atol: float = LOGIT_TOL,
                      max_len: int = 12) -> dict[str, object]:
     """An imported model against the transformers model it came from on the probe set: logits
     within ``atol`` and the same greedy and beam-4 outputs. ``src_order``/``tgt_order``: the

@@ -38,7 +38,7 @@ from ..config import Runtime
 from ..inference.backends.onnx import DECODER_ONNX, ENCODER_ONNX, ONNX_META, GraphModel, io_names, open_graphs
 from ..progress import progress_bar
 from .base import ExportError, load_for_export, quiet_loggers
-from .verify import check_close, check_same_outputs, eager_logits, probe_sources, probe_targets, search_ids
+from .verify import LOGIT_TOL, check_close, check_same_outputs, eager_logits, probe_sources, probe_targets, search_ids
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def graph_step_logits(graphs: GraphModel, src: Tensor, tgt: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def verify_onnx(model: Transformer, out: Path, atol: float = 1e-4) -> dict[str, object]:
+def verify_onnx(model: Transformer, out: Path, atol: float = LOGIT_TOL) -> dict[str, object]:
     """Step-by-step teacher-forced logits and greedy outputs in ONNX Runtime vs the eager model
     (greedy over the graphs is the project's own search, as ``--backend onnx`` runs it)."""
     graphs = onnx_graphs(model, out)
