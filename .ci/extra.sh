@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Extra CI setup for the export, serving and web-page tests (tests/export, tests/serve).
+# Extra CI setup for the export, serving and web-page tests (tests/interop, tests/serve).
 # Run it after .ci/run has created and activated .venv-ci and installed '.[test]', e.g.
 #     . .venv-ci/bin/activate && .ci/extra.sh && python -m pytest -q
 # Without it those tests skip with a reason naming the missing package or binary.

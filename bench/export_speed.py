@@ -39,7 +39,7 @@ import torch
 
 from transduce.data.tokenizer import Tokenizer
 from transduce.data.toy import generate_pairs
-from transduce.export import export_model
+from transduce.interop import export_model
 from transduce.inference import Runtime, Translator
 from transduce.model.io import load_model_config
 

@@ -61,10 +61,10 @@ import torch
 from transduce.config import GenerationConfig, ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
 from transduce.data.encoder_inputs import masked_batch
-from transduce.export.hf_bert import bert_config, bert_state_dict
+from transduce.interop.hf_bert import bert_config, bert_state_dict
 from transduce.config import DecodeConfig, model_preset
-from transduce.export.hf_gpt2 import gpt2_config, gpt2_state_dict
-from transduce.export.hf_t5 import hf_t5_config, hf_t5_state_dict
+from transduce.interop.hf_gpt2 import gpt2_config, gpt2_state_dict
+from transduce.interop.hf_t5 import hf_t5_config, hf_t5_state_dict
 from transduce.inference import SearchSpec
 from transduce.inference.generate import Generator
 from transduce.inference.search.lm import generate_ids

@@ -46,8 +46,8 @@ def why_skipped(device: torch.device) -> str | None:
 
 def build_engines(model_dir: Path, out: Path, precision: str = "fp16") -> float:
     """export --format tensorrt of ``model_dir`` into ``out``; the seconds it took."""
-    from transduce.export import export_model
-    from transduce.export.tensorrt import EngineBuild
+    from transduce.interop import export_model
+    from transduce.interop.tensorrt import EngineBuild
 
     t0 = time.perf_counter()
     export_model(model_dir, "tensorrt", out, build=EngineBuild(precision, MAX_ROWS))

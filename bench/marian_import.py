@@ -1,7 +1,7 @@
 """An imported Hugging Face Marian model: transduce vs HF ``generate`` vs CTranslate2, on real text.
 
 A local ``MarianMTModel`` directory (an OPUS-MT model, or ``--from-model`` to make one from a
-trained transduce model with :func:`~transduce.export.hf.opus_mt_layout`) is imported with
+trained transduce model with :func:`~transduce.interop.hf.opus_mt_layout`) is imported with
 ``transduce import`` into a temporary directory; then every system translates all lines of
 ``--src`` with beam search (length penalty 0, ending a sentence once ``beam`` hypotheses
 finished: HF's ``early_stopping=True``, our default ``stop``), and reports sentences/s, BLEU
@@ -65,8 +65,8 @@ def hf_generate(marian_dir: str, texts: list[str], beam: int, batch: int, thread
 
 def make_marian(model_dir: str, out: str) -> str:
     """An OPUS-MT-like MarianMTModel directory from a trained transduce model."""
-    from transduce.export import export_model
-    from transduce.export.hf import opus_mt_layout
+    from transduce.interop import export_model
+    from transduce.interop.hf import opus_mt_layout
 
     export_model(model_dir, "hf", os.path.join(out, "ours"))
     return str(opus_mt_layout(os.path.join(out, "ours"), os.path.join(out, "marian")))
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     search = dict(beam=args.beam, lenpen=0.0, max_len_a=1.0, max_len_b=50, batch_tokens=4096)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        from transduce.export import export_model
-        from transduce.export.hf_import import import_hf
+        from transduce.interop import export_model
+        from transduce.interop.hf_import import import_hf
 
         marian_dir = args.marian_dir or make_marian(args.from_model, tmp)
         imported, ct2_dir = os.path.join(tmp, "imported"), os.path.join(tmp, "ct2")

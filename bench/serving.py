@@ -69,8 +69,8 @@ def start(engine: str, model_dir: Path, threads: int, workdir: Path) -> tuple[su
     if engine == "triton":
         cmd += ["--engine", "triton", "--grpc-port", str(free_port())]
     if engine == "triton-repo":
-        from transduce.export import export_model
-        from transduce.export.triton import tritonserver_command
+        from transduce.interop import export_model
+        from transduce.interop.triton import tritonserver_command
         export_model(model_dir, "triton", workdir / "repo", force=True)
         cmd, env = tritonserver_command(workdir / "repo", port, free_port(), workdir)
         env["OMP_NUM_THREADS"] = str(threads)

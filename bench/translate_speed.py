@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     w, t = args.workers, args.threads
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        from transduce.export import export_model
+        from transduce.interop import export_model
 
         ct2_dir = os.path.join(tmp, "ct2")
         export_model(args.model_dir, "ctranslate2", ct2_dir)

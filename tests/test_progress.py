@@ -9,7 +9,7 @@ import pytest
 
 import transduce.progress as progress
 from transduce.cli import main
-from transduce.export import export_model
+from transduce.interop import export_model
 from transduce.progress import FORCE_ENV, progress_bar
 from extra_helpers import need_extra
 

@@ -11,7 +11,7 @@ import torch
 
 from transduce.config import Runtime
 from transduce.errors import CheckpointError, ConfigError
-from transduce.export import export_model
+from transduce.interop import export_model
 from transduce.inference import load
 from transduce.inference.backends.onnx import GraphCache, GraphModel
 from toy_model import toy_pairs

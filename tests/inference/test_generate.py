@@ -89,7 +89,7 @@ def test_batched_prompts_match_one_at_a_time(lm_dir):
 
 def test_our_lm_reads_bos_first(lm_dir):
     """Our language models are trained with BOS first (batch.pad), so every prompt starts with it;
-    an imported GPT-2's do not (tests/export/test_import_hf_gpt2.py)."""
+    an imported GPT-2's do not (tests/interop/test_import_hf_gpt2.py)."""
     gen = Generator.load(lm_dir)
     assert gen.tokenizer.add_bos_token
     assert gen.encode(["der hund", ""]) == [[gen.config.bos_id, *gen.tokenizer.encode("der hund", "tgt")],

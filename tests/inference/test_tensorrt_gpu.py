@@ -12,8 +12,8 @@ import torch
 
 from transduce.config import Runtime
 from transduce.errors import CheckpointError
-from transduce.export import export_model
-from transduce.export.tensorrt import EngineBuild
+from transduce.interop import export_model
+from transduce.interop.tensorrt import EngineBuild
 from transduce.inference import load
 from transduce.inference.backends.onnx import GraphModel
 from toy_model import toy_pairs

@@ -53,8 +53,8 @@ def test_the_papers_scales_fold_into_the_exported_t5(tmp_path):
     need_extra("export", "transformers")
     import torch
 
-    from transduce.export import export_model
-    from transduce.export.hf_import import import_hf
+    from transduce.interop import export_model
+    from transduce.interop.hf_import import import_hf
 
     model = _train(tmp_path / "run", 4, 200, "model.scale_embeddings=true", "model.scale_attention=true")
     report = export_model(model, "hf", tmp_path / "hf")

@@ -39,12 +39,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..export import export_model
+    from ..interop import export_model
     if args.name is not None and args.format != "triton":
         raise ConfigError("--name: is for --format triton")
     build = None
     if args.precision is not None or args.max_batch is not None:
-        from ..export.tensorrt import EngineBuild
+        from ..interop.tensorrt import EngineBuild
         given = {"precision": args.precision, "max_batch": args.max_batch}
         build = EngineBuild(**{k: v for k, v in given.items() if v is not None})
     report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force,
@@ -71,7 +71,7 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
 def _cmd_import(args: argparse.Namespace) -> int:
     import json
 
-    from ..export.hf_import import import_hf
+    from ..interop.hf_import import import_hf
     checks = import_hf(args.hf_dir, args.out, args.force)
     print(json.dumps({"out": args.out, **checks}, indent=2))
     return 0

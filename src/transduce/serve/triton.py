@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from ..config import ServeConfig
 from ..errors import TransduceError, require
-from ..export.triton import preferred_batch_sizes
+from ..interop.triton import preferred_batch_sizes
 from ..inference.runtime import ModelDirs, Runtime, load
 from ..inference.backends.triton import PARAMETERS, Rows, TritonTranslate
 from .signals import sigterm_as_interrupt

@@ -168,7 +168,7 @@ def test_stats_count_rounds_and_tokens():
     assert spec.stats.tokens == 9 and spec.stats.rounds == 3  # 4 + 4 + 1 tokens
 
 
-# ---- on a trained model: the toy word-for-word model of tests/export, through the Translator --
+# ---- on a trained model: the toy word-for-word model of tests/interop, through the Translator --
 
 @pytest.fixture(scope="module")
 def toy_draft_dir(trained_dir, tmp_path_factory):

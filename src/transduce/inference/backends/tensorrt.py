@@ -1,7 +1,7 @@
 """TensorRT engines of the exported graphs, run on torch CUDA tensors (:class:`TrtSteps`, the
 :class:`~.graphs.Steps` of ``backend tensorrt``).
 
-``transduce export --format tensorrt`` (:mod:`transduce.export.tensorrt`) writes, beside the ONNX
+``transduce export --format tensorrt`` (:mod:`transduce.interop.tensorrt`) writes, beside the ONNX
 graphs, ``encoder.plan`` and ``decoder.plan`` and ``tensorrt.json``: the TensorRT version and GPU
 they were built with (a plan runs only there: :func:`plan_mismatch`), their precision and their
 optimization profile (the largest batch, source and cache they take).

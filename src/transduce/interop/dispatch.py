@@ -1,0 +1,98 @@
+"""``transduce export``: one entry point choosing the exporter by format."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..model.io import load_model_config
+from .base import ExportError, ExportReport, staging_dir, torch_threads
+
+if TYPE_CHECKING:
+    from .tensorrt import EngineBuild
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("hf", "ctranslate2", "onnx", "triton", "tensorrt")
+QUANTIZATIONS = ("int8",)
+
+
+def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
+                 quantization: str | None = None, force: bool = False, name: str = "translate",
+                 build: "EngineBuild | None" = None) -> ExportReport:
+    """Export the model directory ``model_dir`` to format ``fmt`` in ``out``, verified: an
+    :class:`ExportReport` of the verification's measurements.
+
+    Args:
+        model_dir: a directory written by ``save_model`` (+ tokenizer files).
+        fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
+            GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
+            for an encoder_only one), "ctranslate2", "onnx" (both also for decoder_only and encoder_only
+            models: :mod:`~transduce.interop.ct2_family`, :mod:`~transduce.interop.onnx_family`) or "triton"
+            (:mod:`~transduce.interop.triton`, translation models only) or "tensorrt" (the ONNX graphs and
+            their TensorRT engines, :mod:`~transduce.interop.tensorrt`; on a CUDA GPU, translation models only).
+        out: destination directory (must not exist unless ``force``); "triton": the repository.
+        quantization: None or "int8" (CTranslate2, translation models only).
+        force: replace an existing ``out`` (a Triton repository's model ``name``).
+        build: "tensorrt": the engines' precision and largest batch (default: fp32, 128 rows).
+
+    Raises:
+        ExportError: unsupported format/option, missing package, or a failed verification.
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
+        raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
+    cfg = load_model_config(model_dir)
+    arch = cfg.arch
+    if build is not None and fmt != "tensorrt":
+        raise ExportError(f"--precision/--max-batch: are for --format tensorrt; got --format {fmt}")
+    if arch != "encoder_decoder" and fmt in ("triton", "tensorrt"):
+        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf, "
+                          "onnx or ctranslate2)")
+    if arch != "encoder_decoder" and quantization is not None:
+        raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
+    if fmt == "triton":
+        from .triton import export_triton
+        return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
+    with staging_dir(out, force) as tmp, torch_threads(1):
+        if fmt == "tensorrt":
+            from .tensorrt import EngineBuild, export_tensorrt
+            checks = export_tensorrt(model_dir, tmp, build or EngineBuild())
+        else:
+            checks = _export_to(fmt, cfg, model_dir, tmp, quantization)
+    report = ExportReport(fmt, Path(out), checks)
+    logger.debug(report.summary())
+    return report
+
+
+def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) -> dict:
+    """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
+    arch, t5 = cfg.arch, cfg.positions == "relative"
+    if fmt == "hf" and arch == "decoder_only":
+        from .hf_gpt2 import export_hf_gpt2
+        checks = export_hf_gpt2(model_dir, tmp)
+    elif fmt == "hf" and arch == "encoder_only":
+        from .hf_bert import export_hf_bert
+        checks = export_hf_bert(model_dir, tmp)
+    elif fmt == "hf" and t5:
+        from .hf_t5 import export_hf_t5
+        checks = export_hf_t5(model_dir, tmp)
+    elif fmt == "hf":
+        from .hf import export_hf
+        checks = export_hf(model_dir, tmp)
+    elif fmt == "onnx" and arch != "encoder_decoder":
+        from .onnx_family import export_onnx_family
+        checks = export_onnx_family(model_dir, tmp)
+    elif fmt == "ctranslate2" and arch != "encoder_decoder":
+        from .ct2_family import export_ct2_family
+        checks = export_ct2_family(model_dir, tmp)
+    elif fmt == "ctranslate2":
+        from .ct2 import export_ctranslate2
+        checks = export_ctranslate2(model_dir, tmp, quantization)
+    else:
+        from .onnx_export import export_onnx
+        checks = export_onnx(model_dir, tmp)
+    return checks
