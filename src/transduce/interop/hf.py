@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import ModelConfig
 from ..model import Transformer
@@ -71,47 +71,39 @@ def residual_permutation(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def _linear(name: str, layer: nn.Linear, perm: Tensor, side: str) -> dict[str, Tensor]:
-    """Weights of one Linear with its residual-facing ``side`` ("in" or "out") permuted."""
-    w = layer.weight.detach()                                            # (out, in)
-    out = {f"{name}.weight": w[:, perm] if side == "in" else w[perm]}
-    if layer.bias is not None:
-        b = layer.bias.detach()
-        out[f"{name}.bias"] = b[perm] if side == "out" else b
-    return out
+# The Marian mapping, read both ways (export: marian_state_dict; import: hf_import.our_marian_state):
+# each layer parameter of ours -> (Marian's name, the side of it that faces the residual stream,
+# whose channels P permutes: "in" the columns, "out" the rows or a vector's entries, None neither).
+_ATTENTION_SIDES = {"q_proj.weight": "in", "q_proj.bias": None, "k_proj.weight": "in", "k_proj.bias": None,
+                    "v_proj.weight": "in", "v_proj.bias": None, "out_proj.weight": "out", "out_proj.bias": "out"}
+_FFN = {"ffn.fc1.weight": ("fc1.weight", "in"), "ffn.fc1.bias": ("fc1.bias", None),
+        "ffn.fc2.weight": ("fc2.weight", "out"), "ffn.fc2.bias": ("fc2.bias", "out")}
+_ATTENTIONS = {"encoder": {"self_attn": "self_attn"},
+               "decoder": {"self_attn": "self_attn", "cross_attn": "encoder_attn"}}
+_NORMS = {"encoder": {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
+          "decoder": {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"}}
 
 
-def _norm(name: str, norm: nn.LayerNorm, perm: Tensor) -> dict[str, Tensor]:
-    return {f"{name}.weight": norm.weight.detach()[perm], f"{name}.bias": norm.bias.detach()[perm]}
+def _layer_names(stack: str) -> dict[str, tuple[str, str | None]]:
+    """One ``stack`` layer's parameters: ours -> (Marian's, residual side)."""
+    names = {f"{ours}.{leaf}": (f"{theirs}.{leaf}", side) for ours, theirs in _ATTENTIONS[stack].items()
+             for leaf, side in _ATTENTION_SIDES.items()}
+    names.update(_FFN)
+    names.update({f"{ours}.{leaf}": (f"{theirs}.{leaf}", "out") for ours, theirs in _NORMS[stack].items()
+                  for leaf in ("weight", "bias")})
+    return names
 
 
-def _attention(name: str, attn: nn.Module, perm: Tensor) -> dict[str, Tensor]:
-    return {**_linear(f"{name}.q_proj", attn.q_proj, perm, "in"),
-            **_linear(f"{name}.k_proj", attn.k_proj, perm, "in"),
-            **_linear(f"{name}.v_proj", attn.v_proj, perm, "in"),
-            **_linear(f"{name}.out_proj", attn.out_proj, perm, "out")}
+def marian_name_map(cfg: ModelConfig) -> dict[str, tuple[str, str | None]]:
+    """Every layer parameter of ours -> (its MarianMTModel name, the residual side P permutes)."""
+    return {f"{stack}_layers.{i}.{ours}": (f"model.{stack}.layers.{i}.{theirs}", side)
+            for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers))
+            for i in range(n) for ours, (theirs, side) in _layer_names(stack).items()}
 
 
-def _ffn(name: str, ffn: nn.Module, perm: Tensor) -> dict[str, Tensor]:
-    return {**_linear(f"{name}.fc1", ffn.fc1, perm, "in"), **_linear(f"{name}.fc2", ffn.fc2, perm, "out")}
-
-
-def _encoder_layer(i: int, layer: nn.Module, perm: Tensor) -> dict[str, Tensor]:
-    p = f"model.encoder.layers.{i}"
-    return {**_attention(f"{p}.self_attn", layer.self_attn, perm),
-            **_norm(f"{p}.self_attn_layer_norm", layer.norm1, perm),
-            **_ffn(p, layer.ffn, perm),
-            **_norm(f"{p}.final_layer_norm", layer.norm2, perm)}
-
-
-def _decoder_layer(i: int, layer: nn.Module, perm: Tensor) -> dict[str, Tensor]:
-    p = f"model.decoder.layers.{i}"
-    return {**_attention(f"{p}.self_attn", layer.self_attn, perm),
-            **_norm(f"{p}.self_attn_layer_norm", layer.norm1, perm),
-            **_attention(f"{p}.encoder_attn", layer.cross_attn, perm),
-            **_norm(f"{p}.encoder_attn_layer_norm", layer.norm2, perm),
-            **_ffn(p, layer.ffn, perm),
-            **_norm(f"{p}.final_layer_norm", layer.norm3, perm)}
+def permuted(t: Tensor, side: str | None, perm: Tensor) -> Tensor:
+    """``t`` with its residual ``side`` (see :func:`marian_name_map`) put in the order ``perm``."""
+    return t[:, perm] if side == "in" else t[perm] if side == "out" else t
 
 
 def _embeddings(model: Transformer, perm: Tensor) -> dict[str, Tensor]:
@@ -133,11 +125,10 @@ def _embeddings(model: Transformer, perm: Tensor) -> dict[str, Tensor]:
 def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
     """Our weights under MarianMTModel's parameter names, residual channels permuted by P."""
     perm = residual_permutation(model.config.d_model)
+    ours = model.state_dict()
     state = _embeddings(model, perm)
-    for i, layer in enumerate(model.encoder_layers):
-        state.update(_encoder_layer(i, layer, perm))
-    for i, layer in enumerate(model.decoder_layers):
-        state.update(_decoder_layer(i, layer, perm))
+    state.update({theirs: permuted(ours[k].detach(), side, perm)
+                  for k, (theirs, side) in marian_name_map(model.config).items()})
     return {k: v.float().contiguous() for k, v in state.items()}
 
 

@@ -42,34 +42,28 @@ def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
             + head_width_problems(cfg, "GPT-2"))
 
 
-def _conv1d(name: str, *layers: nn.Linear) -> dict[str, Tensor]:
-    """nn.Linear weights (out, in) side by side as one GPT-2 Conv1D: weight (in, sum of outs), bias."""
-    return {f"{name}.weight": torch.cat([m.weight.detach() for m in layers]).t(),
-            f"{name}.bias": torch.cat([m.bias.detach() for m in layers])}
-
-
-def _norm(name: str, norm: nn.LayerNorm) -> dict[str, Tensor]:
-    return {f"{name}.weight": norm.weight.detach(), f"{name}.bias": norm.bias.detach()}
-
-
-def _block(i: int, layer: nn.Module) -> dict[str, Tensor]:
-    p = f"transformer.h.{i}"
-    attn = layer.self_attn
-    return {**_norm(f"{p}.ln_1", layer.norm1),
-            **_conv1d(f"{p}.attn.c_attn", attn.q_proj, attn.k_proj, attn.v_proj),
-            **_conv1d(f"{p}.attn.c_proj", attn.out_proj),
-            **_norm(f"{p}.ln_2", layer.norm3),
-            **_conv1d(f"{p}.mlp.c_fc", layer.ffn.fc1),
-            **_conv1d(f"{p}.mlp.c_proj", layer.ffn.fc2)}
+# The GPT-2 mapping, read both ways (export: gpt2_state_dict; import: hf_gpt2_import.our_gpt2_state):
+# a block's LayerNorms by name, and each Conv1D (weight (in, out), bias (out,)) as our nn.Linear
+# layers side by side in its output columns (c_attn is q, k and v at once).
+GPT2_NORMS = {"ln_1": "norm1", "ln_2": "norm3"}
+GPT2_CONV1D = {"attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+               "attn.c_proj": ("self_attn.out_proj",), "mlp.c_fc": ("ffn.fc1",), "mlp.c_proj": ("ffn.fc2",)}
 
 
 def gpt2_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """Our weights under GPT2LMHeadModel's parameter names."""
-    state = {"transformer.wte.weight": model.tgt_embed.tokens.weight.detach(),          # (V, D)
-             "transformer.wpe.weight": model.tgt_embed.positions.weight.detach(),       # (P, D)
-             **_norm("transformer.ln_f", model.decoder_norm)}
-    for i, layer in enumerate(model.decoder_layers):
-        state.update(_block(i, layer))
+    """Our weights under GPT2LMHeadModel's parameter names (:data:`GPT2_NORMS`, :data:`GPT2_CONV1D`)."""
+    ours = {k: v.detach() for k, v in model.state_dict().items()}
+    state = {"transformer.wte.weight": ours["tgt_embed.tokens.weight"],                 # (V, D)
+             "transformer.wpe.weight": ours["tgt_embed.positions.weight"],              # (P, D)
+             "transformer.ln_f.weight": ours["decoder_norm.weight"], "transformer.ln_f.bias": ours["decoder_norm.bias"]}
+    for i in range(len(model.decoder_layers)):
+        p, q = f"transformer.h.{i}", f"decoder_layers.{i}"
+        for theirs, mine in GPT2_NORMS.items():
+            for leaf in ("weight", "bias"):
+                state[f"{p}.{theirs}.{leaf}"] = ours[f"{q}.{mine}.{leaf}"]
+        for theirs, parts in GPT2_CONV1D.items():
+            state[f"{p}.{theirs}.weight"] = torch.cat([ours[f"{q}.{part}.weight"] for part in parts]).t()  # (in, out)
+            state[f"{p}.{theirs}.bias"] = torch.cat([ours[f"{q}.{part}.bias"] for part in parts])
     return {k: v.float().contiguous() for k, v in state.items()}
 
 

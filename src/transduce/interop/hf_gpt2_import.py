@@ -38,7 +38,7 @@ from ..inference.search.lm import generate_ids
 from ..model import DecoderOnlyLM, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
-from .hf_gpt2 import hf_tokenizer_differences, probe_prompts
+from .hf_gpt2 import GPT2_CONV1D, GPT2_NORMS, hf_tokenizer_differences, probe_prompts
 from .hf_read import HFImportError, load_hf_model, read_weights, refuse_unsupported
 from .verify import check_close
 
@@ -134,16 +134,13 @@ def our_gpt2_state(state: dict[str, Tensor], cfg: ModelConfig, where: Path) -> d
     missing = [k for k, v in ours.items() if v is None]
     if missing:
         raise HFImportError(f"{where}: GPT-2 weights lack the tensor for {missing[0]}")
-    for i in range(cfg.n_decoder_layers):
+    for i in range(cfg.n_decoder_layers):  # the export's table (hf_gpt2), read the other way
         p, q = f"h.{i}", f"decoder_layers.{i}"
-        for theirs, mine in (("ln_1", "norm1"), ("ln_2", "norm3")):
+        for theirs, mine in GPT2_NORMS.items():
             for kind in ("weight", "bias"):
                 ours[f"{q}.{mine}.{kind}"] = state.get(f"{p}.{theirs}.{kind}")
-        attn = [f"{q}.self_attn.{n}_proj" for n in ("q", "k", "v")]
-        ours.update(_linear(state, f"{p}.attn.c_attn", attn, where))
-        ours.update(_linear(state, f"{p}.attn.c_proj", [f"{q}.self_attn.out_proj"], where))
-        ours.update(_linear(state, f"{p}.mlp.c_fc", [f"{q}.ffn.fc1"], where))
-        ours.update(_linear(state, f"{p}.mlp.c_proj", [f"{q}.ffn.fc2"], where))
+        for theirs, parts in GPT2_CONV1D.items():
+            ours.update(_linear(state, f"{p}.{theirs}", [f"{q}.{part}" for part in parts], where))
     missing = [k for k, v in ours.items() if v is None]
     if missing:
         raise HFImportError(f"{where}: GPT-2 weights lack the tensor for {missing[0]}")

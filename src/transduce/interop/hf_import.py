@@ -58,7 +58,7 @@ from ..errors import ConfigError, one_line, require
 from ..model import Transformer, save_model
 from ..model.io import load_state_checked
 from .base import staging_dir, torch_threads
-from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, residual_permutation
+from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, marian_name_map, permuted, residual_permutation
 from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
                       refuse_unsupported, rewrite_spm)
 from .verify import LOGIT_TOL
@@ -189,18 +189,11 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     return cfg, src_vocab, tgt_vocab
 
 
-# Our layer parameter -> Marian's, per stack; and which side of each faces the residual stream.
-NORMS = {"encoder": {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
-         "decoder": {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm",
-                     "norm3": "final_layer_norm"}}
-RESIDUAL_SIDE = {"q_proj.weight": "in", "k_proj.weight": "in", "v_proj.weight": "in", "fc1.weight": "in",
-                 "out_proj.weight": "out", "out_proj.bias": "out", "fc2.weight": "out", "fc2.bias": "out"}
-
-
 def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tgt_order: Tensor
                ) -> dict[str, Tensor]:
     """Marian's tensors under our names: residual axes permuted back by P's inverse, vocabulary
-    rows put in our order (the inverse of interop.hf.marian_state_dict)."""
+    rows put in our order (:func:`~transduce.interop.hf.marian_name_map`, the table the export
+    reads the other way)."""
     inv = torch.argsort(residual_permutation(cfg.d_model))
 
     def get(*names: str) -> Tensor:
@@ -217,21 +210,7 @@ def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tg
                                               "model.shared.weight")[tgt_order][:, inv]
     if not cfg.tie_output:
         ours["output_proj.weight"] = get("lm_head.weight")[tgt_order][:, inv]
-    for stack, n_layers in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
-        for i in range(n_layers):
-            prefix = f"model.{stack}.layers.{i}."
-            for ours_norm, marian_norm in NORMS[stack].items():
-                for leaf in ("weight", "bias"):
-                    ours[f"{stack}_layers.{i}.{ours_norm}.{leaf}"] = get(f"{prefix}{marian_norm}.{leaf}")[inv]
-            modules = ["self_attn", "cross_attn"] if stack == "decoder" else ["self_attn"]
-            names = [f"{m}.{proj}" for m in modules for proj in ("q_proj", "k_proj", "v_proj", "out_proj")]
-            for module in names + ["ffn.fc1", "ffn.fc2"]:
-                marian = module.replace("cross_attn", "encoder_attn").replace("ffn.", "")
-                for leaf in ("weight", "bias"):
-                    t = get(f"{prefix}{marian}.{leaf}")
-                    side = RESIDUAL_SIDE.get(f"{marian.rpartition('.')[2]}.{leaf}")
-                    ours[f"{stack}_layers.{i}.{module}.{leaf}"] = t[:, inv] if side == "in" else \
-                        t[inv] if side == "out" else t
+    ours.update({k: permuted(get(theirs), side, inv) for k, (theirs, side) in marian_name_map(cfg).items()})
     return {k: v.contiguous() for k, v in ours.items()}
 
 
