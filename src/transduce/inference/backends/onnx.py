@@ -216,10 +216,13 @@ def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
     language model's as an :class:`OnnxLM`, a classifier's as an :class:`OnnxClassifier` (ONNX
     Runtime only)."""
     backend = runtime.backend
-    if config.arch != "encoder_decoder" and (backend != "onnx" or config.arch == "encoder_only" and not config.labels):
+    runnable = config.arch == "encoder_decoder" or (
+        backend == "onnx" and (config.arch == "decoder_only" or bool(config.labels)))
+    if not runnable:
         what = "translation, language and classifier models" if backend == "onnx" else "translation models"
+        masked_lm = config.arch == "encoder_only" and not config.labels
         raise ConfigError(f"runtime.backend: {backend} runs {what}; this one is a model.arch={config.arch} model"
-                          f"{' without labels (a masked LM)' if config.arch == 'encoder_only' else ''}")
+                          f"{' without labels (a masked LM)' if masked_lm else ''}")
     if backend == "onnx" and device.type != "cpu":
         raise ConfigError(f"runtime.backend: onnx runs ONNX Runtime on the CPU; got device {device} (use backend "
                           "tensorrt on a GPU)")
