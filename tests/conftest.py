@@ -28,6 +28,21 @@ def pytest_configure(config):
     (CONTRIBUTING.md, "Tests that hold on any CPU")."""
     if os.environ.get("TRANSDUCE_TEST_MKLDNN") == "0":
         torch.backends.mkldnn.enabled = False
+    _share_the_cores()
+
+
+def _share_the_cores() -> None:
+    """Under pytest-xdist, each worker gets its share of the cores (at least one thread), and so
+    do the processes its tests start (OMP_NUM_THREADS): n workers of torch's default, one thread
+    per core each, would oversubscribe the machine n times, and OpenMP's spin-waiting makes
+    every op slower. A test that needs more threads sets them itself. ``TRANSDUCE_TEST_THREADS=0``
+    keeps torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2 or os.environ.get("TRANSDUCE_TEST_THREADS") == "0":
+        return
+    share = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(share)
+    os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 # CI runs the suite once (CONTRIBUTING.md, "CI"): its README job, with no extra installed, writes
