@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import RunConfig
+from .config import TASKS, RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
     if nsp:
         d["model"].update(nsp=True, type_vocab_size=2)
         d["data"] = {**{k: v for k, v in d["data"].items() if k != "corpus"}, "corpus": "files", **(data or {})}
-    if task == "classify":
+    if TASKS[task].labelled:
         changes, d = d, shipped_config(DEMO_CONFIGS["mlm"])
         shape = saved_model_settings(init_from) if init_from is not None else None
         # a new classification head: the starting model's own head or next-sentence head is not kept

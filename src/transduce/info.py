@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from .config import ModelConfig, read_yaml
+from .config import ModelConfig, model_task, read_yaml
 from .errors import CheckpointError, one_line
 from .model.io import CONFIG, WEIGHTS, load_decode_config, load_model_config
 
@@ -23,10 +23,10 @@ def model_info(model_dir: str | os.PathLike) -> dict:
     """A JSON-able description of the model directory ``model_dir`` (see the module docstring)."""
     root = Path(model_dir)
     cfg = load_model_config(root)
-    info: dict = {"model_dir": str(root), "arch": cfg.arch, "task": _task(cfg),
+    info: dict = {"model_dir": str(root), "arch": cfg.arch, "task": model_task(cfg),
                   "shape": _shape(cfg), "options": _options(cfg), "attention": attention_settings(cfg),
                   "parameters": parameter_count(root / WEIGHTS), "tokenizer": _tokenizer(root)}
-    if cfg.arch == "encoder_decoder":
+    if cfg.family.translates:
         info["decode"] = dataclasses.asdict(load_decode_config(root))
     if cfg.labels:
         info["labels"] = list(cfg.labels)
@@ -72,22 +72,11 @@ def format_info(info: dict) -> str:
     return "\n".join(lines + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
-def _task(cfg: ModelConfig) -> str:
-    if cfg.arch == "encoder_only":
-        return "classify" if cfg.n_classes else "mlm"
-    return "lm" if cfg.arch == "decoder_only" else "translation"
-
-
 def _shape(cfg: ModelConfig) -> dict:
-    keys = ["d_model", "n_heads", "d_ff", "max_positions"]
+    fam = cfg.family
+    keys = [*fam.layers, "d_model", "n_heads", "d_ff", "max_positions", *fam.vocab_sizes]
     if cfg.head_dim is not None:
-        keys.insert(2, "head_dim")
-    if cfg.arch != "decoder_only":
-        keys.insert(0, "n_encoder_layers")
-    if cfg.arch != "encoder_only":
-        keys.insert(0 if cfg.arch == "decoder_only" else 1, "n_decoder_layers")
-    keys += ["src_vocab_size", "tgt_vocab_size"] if cfg.arch == "encoder_decoder" else \
-        ["tgt_vocab_size"] if cfg.arch == "decoder_only" else ["src_vocab_size"]
+        keys.insert(len(fam.layers) + 2, "head_dim")
     if cfg.n_classes:
         keys.append("n_classes")
     return {k: getattr(cfg, k) for k in keys}
@@ -96,11 +85,7 @@ def _shape(cfg: ModelConfig) -> dict:
 def _options(cfg: ModelConfig) -> dict:
     """The options that differ between Transformer variants (norm, positions, activation...)."""
     keys = ["norm", "positions", "activation", "bias", "share_embeddings", "tie_output", "scale_embeddings",
-            "dropout"]
-    if cfg.arch == "encoder_decoder":
-        keys.append("output_bias")
-    if cfg.arch == "encoder_only":
-        keys += ["embed_norm", "type_vocab_size"]
+            "dropout", *cfg.family.options]
     if cfg.positions == "relative":
         keys += ["relative_buckets", "relative_max_distance"]
     if cfg.positions == "rope":
@@ -127,7 +112,7 @@ def attention_settings(cfg: ModelConfig) -> dict:
         if cfg.attention_windows:
             keys = ["attention_windows"]
         keys += [k for k in ("global_tokens", "global_projections") if getattr(cfg, k)]
-    if cfg.arch == "encoder_decoder":
+    if cfg.family.translates:
         out["cross_attention"] = cfg.cross_attention
         if cfg.cross_attention == "local" and "attention_window" not in keys:
             keys.append("attention_window")

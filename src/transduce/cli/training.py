@@ -115,18 +115,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         raise ConfigError("--init-from: only demo --task classify starts from a trained model")
     if args.nsp and args.task != "mlm":
         raise ConfigError("--nsp: next-sentence prediction is an option of demo --task mlm")
-    if args.task == "t5":
-        from ..demo_t5 import run_t5_demo
-        result = run_t5_demo(args.out or "runs/demo_t5", steps=args.steps)
-    elif args.task == "classify":
-        result = run_classify_demo(args.out or "runs/demo_classify", steps=args.steps, init_from=args.init_from)
-    elif args.task == "lm":
-        result = run_lm_demo(args.out or "runs/demo_lm", steps=args.steps)
-    elif args.task == "mlm":
-        result = run_mlm_demo(args.out or "runs/demo_mlm", steps=args.steps, nsp=args.nsp)
-    else:
-        result = run_demo(args.out or "runs/demo", steps=args.steps)
-    print(result.report())
+    from ..demo_t5 import run_t5_demo
+    run, out, options = {"translation": (run_demo, "runs/demo", {}), "lm": (run_lm_demo, "runs/demo_lm", {}),
+                         "mlm": (run_mlm_demo, "runs/demo_mlm", {"nsp": args.nsp}),
+                         "classify": (run_classify_demo, "runs/demo_classify", {"init_from": args.init_from}),
+                         "t5": (run_t5_demo, "runs/demo_t5", {})}[args.task]
+    print(run(args.out or out, steps=args.steps, **options).report())
     return 0
 
 

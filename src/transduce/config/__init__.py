@@ -13,7 +13,8 @@ from .base import apply_overrides, from_dict, read_yaml, save_yaml
 from .data import DataConfig
 from .decode import DecodeConfig
 from .generation import GenerationConfig, check_sampling
-from .model import MODEL_PRESETS, ModelConfig, model_preset, model_task, with_vocab
+from .family import TASKS, model_task
+from .model import MODEL_PRESETS, ModelConfig, model_preset, with_vocab
 from .quantize import QuantizeConfig
 from .run import RunConfig, load_run_config
 from .runtime import WORKER_TIMEOUT_S, Runtime
@@ -24,6 +25,7 @@ __all__ = [
     "ModelConfig", "DataConfig", "TrainConfig", "DecodeConfig", "GenerationConfig", "ServeConfig", "RunConfig",
     "Runtime", "QuantizeConfig",
     "model_preset", "MODEL_PRESETS", "model_task", "with_vocab",
+    "TASKS",
     "EXTEND_VOCAB", "WORKER_TIMEOUT_S", "check_sampling",
     "from_dict", "load_run_config", "apply_overrides", "read_yaml", "save_yaml",
 ]

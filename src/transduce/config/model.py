@@ -6,12 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .base import check, non_negative, one_of, positive, typecheck
-
-ARCHS = ("encoder_decoder", "decoder_only", "encoder_only")
-TASKS = ("translation", "lm", "mlm", "classify", "span")
-# encoder_only trains "classify" instead when model.n_classes >= 2 (model_task); an encoder_decoder
-# may pretrain by T5's span corruption ("span") before it translates
-TASK_OF_ARCH = {"encoder_decoder": "translation", "decoder_only": "lm", "encoder_only": "mlm"}
+from .family import ARCHS, FAMILIES, Family
 
 
 @dataclass(frozen=True)
@@ -316,6 +311,11 @@ class ModelConfig:
         return never_generated(self.pad_id, self.bos_id, self.eos_id)
 
     @property
+    def family(self) -> Family:
+        """What its ``arch`` is and does (:data:`~transduce.config.family.FAMILIES`)."""
+        return FAMILIES[self.arch]
+
+    @property
     def d_head(self) -> int:
         """Dh: ``head_dim``, or d_model / n_heads when it is not set."""
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
@@ -356,14 +356,6 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
     """A named model shape ("base", "big", "small", "tiny") with field overrides."""
     check(name in MODEL_PRESETS, "model.preset", f"unknown preset {name!r}; known: {', '.join(MODEL_PRESETS)}")
     return ModelConfig(**{**MODEL_PRESETS[name], **overrides})
-
-
-def model_task(cfg: ModelConfig) -> str:
-    """What a model of ``cfg`` does: the task of its ``arch``, or classify for an encoder_only
-    model with ``n_classes``."""
-    if cfg.arch == "encoder_only" and cfg.n_classes:
-        return "classify"
-    return TASK_OF_ARCH[cfg.arch]
 
 
 def with_vocab(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:

@@ -11,13 +11,9 @@ from ..errors import ConfigError
 from .base import apply_overrides, check, from_dict, read_yaml
 from .data import DataConfig
 from .decode import DecodeConfig
-from .model import MODEL_PRESETS, ModelConfig, model_task
+from .family import TASKS, TaskSpec, model_task
+from .model import MODEL_PRESETS, ModelConfig
 from .train import TrainConfig
-
-# Tokens a task adds to a sentence of data.max_len: translation reads tokens + EOS (source) and
-# BOS + tokens (target), an LM BOS + tokens, a masked LM or classifier BOS + tokens + EOS.
-# Span corruption's input is at most the sentence + EOS.
-_ADDED_TOKENS = {"translation": 1, "lm": 1, "mlm": 2, "classify": 2, "span": 1}
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,7 @@ class RunConfig:
 
     def _check_positions(self) -> None:
         """With learned positions, a training sentence and the tokens its task adds must fit the table."""
-        extra = _ADDED_TOKENS.get(self.task)
+        extra = self.task_spec.added
         if extra and self.model.positions == "learned":
             check(self.data.max_len + extra <= self.model.max_positions, "data.max_len",
                   f"must be at most model.max_positions - {extra} ({self.model.max_positions - extra}) with "
@@ -85,6 +81,11 @@ class RunConfig:
         """What training optimises: ``train.task``, or the task of ``model.arch`` (an encoder_only
         model with ``model.n_classes`` >= 2: classify) when absent."""
         return self.train.task or model_task(self.model)
+
+    @property
+    def task_spec(self) -> TaskSpec:
+        """What :attr:`task` is (:data:`~transduce.config.family.TASKS`)."""
+        return TASKS[self.task]
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":

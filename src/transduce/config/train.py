@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import check, one_of, positive, typecheck
-from .model import TASKS
+from .family import TASKS
 
 EXTEND_VOCAB = 1000  # new pieces at most per tokenizer model when extending gives no number (--extend-vocab)
 
@@ -136,7 +136,7 @@ class TrainConfig:
         one_of(self.schedule, "train.schedule", ("noam", "inverse_sqrt", "cosine", "linear", "constant"))
         one_of(self.precision, "train.precision", ("fp32", "bf16", "fp16"))
         if self.task is not None:
-            one_of(self.task, "train.task", TASKS)
+            one_of(self.task, "train.task", tuple(TASKS))
 
     def _check_loop(self) -> None:
         positive(self, "train", ("max_steps", "grad_accum", "log_every", "eval_every", "save_every", "keep_last",

@@ -107,6 +107,10 @@ class Batch:
             ref[:b, :t, :s] = self.alignment
         return Batch(src, tgt_in, tgt_out, self.n_src_tokens, self.n_tgt_tokens, nsp, ref)
 
+    def src_types(self) -> torch.Tensor:
+        """BERT's segment ids of the source rows (:func:`token_types`). Shape: (B, S)."""
+        return token_types(self.src)
+
     def __len__(self) -> int:
         return self.src.size(0)
 

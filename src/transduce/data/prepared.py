@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from transduce.checksums import sha256_file
+from transduce.config import TASKS
 from transduce.data.alignments import LINKS, PairLinks
 from transduce.data.corpus import EncodedChunk, FilterStats
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
@@ -242,11 +243,8 @@ class TokenPairs:
         """The (source, target) lengths that size a ``train.task``'s batches: an LM reads only the
         target side, a masked LM, a classifier or span corruption only the source side (a span
         batch's target is shorter than its input), translation both."""
-        if task == "lm":
-            return self.tgt_lens, self.tgt_lens
-        if task in ("mlm", "classify", "span"):
-            return self.src_lens, self.src_lens
-        return self.src_lens, self.tgt_lens
+        lens = {"src": self.src_lens, "tgt": self.tgt_lens}
+        return lens[TASKS[task].lengths[0]], lens[TASKS[task].lengths[1]]
 
     def rows(self, side: int, indices: Sequence[int]) -> list[np.ndarray]:
         return [self.tokens[side][self.offsets[i, side]:self.offsets[i + 1, side]] for i in indices]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..config import TrainConfig, model_task
+from ..config import TASKS, TrainConfig, model_task
 from ..errors import ConfigError, DataError
 from ..inference.search.common import output_log_softmax
 from .metrics import classification_scores
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from ..inference.classify import Classifier
 
 DEFAULT_SEED = TrainConfig.seed  # a default run's validation masking
-_READS = {"lm": ("tgt", 1), "mlm": ("src", 2)}  # side of the tokenizer, positions beside the tokens (BOS, EOS)
 
 # (model, batch on the model's device) -> the batch's summed loss, summed NLL and the number of
 # tokens they are over (0-dim tensors): what heldout_loss adds up.
@@ -47,16 +46,14 @@ def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, T
     :func:`~transduce.data.encoder_inputs.masked_batch`) the selected tokens, through its head
     on those positions only."""
     cfg, pad = model.config, model.config.label_pad_id
-    if cfg.arch == "encoder_only":
-        from ..data.batch import token_types
+    states = cfg.family.states(model, batch, cfg)                       # (B, T, D)
+    if cfg.family.masked_lm:
         from ..data.tokenizer import PAD_ID
         pad = PAD_ID                                                     # the masking's "not selected"
         keep = batch.tgt_out != pad                                      # (B, T)
-        states = model(batch.src, token_types(batch.src) if cfg.type_vocab_size else None)  # (B, T, D)
         logits, labels = model.mlm_logits(states[keep]), batch.tgt_out[keep]              # (N, V), (N,)
     else:
-        logits = model(batch.tgt_in) if cfg.arch == "decoder_only" else model(batch.src, batch.tgt_in)
-        logits, labels = logits.flatten(0, 1), batch.tgt_out.flatten()  # (B * T, V), (B * T,)
+        logits, labels = model.output_proj(states).flatten(0, 1), batch.tgt_out.flatten()  # (B * T, V), (B * T,)
     if not cfg.bos_in_softmax:  # an imported T5: BOS (PAD's row again) is no class of its output
         logits = output_log_softmax(logits.float(), cfg)
     nll = F.cross_entropy(logits.float(), labels, ignore_index=pad, reduction="sum")
@@ -89,12 +86,13 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
     plan = token_budget_batches(*pairs.task_lengths(task), max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
+    spec = TASKS[task]
     for i in range(len(plan)):
         batch = pairs.batch(plan[i], Specials.of(model.config))
-        if task == "mlm":
+        if spec.masked:
             keys = [masking_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
             batch = masked_batch(batch, model.mask_id, keys)
-        elif task == "span":
+        elif spec.spans:
             rngs = [span_generator(seed, VALID_STREAM, 0, int(j)) for j in plan[i]]
             batch = span_batch(pairs.rows(0, plan[i]), sentinels, rngs)
         batch_sum, batch_nll_sum, count = batch_loss(model, batch.to(device))
@@ -127,11 +125,12 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
     from ..model.io import load_model_config
 
     task = model_task(load_model_config(model_dir))
-    if task not in _READS:
+    spec = TASKS[task]
+    if not spec.perplexity:
         raise ConfigError(f"{model_dir}: perplexity is for train.task lm or mlm models; this one is {task}")
     if batch_tokens < 1:
         raise ConfigError(f"decode.batch_tokens: must be positive; got {batch_tokens}")
-    side, extra = _READS[task]
+    side, extra = spec.lengths[0], spec.added
     device = resolve_device(device)
     model, tokenizer = load_model_dir(model_dir, device), load_tokenizer(model_dir)
     room = model.config.max_positions - extra
@@ -145,7 +144,7 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
     _, nll, n = heldout_loss(model, pairs, task, max(batch_tokens, room + extra), seed, device)
     out = {"task": task, "perplexity": math.exp(nll / max(n, 1)), "nll": nll / max(n, 1), "nll_total": nll,
            "tokens": n, "sentences": len(rows), "truncated": truncated}
-    return {**out, "seed": seed} if task == "mlm" else out
+    return {**out, "seed": seed} if spec.masked else out
 
 
 def accuracy(model_dir: str | os.PathLike, path: str | os.PathLike, batch_size: int = 64,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..config import DecodeConfig, model_task
+from ..config import TASKS, DecodeConfig, model_task
 from ..errors import ConfigError
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
 
@@ -51,10 +51,10 @@ def evaluate_model(paths: ModelDirs, files: EvalFiles, runtime: Runtime = Runtim
 
     dirs, overrides = model_dirs(paths), dict(overrides or {})
     task = model_task(load_model_config(dirs[0]))
-    if task == "translation":
+    if TASKS[task].translates:
         return _evaluate_translation(dirs, files, runtime, overrides, draft, seed)
     _check_unused(task, dirs, files, runtime, overrides, draft, seed)
-    if task == "classify":
+    if TASKS[task].labelled:
         return accuracy(dirs[0], files.ref, device=runtime.device)
     kwargs = {} if seed is None else {"seed": seed}
     return perplexity(dirs[0], files.ref, overrides.get("batch_tokens", DecodeConfig.batch_tokens),
@@ -98,11 +98,12 @@ def _other_translations(other: str, src: str, runtime: Runtime, decode: DecodeCo
 def _check_unused(task: str, dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],
                   draft: str | None, seed: int | None) -> None:
     """A ConfigError naming the first setting that a model scored on ``ref`` alone does not use."""
+    spec = TASKS[task]
     given = [f.name for f in fields(EvalFiles) if f.name != "ref" and getattr(files, f.name)]
-    given += [f"decode.{k}" for k in overrides if task == "classify" or k != "batch_tokens"]
+    given += [f"decode.{k}" for k in overrides if not spec.perplexity or k != "batch_tokens"]
     given += [f"runtime.{f.name}" for f in fields(Runtime) if f.name not in ("device", "threads")
               and getattr(runtime, f.name) != f.default]
     given += ["model_dirs (an ensemble)"] * (len(dirs) > 1) + ["draft"] * (draft is not None)
-    given += ["seed"] * (seed is not None and task != "mlm")
+    given += ["seed"] * (seed is not None and not spec.masked)
     if given:
         raise ConfigError(f"{given[0]}: not used for a train.task {task} model, which is scored on ref alone")

@@ -58,8 +58,8 @@ class Classifier:
 
         model_dir = model_dirs(model_dir)[0]
         cfg = load_model_config(model_dir)
-        if cfg.arch != "encoder_only" or not cfg.labels:
-            head = " with a masked-LM head" if cfg.arch == "encoder_only" else ""
+        if not (cfg.family.masked_lm and cfg.labels):
+            head = " with a masked-LM head" if cfg.family.masked_lm else ""
             raise ConfigError(f"{model_dir}: classify needs a classifier (train.task classify); this is a "
                               f"model.arch={cfg.arch} model{head}")
         apply_threads(runtime)

@@ -26,7 +26,7 @@ from .speed import restore
 
 def check_decoder_only(config: ModelConfig, what: str) -> None:
     """One-line ConfigError unless ``config`` is a decoder-only language model."""
-    if config.arch != "decoder_only":
+    if not config.family.generates:
         raise ConfigError(f"{what}: needs a decoder_only model (a language model); this one is {config.arch}")
 
 

@@ -69,7 +69,7 @@ def check_compilable(model: torch.nn.Module) -> None:
 
     from ..model.transformer import Transformer
     from .speed.static import is_quantized
-    if not isinstance(model, Transformer) or model.config.arch != "encoder_decoder":
+    if not isinstance(model, Transformer) or not model.config.family.translates:
         raise ConfigError(f"runtime.compile: compiles the decoding step of one translation model; got "
                           f"{type(model).__name__}; drop compile")
     if any(is_quantized(m) for m in model.modules()):

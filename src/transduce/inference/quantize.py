@@ -24,7 +24,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from ..config import QuantizeConfig, Runtime, model_task
+from ..config import TASKS, QuantizeConfig, Runtime, model_task
 from ..errors import ConfigError, DataError
 from ..config.quantize import QAT_FILE
 from .speed.static import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
@@ -110,7 +110,7 @@ def quantize_directory(model_dir: str, calibration: str | None, out: str,
     if read_scales(model_dir) is not None:
         raise ConfigError(f"{model_dir}: already a static int8 model (it has {FILE}); quantize its float model")
     task = model_task(load_model_config(model_dir))
-    if task != "translation":
+    if not TASKS[task].translates:
         raise ConfigError(f"{model_dir}: static int8 is for translation models; this is a train.task {task} model")
     torchao_quantization()
     trained = _qat_scales(model_dir, calibration)

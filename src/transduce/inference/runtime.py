@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import Runtime, model_task
+from ..config import TASKS, Runtime, model_task
 from ..errors import ConfigError
 from .placement import ModelDirs, model_dirs
 
@@ -38,7 +38,8 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
         raise ConfigError(f"runtime.backend: {runtime.backend} runs one model's exported graphs; ensembles and draft "
                           "models run with backend torch")
     task = model_task(load_model_config(dirs[0]))
-    if task == "translation":
+    door = TASKS[task].front_door
+    if TASKS[task].translates:
         from .pool import TranslatorPool
         from .translator import Translator
         return (TranslatorPool if runtime.workers else Translator).load(dirs, runtime, draft)
@@ -48,13 +49,11 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
     if runtime.workers:
         raise ConfigError(f"runtime.workers: worker processes decode translation models; {dirs[0]} is a "
                           f"train.task {task} model")
-    if task == "lm":
-        from .generate import Generator
-        return Generator.load(dirs[0], runtime)
-    if task == "classify":
-        from .classify import Classifier
-        return Classifier.load(dirs[0], runtime)
-    raise ConfigError(f"{dirs[0]}: a train.task mlm model has nothing to run; score it with transduce evaluate")
+    if door is None:
+        raise ConfigError(f"{dirs[0]}: a train.task {task} model has nothing to run; score it with transduce evaluate")
+    from .classify import Classifier
+    from .generate import Generator
+    return {"Generator": Generator, "Classifier": Classifier}[door].load(dirs[0], runtime)
 
 
 __all__ = ["ModelDirs", "load", "model_dirs"]

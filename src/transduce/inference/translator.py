@@ -65,9 +65,9 @@ class Translator(BaseTranslator):
     def __init__(self, model: torch.nn.Module, tokenizer, runtime: Runtime = Runtime(),
                  decode: DecodeConfig | None = None, speculation: Speculation | None = None,
                  shortlist: Shortlist | None = None):
-        if model.config.arch != "encoder_decoder":
+        if not model.config.family.translates:
             raise ConfigError(f"translate: needs an encoder_decoder model; this one is {model.config.arch}"
-                              + (" (continue text with transduce generate)" if model.config.arch == "decoder_only"
+                              + (" (continue text with transduce generate)" if model.config.family.generates
                                  else ""))
         self.device = resolve_device(runtime.device, "runtime.device")
         autocast_context(self.device, runtime.precision, "runtime.precision")  # a bad precision fails here

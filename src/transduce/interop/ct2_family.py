@@ -122,9 +122,9 @@ def export_ct2_family(model_dir: str | os.PathLike, out: Path) -> dict[str, obje
     require("ctranslate2", "export")
     model, tok = load_for_export(model_dir, need_tokenizer=False)
     cfg = model.config
-    lm = cfg.arch == "decoder_only"
+    lm = cfg.family.generates
     spec = decoder_lm_spec(model) if lm else encoder_model_spec(model)
-    vocab = vocabulary(tok, cfg.tgt_vocab_size if lm else cfg.src_vocab_size, "tgt" if lm else "src")
+    vocab = vocabulary(tok, getattr(cfg, cfg.family.vocab), cfg.family.side)
     spec.register_vocabulary(vocab)
     spec.config.unk_token = vocab[UNK_ID]
     if lm:

@@ -46,13 +46,13 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
         raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
     cfg = load_model_config(model_dir)
-    arch = cfg.arch
+    arch, translates = cfg.arch, cfg.family.translates
     if build is not None and fmt != "tensorrt":
         raise ExportError(f"--precision/--max-batch: are for --format tensorrt; got --format {fmt}")
-    if arch != "encoder_decoder" and fmt in ("triton", "tensorrt"):
+    if not translates and fmt in ("triton", "tensorrt"):
         raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf, "
                           "onnx or ctranslate2)")
-    if arch != "encoder_decoder" and quantization is not None:
+    if not translates and quantization is not None:
         raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
     if fmt == "triton":
         from .triton import export_triton
@@ -70,11 +70,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
 def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) -> dict:
     """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
-    arch, t5 = cfg.arch, cfg.positions == "relative"
-    if fmt == "hf" and arch == "decoder_only":
+    fam, t5 = cfg.family, cfg.positions == "relative"
+    if fmt == "hf" and fam.generates:
         from .hf_gpt2 import export_hf_gpt2
         checks = export_hf_gpt2(model_dir, tmp)
-    elif fmt == "hf" and arch == "encoder_only":
+    elif fmt == "hf" and fam.masked_lm:
         from .hf_bert import export_hf_bert
         checks = export_hf_bert(model_dir, tmp)
     elif fmt == "hf" and t5:
@@ -83,10 +83,10 @@ def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) ->
     elif fmt == "hf":
         from .hf import export_hf
         checks = export_hf(model_dir, tmp)
-    elif fmt == "onnx" and arch != "encoder_decoder":
+    elif fmt == "onnx" and not fam.translates:
         from .onnx_family import export_onnx_family
         checks = export_onnx_family(model_dir, tmp)
-    elif fmt == "ctranslate2" and arch != "encoder_decoder":
+    elif fmt == "ctranslate2" and not fam.translates:
         from .ct2_family import export_ct2_family
         checks = export_ct2_family(model_dir, tmp)
     elif fmt == "ctranslate2":

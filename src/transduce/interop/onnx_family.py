@@ -107,7 +107,7 @@ def export_onnx_family(model_dir: str | os.PathLike, out: Path) -> dict[str, obj
     model, tok = load_for_export(model_dir, need_tokenizer=False)
     if tok is not None:
         tok.save(out)
-    if model.config.arch == "decoder_only":
+    if model.config.family.generates:
         export_lm_graph(model, out)
         return verify_onnx_lm(model, out)
     export_encoder_graph(model, out)

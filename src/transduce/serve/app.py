@@ -73,7 +73,7 @@ class TranslationService:
     """
 
     def __init__(self, translator, cfg: ServeConfig, defaults: dict[str, Any] | None = None):
-        if translator.config.arch != "encoder_decoder":
+        if not translator.config.family.translates:
             raise ConfigError(f"serve: needs a translation model (encoder_decoder); this one is "
                               f"{translator.config.arch}")
         self.translator, self.cfg = translator, cfg

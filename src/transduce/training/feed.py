@@ -47,7 +47,7 @@ class StepFeed:
         self.train_pairs = data.split("train")
         self._epoch: EpochData | None = None
         self.guide = None  # the training pairs' word links and word starts: batches with guided alignment targets
-        if data.has_alignments("train") and cfg.train.guided_alignment_weight > 0 and cfg.task == "translation":
+        if data.has_alignments("train") and cfg.train.guided_alignment_weight > 0 and cfg.task_spec.translates:
             tok = data.tokenizer
             self.guide = (data.alignments("train"), (word_starts(tok, "src", tok.src_vocab_size),
                                                      word_starts(tok, "tgt", tok.tgt_vocab_size)))
@@ -105,10 +105,10 @@ class StepFeed:
         data = self.epoch_data(epoch)
         group = [data.plan[i] for i in range(offset, offset + need)]
         mine = slice(self.dist.rank, None, self.dist.world_size)
-        if self.cfg.task == "classify":
+        if self.cfg.task_spec.labelled:
             tokens = sum(len(b) for b in group)  # the loss is per sentence
             batches = [self._device_batch(classification_batch(data.pairs.batch(b))) for b in group[mine]]
-        elif self.cfg.task in ("mlm", "span"):  # every rank makes the whole step: the normaliser counts all of it
+        elif self.cfg.task_spec.corrupted:  # every rank makes the whole step: the normaliser counts all of it
             made = [self._masked(data.pairs, b, (self.cfg.train.seed, TRAIN_STREAM, epoch, offset + j))
                     for j, b in enumerate(group)]
             tokens = sum(b.n_tgt_tokens for b in made)
@@ -123,7 +123,7 @@ class StepFeed:
         """A masked-LM batch of lines ``indices`` (for a model with ``model.nsp``, of each line
         and the next (or a random) one, with next-sentence labels), or a span-corruption batch;
         its randomness from ``key``."""
-        if self.cfg.task == "span":
+        if self.cfg.task_spec.spans:
             return span_batch(pairs.rows(0, indices), self.sentinels, span_generator(*key))
         generator = masking_generator(*key)
         if self.cfg.model.nsp:

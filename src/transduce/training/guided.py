@@ -53,7 +53,7 @@ def guided_setup(cfg: RunConfig, data: PreparedData, model_cfg) -> tuple[RunConf
     that head; ``(cfg, None)`` when the training data carries no alignments or the weight is 0."""
     if not data.has_alignments("train") or cfg.train.guided_alignment_weight == 0:
         return cfg, None
-    if cfg.task != "translation" or model_cfg.arch != "encoder_decoder":
+    if not (cfg.task_spec.translates and model_cfg.family.translates):
         raise ConfigError(f"data.train_alignments: guided alignment trains an encoder-decoder's cross-attention; "
                           f"this run trains {cfg.task} with model.arch={model_cfg.arch}")
     if cfg.train.cuda_graphs:

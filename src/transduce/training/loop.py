@@ -69,11 +69,11 @@ class Trainer(Checkpointing):
             data.text("train")  # a one-line error now if the data was prepared without it
         tok = data.tokenizer
         # [MASK] is the model's last id: one past the tokenizer's, unless the tokenizer has it (an import's)
-        extra = 1 if cfg.model.arch == "encoder_only" and tok.mask_id is None else 0
+        extra = 1 if cfg.model.family.masked_lm and tok.mask_id is None else 0
         self.model_cfg = with_vocab(cfg.model, tok.src_vocab_size + extra, tok.tgt_vocab_size + extra)
         self.cfg, guided = guided_setup(cfg, data, self.model_cfg)  # its decode settings name the guided head
         self.guided = None if guided is None else (cfg.train.guided_alignment_weight, guided)
-        if cfg.task == "classify":
+        if cfg.task_spec.labelled:
             self.model_cfg = replace(self.model_cfg, labels=self._labels(data.labels))
             if data.segments == 2 and cfg.model.type_vocab_size < 2:
                 raise ConfigError(f"model.type_vocab_size: sentence pairs ({data.root}) need two token types, "
@@ -100,9 +100,9 @@ class Trainer(Checkpointing):
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         self.step_model = compile_model(wrapped) if cfg.train.compile else wrapped
         self.sentinels = span_sentinels(tok, data.split("train").src_lens, self.valid_pairs.src_lens) \
-            if cfg.task == "span" else ()
+            if cfg.task_spec.spans else ()
         self.feed = StepFeed(cfg, data, dist, device, self.pad_multiple,
-                             self.model.mask_id if cfg.task == "mlm" else None, self.sentinels)
+                             self.model.mask_id if cfg.task_spec.masked else None, self.sentinels)
         self.graphed = GraphedStep(self.model, self.optimizer, cfg.train, self.model_cfg.label_pad_id, device) \
             if cfg.train.cuda_graphs else None
         self._found_inf = torch.zeros((), device=device)  # the eager step's skip flag (fused optimizer)
@@ -239,12 +239,12 @@ class Trainer(Checkpointing):
         model = full_model(self.model, everywhere=True) if self.sharded else self.model  # every rank validates
         model.eval()
         out: dict[str, float] = {}
-        if len(self.valid_pairs) and self.cfg.task == "classify":
+        if len(self.valid_pairs) and self.cfg.task_spec.labelled:
             out.update(validation_classify(model, self.valid_pairs, self.cfg, self.device))
         elif len(self.valid_pairs):
             loss, nll = validation_loss(model, self.valid_pairs, self.cfg, self.device, self.sentinels)
             out.update(val_loss=loss, val_ppl=math.exp(min(nll, 50.0)))
-        if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task == "translation":
+        if self.cfg.train.eval_bleu and self.valid_texts and self.cfg.task_spec.translates:
             out.update(validation_bleu(model, self.data.tokenizer, self.valid_texts, self.cfg, self.device))
         return out
 
@@ -369,10 +369,10 @@ class Trainer(Checkpointing):
 def run_data(cfg: RunConfig, run_dir: Path) -> PreparedData:
     """The prepared data of ``cfg.data``: a classification set for train.task classify, else text pairs."""
     data = prepared_for_run(cfg.data, run_dir, cfg.train.seed)
-    if bool(data.labels) != (cfg.task == "classify"):
+    if bool(data.labels) != cfg.task_spec.labelled:
         held = "a classification set (text<TAB>label)" if data.labels else "text, no labels"
         raise ConfigError(f"data.prepared: {data.root} holds {held}; train.task {cfg.task} needs "
-                          + ("a classification set" if cfg.task == "classify" else "text"))
+                          + ("a classification set" if cfg.task_spec.labelled else "text"))
     return data
 
 

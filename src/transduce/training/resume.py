@@ -98,7 +98,7 @@ class Checkpointing:
         own = full_model(self.model, everywhere=True) if self.sharded and (extend or new_head or new_classes) \
             else self.model
         if extend:  # new rows for the new pieces; [MASK] stays the last id
-            state = grow_vocab_rows(state, own, 1 if saved.arch == "encoder_only" else 0)
+            state = grow_vocab_rows(state, own, int(saved.family.masked_lm))
         if new_head:
             state = {k: v for k, v in state.items() if not k.startswith(("mlm_head.", "nsp_head."))} | {
                 k: v for k, v in unique_state_dict(own).items() if k.startswith("cls_head.")} | {

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from ..data.batch import Batch, token_types
+from ..data.batch import Batch
 from ..device import autocast_context
 from ..errors import ConfigError
 from ..tracing import LOSS, scope
@@ -37,11 +37,7 @@ def final_states(model: torch.nn.Module, batch: Batch) -> Tensor:
     :func:`~transduce.data.encoder_inputs.masked_batch`) and, with token types, their segments (a
     sentence pair's second is type 1)."""
     cfg = unwrapped(model).config
-    if cfg.arch == "decoder_only":
-        return model(batch.tgt_in, project=False)
-    if cfg.arch == "encoder_only":
-        return model(batch.src, token_types(batch.src) if cfg.type_vocab_size else None)
-    return model(batch.src, batch.tgt_in, project=False)
+    return cfg.family.states(model, batch, cfg)
 
 
 def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
@@ -54,14 +50,14 @@ def batch_loss(model: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: 
 
 
 def _batch_loss(inner: torch.nn.Module, hidden: Tensor, batch: Batch, smoothing: float, pad_id: int) -> LossOutput:
-    if inner.config.arch == "encoder_only" and inner.config.n_classes:
+    if not inner.config.family.masked_lm:
+        return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
+                                             bias=inner.output_proj.bias, excluded=excluded_class(inner.config))
+    if inner.config.n_classes:
         return classification_loss(inner.classify(hidden), batch.tgt_out[:, 0], smoothing)
-    if inner.config.arch == "encoder_only" and batch.next_labels is not None:
+    if batch.next_labels is not None:
         return pretraining_loss(inner, hidden, batch.tgt_out, batch.next_labels, smoothing)
-    if inner.config.arch == "encoder_only":
-        return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
-    return projected_label_smoothed_loss(hidden, inner.output_proj.weight, batch.tgt_out, smoothing, pad_id,
-                                         bias=inner.output_proj.bias, excluded=excluded_class(inner.config))
+    return masked_lm_loss(inner, hidden, batch.tgt_out, smoothing)
 
 
 def forward_backward(model: torch.nn.Module, batches: list[Batch], smoothing: float, pad_id: int,

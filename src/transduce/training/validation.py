@@ -39,7 +39,7 @@ def smoothed_batch_loss(model: torch.nn.Module, batch: Batch, smoothing: float) 
     """One held-out batch's summed label-smoothed loss, summed NLL and token count
     (:data:`~transduce.evaluation.heldout.BatchLoss`): a masked LM's head on the selected
     positions only, else the output projection then :func:`~.loss.label_smoothed_loss`."""
-    if model.config.arch == "encoder_only":
+    if model.config.family.masked_lm:
         out = batch_loss(model, final_states(model, batch), batch, smoothing, model.config.label_pad_id)
     else:
         logits = model.output_proj(final_states(model, batch))           # (B, T, V)

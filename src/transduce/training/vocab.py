@@ -57,17 +57,14 @@ def extend_run_vocabulary(cfg: RunConfig, run_dir: Path) -> RunConfig:
 def _new_text(cfg: RunConfig) -> tuple[list[str], list[str]]:
     """The (source, target) lines the tokenizer learns new pieces from: a sample of the training
     text of the side(s) the task reads (as a tokenizer of its own would be trained on)."""
-    if cfg.task == "classify":
+    if cfg.task_spec.labelled:
         from ..data.labelled import read_labelled
         texts = [text for texts, _ in read_labelled(cfg.data.train_src) for text in texts]  # pairs: both
         return texts, texts
     from ..data.prepare import split_sources, tokenizer_sample
     src, tgt, _ = tokenizer_sample(cfg.data, split_sources(cfg.data)["train"], cfg.train.seed)
-    if cfg.task == "lm":
-        return tgt, tgt
-    if cfg.task == "mlm":
-        return src, src
-    return src, tgt
+    sides = {"src": src, "tgt": tgt}
+    return sides[cfg.task_spec.text[0]], sides[cfg.task_spec.text[1]]
 
 
 def grow_vocab_rows(state: dict[str, torch.Tensor], model: torch.nn.Module, extra: int

@@ -196,9 +196,9 @@ def read_graph_meta(root: str | os.PathLike, config, backend: str) -> dict:
     if meta.get("arch", "encoder_decoder") != config.arch:
         raise CheckpointError(f"{root}: the graphs are of a model.arch={meta.get('arch', 'encoder_decoder')} model; "
                               f"the model directory's is {config.arch}: export this model")
-    vocab = config.src_vocab_size if config.arch == "encoder_only" else config.tgt_vocab_size
+    vocab = getattr(config, config.family.vocab)
     for key, field in _SAME:
-        if key not in meta and config.arch != "encoder_decoder":
+        if key not in meta and not config.family.translates:
             continue  # a language model's or encoder's graphs record their vocabulary as vocab_size
         if meta.get(key) != getattr(config, field):
             raise CheckpointError(f"{root}: the graphs are of another model ({key} {meta.get(key)}, the model "
@@ -216,11 +216,11 @@ def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
     language model's as an :class:`OnnxLM`, a classifier's as an :class:`OnnxClassifier` (ONNX
     Runtime only)."""
     backend = runtime.backend
-    runnable = config.arch == "encoder_decoder" or (
-        backend == "onnx" and (config.arch == "decoder_only" or bool(config.labels)))
+    fam = config.family
+    runnable = fam.translates or (backend == "onnx" and (fam.generates or bool(config.labels)))
     if not runnable:
         what = "translation, language and classifier models" if backend == "onnx" else "translation models"
-        masked_lm = config.arch == "encoder_only" and not config.labels
+        masked_lm = fam.masked_lm and not config.labels
         raise ConfigError(f"runtime.backend: {backend} runs {what}; this one is a model.arch={config.arch} model"
                           f"{' without labels (a masked LM)' if masked_lm else ''}")
     if backend == "onnx" and device.type != "cpu":
@@ -233,10 +233,9 @@ def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
     if backend == "onnx":
         if runtime.precision != "fp32":
             raise ConfigError(f"runtime.precision: the ONNX graphs compute in fp32; got {runtime.precision}")
-        if config.arch == "decoder_only":
-            return OnnxLM(runtime.engines, runtime.threads)
-        if config.arch == "encoder_only":
-            return OnnxClassifier(runtime.engines, config, runtime.threads)
+        if not fam.translates:
+            return OnnxLM(runtime.engines, runtime.threads) if fam.generates else \
+                OnnxClassifier(runtime.engines, config, runtime.threads)
         steps: Steps = OrtSteps(Path(runtime.engines), meta, runtime.threads)
     else:
         from .tensorrt import TrtSteps

@@ -65,7 +65,7 @@ class Ensemble(nn.Module):
         first = models[0].config
         for i, m in enumerate(models[1:], start=2):
             cfg = m.config
-            if cfg.arch != "encoder_decoder":
+            if not cfg.family.translates:
                 raise ConfigError(f"ensemble member {i}: needs an encoder_decoder model; this one is {cfg.arch}")
             for key in ("src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"):
                 if getattr(cfg, key) != getattr(first, key):
