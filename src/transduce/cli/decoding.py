@@ -208,22 +208,67 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _add_attention(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attention", help="plot encoder, decoder and cross-attention of one sentence")
+    p = sub.add_parser("attention", help="plot encoder, decoder and cross-attention of one sentence; with --stats, "
+                       "the health of every head over a file (entropy, collapse onto BOS/EOS/offsets, word order)")
     p.add_argument("model_dir", help="model directory")
-    p.add_argument("sentence", help="the source sentence")
-    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("sentence", nargs="?", default=None, help="the source sentence (not with --stats)")
+    p.add_argument("--out", default=None, help="PNG file to write (the heatmaps; not with --stats)")
     p.add_argument("--layer", type=int, default=-1, help="layer index, negative from the top (default: -1)")
     p.add_argument("--head", type=int, default=None, help="head index (default: mean over heads)")
     p.add_argument("--beam", type=int, default=None, help="beam size for the translation (default: the model's)")
+    s = p.add_argument_group("attention health (--stats)")
+    s.add_argument("--stats", action="store_true", help="per layer, head and kind: normalised entropy, mean maximum "
+                   "weight, where the argmax lands; flags near-uniform and collapsed heads; prints a table")
+    s.add_argument("--src", default=None, help="with --stats: source file, one sentence per line")
+    s.add_argument("--tgt", default=None, help="with --stats: targets aligned with --src, force-decoded instead of "
+                   "the model's translations")
+    s.add_argument("--align", default=None, help="with --stats and --tgt: reference word alignments (Pharaoh i-j, "
+                   "a line per pair): each cross-attention head's alignment error rate")
+    s.add_argument("--json", action="store_true", help="with --stats: print JSON instead of the table")
+    s.add_argument("--plot", default=None, metavar="PNG", help="with --stats: also draw the grid of heads")
+    s.add_argument("--uniform", type=float, default=0.95,
+                   help="a query is near-uniform at this normalised entropy or more (default: 0.95)")
+    s.add_argument("--collapse", type=float, default=0.5,
+                   help="a query collapses with this much weight on one position class (default: 0.5)")
+    s.add_argument("--share", type=float, default=0.9,
+                   help="a head is flagged when this share of its queries is near-uniform or collapses onto one "
+                        "class (default: 0.9)")
     add_runtime_options(p, workers=False)
     p.set_defaults(func=_cmd_attention)
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from ..inference import Translator, attention_maps
+    if args.stats:
+        return _attention_stats(args)
+    extra = [flag for flag in ("src", "tgt", "align", "plot") if getattr(args, flag) is not None] + ["json"] * args.json
+    if extra:
+        raise ConfigError(f"--{extra[0]}: is for --stats")
+    if args.sentence is None or args.out is None:
+        raise ConfigError("attention: give a SENTENCE and --out PNG (or --stats --src FILE)")
     from ..viz.attention import plot_attention
     with Translator.load(args.model_dir, runtime_of(args)) as translator:
         maps = attention_maps(translator, args.sentence, args.layer, args.head, **decode_overrides(args))
     print(plot_attention(maps, args.out))
     return 0
 
+
+def _attention_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from ..inference import HealthLimits, Translator, attention_stats_files, format_attention_stats
+    if args.sentence is not None or args.out is not None:
+        raise ConfigError("--stats: reads its sentences from --src and draws with --plot (no SENTENCE, no --out)")
+    if args.src is None:
+        raise ConfigError("--stats: needs --src FILE, the sentences to measure")
+    limits = HealthLimits(args.uniform, args.collapse, args.share)
+    if args.plot is not None:
+        from ..viz.curves import require_matplotlib
+        require_matplotlib("attention plots")  # before the model runs
+    with Translator.load(args.model_dir, runtime_of(args)) as translator:
+        stats = attention_stats_files(translator, args.src, args.tgt, args.align, limits, **decode_overrides(args))
+    print(json.dumps(stats.to_dict(), indent=2) if args.json else format_attention_stats(stats))
+    if args.plot is not None:
+        from ..viz.attention import plot_attention_stats
+        print(plot_attention_stats(stats, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -3,6 +3,8 @@ in worker processes; :class:`Generator` for decoder-only language models; :class
 the search algorithms (:mod:`.search`), the decode-time speed layer (:mod:`.speed`) and I/O."""
 
 from .attention import AttentionMaps, attention_maps
+from .attention_stats import (AttentionStats, HeadStats, HealthLimits, attention_stats, attention_stats_files,
+                              format_attention_stats)
 from .batching import length_sorted_batches, spread_batches
 from .classify import Classifier
 from .files import translate_file
@@ -22,5 +24,7 @@ __all__ = [
     "length_sorted_batches", "spread_batches", "Translator", "BaseTranslator", "TranslatorPool", "SearchPool",
     "SearchSpec", "Translation", "Hypothesis", "translate_file",
     "Generator", "GenerationConfig",
-    "AttentionMaps", "attention_maps", "AttentionChoice", "prepare_for_decoding", "restore",
+    "AttentionMaps", "attention_maps", "AttentionChoice",
+    "AttentionStats", "HeadStats", "HealthLimits", "attention_stats", "attention_stats_files", "format_attention_stats",
+    "prepare_for_decoding", "restore",
 ]

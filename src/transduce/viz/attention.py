@@ -1,4 +1,6 @@
-"""Attention heatmaps of one translation (:func:`~transduce.inference.attention.attention_maps`)."""
+"""Attention heatmaps of one translation (:func:`~transduce.inference.attention.attention_maps`),
+and the health grid of every head over a file
+(:func:`~transduce.inference.attention_stats.attention_stats`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 from ..atomic import atomic_path
 from ..inference.attention import AttentionMaps
+from ..inference.attention_stats import KINDS, AttentionStats
 from .curves import require_matplotlib
 
 
@@ -29,6 +32,39 @@ def plot_attention(maps: AttentionMaps, path: str | os.PathLike, dpi: int = 120)
         ax.set_yticks(range(len(row_labels)), row_labels, fontsize=7)
     head = "mean of heads" if maps.head is None else f"head {maps.head}"
     fig.suptitle(f"layer {maps.layer}, {head}")
+    return _save(plt, fig, path, dpi)
+
+
+def plot_attention_stats(stats: AttentionStats, path: str | os.PathLike, dpi: int = 120) -> Path:
+    """Draw one grid per kind (encoder self-, decoder self-, cross-attention), a cell per head
+    (rows layers, columns heads) coloured by its mean normalised entropy (1.0: uniform), with
+    the entropy and the head's flags written in it ("U": uniform, "C:eos": collapsed onto EOS);
+    write a PNG atomically."""
+    plt = require_matplotlib("attention plots")
+    n_heads = 1 + max(h.head for h in stats.heads)
+    layers = {kind: 1 + max(h.layer for h in stats.heads if h.kind == kind) for kind in KINDS}
+    fig, axes = plt.subplots(1, 3, figsize=(2.0 + 3 * (0.9 * n_heads + 0.6), 1.6 + 0.7 * max(layers.values())),
+                             layout="constrained")
+    for ax, kind in zip(axes, KINDS):
+        grid = [[0.0] * n_heads for _ in range(layers[kind])]
+        for h in (h for h in stats.heads if h.kind == kind):
+            grid[h.layer][h.head] = h.entropy
+            marks = " ".join("U" if f == "uniform" else "C:" + f.split(":", 1)[1] for f in h.flags)
+            ax.text(h.head, h.layer, f"{h.entropy:.2f}" + (f"\n{marks}" if marks else ""), ha="center",
+                    va="center", fontsize=7, color="white" if h.entropy < 0.6 else "black")
+        image = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
+        ax.set_title(f"{kind} attention", fontsize=9)
+        ax.set_xticks(range(n_heads), [str(i) for i in range(n_heads)], fontsize=7)
+        ax.set_yticks(range(layers[kind]), [str(i) for i in range(layers[kind])], fontsize=7)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+    fig.colorbar(image, ax=list(axes), shrink=0.8, label="normalised entropy (1 = uniform)")
+    fig.suptitle(f"attention health over {stats.sentences} sentences")
+    return _save(plt, fig, path, dpi)
+
+
+def _save(plt, fig, path: str | os.PathLike, dpi: int) -> Path:
+    """Write ``fig`` as a PNG at ``path`` atomically (its directory made), then close it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
