@@ -11,8 +11,8 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver
 # tokenizers; transformers, ctranslate2, onnx, onnxruntime, onnxscript; fastapi, uvicorn, sse-starlette;
-# selenium, httpx; tensorboard; sentencex (documents); torchao (quant).
-pip install -q -e '.[test,export,serve,web-test,tensorboard,pretrained,documents,quant]'
-python -c "import tokenizers, schemathesis, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, sse_starlette, selenium, tensorboard, sentencex, torchao; print('extras ok')"
+# selenium, httpx; tensorboard; sentencex (documents); torchao (quant); py3langid (clean).
+pip install -q -e '.[test,export,serve,web-test,tensorboard,pretrained,documents,quant,clean]'
+python -c "import tokenizers, schemathesis, transformers, ctranslate2, onnx, onnxruntime, onnxscript, fastapi, uvicorn, sse_starlette, selenium, tensorboard, sentencex, torchao, py3langid; print('extras ok')"
 # Triton (the triton extra) is not installed here: pytriton 0.7's Python backend needs numpy < 2; .ci/run
 # tests it in an environment of its own (job triton).

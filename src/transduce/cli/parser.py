@@ -10,7 +10,7 @@ import sys
 
 from .. import __version__, progress
 from ..errors import TransduceError
-from . import decoding, models, serving, speed, training
+from . import cleaning, decoding, models, serving, speed, training
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only, no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     training.add_commands(sub)
+    cleaning.add_commands(sub)
     decoding.add_commands(sub)
     models.add_commands(sub)
     serving.add_commands(sub)

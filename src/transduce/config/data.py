@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import check, one_of, positive, typecheck
+from .clean import normalise_clean
 from .pairs import normalise_pairs
 
 
@@ -109,6 +110,11 @@ class DataConfig:
     pair_temperature: float = 1.0
     """Without weights: pair i is drawn with probability proportional to n_i^(1/T) (n_i its
     training pairs): 1 is proportional to size, larger values flatten towards uniform."""
+    clean: dict | None = None
+    """Clean the training pairs on the way in (``prepare``, ``train``), as ``transduce clean``
+    does: duplicates, the wrong language, copies, debris... (:class:`~transduce.config.clean.CleanConfig`
+    lists the rules and their settings; ``{}``: every rule at its default; None: no cleaning). The
+    per-rule counts go to the prepared manifest; see docs/guides/cleaning.md."""
 
     def __post_init__(self) -> None:
         typecheck(self, "data")
@@ -129,6 +135,8 @@ class DataConfig:
         check(self.pair_temperature > 0, "data.pair_temperature", f"must be > 0; got {self.pair_temperature}")
         if self.pairs is not None:
             object.__setattr__(self, "pairs", normalise_pairs(self))
+        if self.clean is not None:
+            object.__setattr__(self, "clean", normalise_clean(self))
         if self.corpus == "files" and self.prepared is None:
             check(self.train_src is not None or self.train_tgt is not None, "data.train_tgt",
                   "is required when data.corpus=files (with data.train_src, except for a language model's "

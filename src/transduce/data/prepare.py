@@ -21,7 +21,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -65,10 +65,19 @@ class SplitSource:
     expect: int | None = None
     tsv: bool = False
     read: tuple[Path, ...] = ()
+    clean: tuple | None = None  # (data.clean, source language, target language): cleaned as read
+    cleaned: Any = field(default=None, init=False)  # the last pass's Cleaner (its report)
 
     def raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
-        they are encoded)."""
+        they are encoded); with ``clean``, the pairs its rules keep (each pass a fresh cleaner)."""
+        if self.clean is not None:
+            from transduce.data.clean import cleaner_for, kept_chunks
+            self.cleaned = cleaner_for(*self.clean)
+            return kept_chunks(self.cleaned, self._raw_chunks(), self.names)
+        return self._raw_chunks()
+
+    def _raw_chunks(self) -> Iterator[tuple[list[bytes], list[bytes]]]:
         if self.files is None:
             lines = [[f"{p[k]}\n".encode("utf-8") for p in self.generated or ()] for k in (0, 1)]
             chunks = ((lines[0][i:i + CHUNK], lines[1][i:i + CHUNK]) for i in range(0, len(lines[0]), CHUNK))
@@ -269,6 +278,9 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
         return _fill_labelled(cfg, stage)
     t0 = time.monotonic()
     sources = split_sources(cfg)
+    if cfg.clean is not None:  # the training pairs only, in the direction trained (after data.reverse)
+        langs = (cfg.tgt_lang, cfg.src_lang) if cfg.reverse else (cfg.src_lang, cfg.tgt_lang)
+        sources["train"].clean = (cfg.clean, *langs)
     aligned = [("train", Path(cfg.train_alignments))] if cfg.train_alignments else []
     inputs = _inputs([(name, path) for name, src in sources.items() for path in (src.files or src.read)] + aligned,
                      stage)
@@ -283,6 +295,9 @@ def _fill(cfg: DataConfig, stage: Path, workers: int, seed: int) -> None:
                 writer = AlignedWriter(writer, aligned[0][1], cfg.reverse, sources[name].names)
             encoder.run(sources[name], writer, texts is not None or isinstance(writer, AlignedWriter))
             splits[name] = writer.close()
+            if sources[name].cleaned is not None:
+                splits[name]["clean"] = sources[name].cleaned.report.to_dict()
+                logger.info("%s: cleaning %s", name, sources[name].cleaned.report.summary())
             if writer.stats.total or name == "train":
                 logger.info("%s: %s", name, writer.stats.summary())
     if sum(splits["train"]["filter"].values()) == 0:
