@@ -23,6 +23,12 @@ def _helper_module(name: str, directory: str):
     return sys.modules[name]
 
 
+# Static int8 runs as int8 in the tests on any CPU, so they test its arithmetic where it would
+# not pay (a CPU without VNNI or AMX: inference/speed/static_int8.py); tests of that choice set
+# "auto" themselves. Set before any test starts a process, so theirs inherit it.
+os.environ.setdefault("TRANSDUCE_STATIC_INT8", "always")
+
+
 def pytest_configure(config):
     """``TRANSDUCE_TEST_MKLDNN=0``: run without oneDNN kernels, as on a machine without them
     (CONTRIBUTING.md, "Tests that hold on any CPU")."""

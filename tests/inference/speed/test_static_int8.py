@@ -14,7 +14,7 @@ from transduce.errors import ConfigError
 from transduce.inference import Translator, load
 from transduce.inference.placement import load_model_dir
 from transduce.inference.quantize import calibrate
-from transduce.inference.speed.static import (FILE, Int8Kernel, StaticInt8Linear, is_quantized, quantize_static,
+from transduce.inference.speed.static_int8 import (FILE, Int8Kernel, StaticInt8Linear, is_quantized, quantize_static,
                                               read_float_layers)
 
 need_extra("quant", "torchao")
@@ -97,7 +97,7 @@ def test_heldout_loss_of_a_quantised_directory_is_the_int8_models(trained_dir, q
     from transduce.data.prepared import TokenPairs, length_dtype, token_dtype
     from transduce.data.tokenizer import load_tokenizer
     from transduce.evaluation.heldout import heldout_loss
-    from transduce.inference.speed.static import read_scales
+    from transduce.inference.speed.static_int8 import read_scales
     from transduce.model.io import load_model
 
     tok = load_tokenizer(trained_dir)
@@ -188,9 +188,50 @@ def test_float_layers_choose_which_layers_stay_float(trained_dir, calibration, t
 def test_a_scales_file_without_the_float_entry_is_all_int8(trained_dir, quantized, tmp_path):
     """Directories written before ``quantize.float_layers`` keep loading as they were made."""
     import shutil
-    from transduce.inference.speed.static import SCHEME, read_scales
+    from transduce.inference.speed.static_int8 import SCHEME, read_scales
     from transduce.model.io import save_weights
     old = tmp_path / "old"
     shutil.copytree(quantized, old)
     save_weights({n: torch.tensor(v) for n, v in read_scales(quantized).items()}, old / FILE, {"scheme": SCHEME})
     assert read_float_layers(old) == () and int8_and_float(load_model_dir(old))[1] == set()
+
+
+def test_where_int8_would_be_slower_the_model_decodes_in_float32_with_a_notice(trained_dir, quantized, monkeypatch,
+                                                                              caplog):
+    """On a CPU whose int8 product is no faster than float32's, a static int8 directory loads as
+    its float model (the same translations) and says why in one line; where it is faster, in int8."""
+    from transduce.inference.speed import static_int8
+    monkeypatch.setenv(static_int8.INT8_ENV, "auto")
+    sources = [s for s, _ in toy_pairs(20, seed=5)]
+    monkeypatch.setattr(static_int8, "int8_gemm_speedup", lambda: 0.7)
+    with caplog.at_level("WARNING"), load(quantized) as slow, load(trained_dir) as fp32:
+        assert int8_and_float(slow.model)[0] == set()
+        assert slow.translate(sources, beam=1) == fp32.translate(sources, beam=1)
+    notice = [r.getMessage() for r in caplog.records if "static int8 would run slower" in r.getMessage()]
+    assert len(notice) == 1 and "0.70x" in notice[0] and "TRANSDUCE_STATIC_INT8=always" in notice[0]
+    monkeypatch.setattr(static_int8, "int8_gemm_speedup", lambda: static_int8.INT8_MIN_SPEEDUP)
+    with load(quantized) as fast:
+        assert len(int8_and_float(fast.model)[0]) > 1
+    monkeypatch.setenv(static_int8.INT8_ENV, "sometimes")
+    with pytest.raises(ConfigError, match="TRANSDUCE_STATIC_INT8: must be auto or always"):
+        load(quantized)
+
+
+def test_the_speedup_probe_sees_a_cpu_without_vnni(trained_dir, quantized):
+    """oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA), as on a CPU without VNNI or AMX: the probe finds int8
+    no faster than float32, and `transduce translate` of a static int8 model decodes in float32,
+    saying so, with the float model's output."""
+    import os
+    import platform
+    import subprocess
+    import sys
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("ONEDNN_MAX_CPU_ISA=AVX2 describes an x86 CPU")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "TRANSDUCE_STATIC_INT8": "auto", "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m", "transduce", "translate", "--beam", "1"]
+    text = "\n".join(s for s, _ in toy_pairs(10, seed=5)) + "\n"
+    slow, fp32 = (subprocess.run(run + [str(d)], input=text, env=env, capture_output=True, text=True)
+                  for d in (quantized, trained_dir))
+    assert slow.returncode == fp32.returncode == 0, slow.stderr + fp32.stderr
+    assert "static int8 would run slower than float32 on this CPU" in slow.stderr
+    assert slow.stdout == fp32.stdout

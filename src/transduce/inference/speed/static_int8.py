@@ -16,7 +16,10 @@ Calibration and the directory it writes: :mod:`transduce.inference.quantize`.
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +32,16 @@ from ...model.attention import MultiHeadAttention
 FILE = "quant.safetensors"
 SCHEME = "static_int8"
 FLOAT_KEY = "float_layers"  # header entry: the linear layers left in float32, comma-separated
+# A static int8 model decodes in int8 only where this CPU's int8 GEMM (torch._int_mm, oneDNN)
+# beats its float32 GEMM by this factor; else in float32, with a notice. Measured, 1 thread,
+# (64 x 512) @ (512 x 2048): 0.73 ms int8 against 7.0 ms float32 with AVX-512 VNNI; 9.5 ms against
+# 8.7 ms with oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2), the kernels of a CPU without VNNI,
+# where a quantized model decoded 6.6x slower than its float32 (issue 54).
+INT8_MIN_SPEEDUP = 1.5
+# "auto" (the default): that choice; "always": int8 on any CPU (tests of the int8 arithmetic).
+INT8_ENV = "TRANSDUCE_STATIC_INT8"
+
+logger = logging.getLogger(__name__)
 
 
 def torchao_quantization():
@@ -105,7 +118,7 @@ class StaticInt8Attention(MultiHeadAttention):
     """Attention whose Q/K/V projections run as their own (int8) layers: the reference's one
     matmul over their weights side by side reads float weights (as QAT's
     :class:`~transduce.training.qat.FakeQuantAttention`). Decoding switches it to
-    :class:`~.attention.FastAttention` like any other, which does the same."""
+    :class:`~.fast_layers.FastAttention` like any other, which does the same."""
 
     def project(self, x: Tensor, layers: tuple[nn.Linear, ...]) -> tuple[Tensor, ...]:
         return tuple(self.split_heads(m(x)) for m in layers)                    # (B, H, T, Dh) each
@@ -161,11 +174,46 @@ def read_float_layers(directory: str | os.PathLike) -> tuple[str, ...]:
     return tuple(n for n in names.split(",") if n)
 
 
+@functools.lru_cache(maxsize=1)
+def int8_gemm_speedup(rows: int = 64, inner: int = 512, out: int = 512) -> float:
+    """How many times faster this CPU multiplies int8 than float32 matrices (``torch._int_mm``
+    against ``torch.mm``, the fastest of five runs each, at the threads set now): about 10 where
+    oneDNN has VNNI or AMX kernels, below 1 where it has neither. Measured once per process."""
+    a, b = torch.randint(-127, 128, (rows, inner), dtype=torch.int8), torch.randint(-127, 128, (inner, out),
+                                                                                    dtype=torch.int8)
+    af, bf = a.float(), b.float()
+
+    def fastest(fn) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    return fastest(lambda: torch.mm(af, bf)) / fastest(lambda: torch._int_mm(a, b))
+
+
+def int8_pays() -> bool:
+    """Whether static int8 is worth running here (:data:`INT8_MIN_SPEEDUP`, :data:`INT8_ENV`)."""
+    choice = os.environ.get(INT8_ENV, "auto")
+    if choice not in ("auto", "always"):
+        raise ConfigError(f"{INT8_ENV}: must be auto or always; got {choice!r}")
+    return choice == "always" or int8_gemm_speedup() >= INT8_MIN_SPEEDUP
+
+
 def apply_saved(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
-    """``model``, loaded from ``directory``, in static int8 if the directory says so (CPU only)."""
+    """``model``, loaded from ``directory``, in static int8 if the directory says so (CPU only)
+    and this CPU runs int8 faster than float32 (:func:`int8_pays`; else float32, with a notice)."""
     absmax = read_scales(directory)
     if absmax is None:
         return model
     if next(model.parameters()).device.type != "cpu":
         raise ConfigError(f"runtime.device: {directory} is a static int8 model, which runs on the CPU")
+    if not int8_pays():
+        logger.warning("%s: static int8 would run slower than float32 on this CPU (its int8 matrix product is "
+                       "%.2fx float32's: no VNNI or AMX kernels); decoding in float32 (%s=always forces int8)",
+                       directory, int8_gemm_speedup(), INT8_ENV)
+        return model
     return quantize_static(model, absmax, read_float_layers(directory))
