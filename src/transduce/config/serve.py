@@ -19,6 +19,9 @@ class ServeConfig:
     """How long a batch waits for more requests to join it."""
     batching: bool = True
     """Gather concurrent requests into batches; False: one request per batch."""
+    continuous: bool = False
+    """Continuous batching for plain /translate requests: each sentence joins the running batch at
+    the next decoding step (:mod:`transduce.inference.engine`); the rest keep request batches."""
     max_body_bytes: int = 256 * 1024
     """Largest request body (413 beyond)."""
     max_sentences: int = 64

@@ -25,9 +25,14 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
 def _rows(table: Tensor, start: int | Tensor, length: int) -> Tensor:
     """Rows start..start+length-1 of a (P, D) position table. A 0-dim tensor ``start`` (a
     position kept on the device, as a decoding step replayed from a CUDA graph keeps it) is read
-    through ``index_select``, which needs no host read; the table must already reach that far."""
+    through ``index_select``, which needs no host read; the table must already reach that far.
+    A 1-dim ``start`` (B,) gives each row of a batch its own first position (rows that joined a
+    running batch at different steps: :mod:`transduce.inference.engine`) -> (B, length, D)."""
     if isinstance(start, Tensor):
-        return table.index_select(0, torch.arange(length, device=table.device) + start)  # (length, D)
+        steps = torch.arange(length, device=table.device)
+        if start.dim() == 1:
+            return table[start.unsqueeze(1) + steps]                           # (B, length, D)
+        return table.index_select(0, steps + start)                            # (length, D)
     return table[start:start + length]
 
 

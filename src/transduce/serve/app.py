@@ -7,7 +7,7 @@ Routes:
                       "alignment": false, "tgt_lang": "de"}
                      -> {"translations": [...]} in input order (settings not given: the model's); with
                      "alignment": true also {"alignments": ["0-0 1-2 ...", ...]}, word alignments
-                     (source word i - target word j, :mod:`transduce.inference.alignment`)
+                     (source word i - target word j, :mod:`transduce.inference.text.alignment`)
     POST /attention  {"sentence": "...", "beam": 4, "layer": -1, "head": null, "tgt_lang": "de"}
                      -> {"translation", "source": pieces, "target": pieces, "matrix": (T x S)}
     POST /translate_document  {"text": "paragraphs...", "language": "en", "beam": 4, "lenpen": 0.6, "tgt_lang": "de"}
@@ -44,7 +44,7 @@ from .. import __version__
 from ..config import ServeConfig
 from ..data.multilingual import with_tag
 from ..errors import ConfigError, TransduceError, require
-from ..inference.alignment import format_alignment
+from ..inference.text.alignment import format_alignment
 from ..inference.pool import WorkerLost
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
 from ..inference.search import AttentionChoice
@@ -52,6 +52,7 @@ from ..inference.documents import translate_document
 from ..inference.streaming import stream_translation
 from ..inference.translator import check_layer_head
 from .batcher import DynamicBatcher
+from .continuous import ContinuousRoute
 from .openapi import openapi_document
 from .signals import sigterm_as_interrupt
 from .requests import ApiError, BodyLimit, check_sentences, optional, parse_body, request_models
@@ -81,6 +82,13 @@ class TranslationService:
         self.batch_tokens = self.defaults.batch_tokens
         self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
                                       max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
+        self.continuous = None
+        if cfg.continuous:
+            try:
+                self.continuous = ContinuousRoute(translator)
+            except BaseException:
+                self.batcher.close()
+                raise
 
     def cost(self, items: list[str] | list[tuple[str, tuple[str, ...]]]) -> int:
         """Source tokens + EOS of the items' texts: what the token budget counts."""
@@ -114,6 +122,8 @@ class TranslationService:
 
     def close(self) -> None:
         self.batcher.close()
+        if self.continuous is not None:
+            self.continuous.close()
         self.translator.close()
 
 
@@ -159,6 +169,18 @@ async def run_job(service: TranslationService, key: Hashable, items: list[str]) 
         raise ApiError(500, f"translation failed: {type(e).__name__}: {e}") from None
 
 
+async def continuous_job(service: TranslationService, texts: list[str], decode) -> list[str]:
+    """Sentences on the continuous batch (422 on a bad one, 503 shut down, 504 timeout)."""
+    try:
+        return await service.continuous.translate(texts, decode, service.cfg.request_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(504, f"not answered within {service.cfg.request_timeout_s:g} s") from None
+    except TransduceError as e:
+        raise ApiError(422, str(e)) from None
+    except RuntimeError as e:
+        raise ApiError(503, str(e)) from None
+
+
 def request_settings(service: TranslationService, req, texts: list[str], **fields) -> Any:
     """A request's decoding settings (its fields ``model_dump(**fields)`` picks), its ``tgt_lang``
     checked against the model's target-language tags for ``texts`` (:func:`with_tag`): a missing
@@ -177,6 +199,8 @@ async def translate_job(service: TranslationService, req) -> dict[str, list[str]
     the word alignments too."""
     decode = request_settings(service, req, req.sentences, exclude={"sentences", "constraints", "alignment"})
     if req.constraints is None and not req.alignment:
+        if service.continuous is not None and service.continuous.covers(decode):
+            return {"translations": await continuous_job(service, req.sentences, decode)}
         return {"translations": await run_job(service, ("translate", decode, None), req.sentences)}
     if req.constraints is not None and len(req.constraints) != len(req.sentences):
         raise ApiError(422, f"constraints: {len(req.constraints)} lists for {len(req.sentences)} sentences "
@@ -332,7 +356,7 @@ def _health_report(service: TranslationService) -> dict[str, Any]:
     workers = None if pool is None else {"count": pool.workers, "pids": pool.pids, "restarts": pool.restarts,
                                          "hangs": pool.hangs, "timeout_s": pool.timeout_s}
     return {"status": "ok", "queued": service.batcher.queued(), "batching": asdict(service.batcher.stats),
-            "workers": workers,
+            "workers": workers, "continuous": None if service.continuous is None else service.continuous.stats(),
             "limits": {"max_sentences": cfg.max_sentences, "max_sentence_chars": cfg.max_sentence_chars,
                        "max_body_bytes": cfg.max_body_bytes, "batch_tokens": service.batch_tokens,
                        "batch_wait_ms": cfg.batch_wait_ms, "batching": cfg.batching}}
