@@ -9,6 +9,7 @@ docstring: the configuration reference); a YAML file only needs the fields it ch
 This package is the bottom layer beside :mod:`transduce.errors`: it imports no other package.
 """
 
+from .attention import AttentionConfig
 from .base import apply_overrides, from_dict, read_yaml, save_yaml
 from .data import DataConfig
 from .decode import DecodeConfig
@@ -22,7 +23,8 @@ from .serve import ServeConfig
 from .train import EXTEND_VOCAB, TrainConfig
 
 __all__ = [
-    "ModelConfig", "DataConfig", "TrainConfig", "DecodeConfig", "GenerationConfig", "ServeConfig", "RunConfig",
+    "ModelConfig", "AttentionConfig",
+    "DataConfig", "TrainConfig", "DecodeConfig", "GenerationConfig", "ServeConfig", "RunConfig",
     "Runtime", "QuantizeConfig",
     "model_preset", "MODEL_PRESETS", "model_task", "with_vocab",
     "TASKS",

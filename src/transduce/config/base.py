@@ -17,6 +17,7 @@ import yaml
 
 from ..atomic import atomic_write_text
 from ..errors import ConfigError, one_line
+from .legacy import migrate, migrate_overrides, migrate_section
 
 # Numbers such as 3e-4 or 1E5, which YAML 1.1 (PyYAML) reads as strings for want of a dot.
 _YAML_FLOAT_AS_STR = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
@@ -76,6 +77,7 @@ def typecheck(obj: Any, section: str) -> None:
 def from_dict(klass: type, values: Any, section: str) -> Any:
     """Build one section's dataclass from a mapping: unknown keys and values of the wrong type are
     a ConfigError naming ``section`` (and ``section.key``); the class checks the rest."""
+    values = migrate_section(section, values)  # an older config's keys under today's names
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(values).__name__}")
     unknown = set(values) - {f.name for f in fields(klass)}
@@ -86,9 +88,11 @@ def from_dict(klass: type, values: Any, section: str) -> Any:
 
 
 def apply_overrides(d: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``section.key=value`` strings to a config dict (values parsed as YAML scalars)."""
-    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
-    for item in overrides:
+    """Apply ``section.key=value`` strings to a config dict (values parsed as YAML scalars); a key
+    in a nested section has one more dot (``model.attention.kind=local``). An older config's keys,
+    in ``d`` or in the overrides, are read under today's names (:mod:`~transduce.config.legacy`)."""
+    d = {k: _copied(v) for k, v in migrate(d).items()}
+    for item in migrate_overrides(overrides):
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
         check(bool(sep and dot and name), "override", f"expected section.key=value, got {item!r}")
@@ -96,10 +100,19 @@ def apply_overrides(d: dict[str, Any], overrides: Iterable[str]) -> dict[str, An
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        d.setdefault(section, {})
-        check(isinstance(d[section], dict), key, "section is not a mapping")
-        d[section][name] = value
+        *parents, leaf = name.split(".")
+        target = d.setdefault(section, {})
+        for parent in parents:
+            check(isinstance(target, dict), key, "section is not a mapping")
+            target = target.setdefault(parent, {})
+        check(isinstance(target, dict), key, "section is not a mapping")
+        target[leaf] = value
     return d
+
+
+def _copied(value: Any) -> Any:
+    """Mappings copied all the way down (an override must not change the caller's dict)."""
+    return {k: _copied(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:

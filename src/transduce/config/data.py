@@ -8,6 +8,8 @@ from .base import check, one_of, positive, typecheck
 from .clean import normalise_clean
 from .pairs import normalise_pairs
 
+TOY_SEED = 0  # the toy corpus is one corpus: the demo, the tests and the docs' numbers are of it
+
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -55,8 +57,6 @@ class DataConfig:
     """Test source text (``corpus: files``)."""
     test_tgt: str | None = None
     """Test target text (``corpus: files``)."""
-    toy_seed: int = 0
-    """Seed of the toy corpus's generator."""
     toy_train_size: int = 20000
     """Sentence pairs in the toy training split."""
     toy_valid_size: int = 500
@@ -69,8 +69,9 @@ class DataConfig:
     """T5's sentinels ``<extra_id_N>`` reserved at the end of each tokenizer model trained (within
     ``vocab_size``; ``<extra_id_0>`` is the last id, as in T5), which ``train.task: span``
     replaces dropped spans with: at least as many as a sentence of ``max_len`` has spans."""
-    tokenizer_type: str = "bpe"
-    """The sentencepiece model type: ``bpe`` or ``unigram``."""
+    tokenizer_algorithm: str = "bpe"
+    """The algorithm of each tokenizer model trained (SentencePiece's model type): ``bpe`` or
+    ``unigram`` (an older config's ``tokenizer_type``)."""
     joint_vocab: bool = True
     """One tokenizer model for both sides (a joint vocabulary), not one per side."""
     max_len: int = 250
@@ -79,7 +80,7 @@ class DataConfig:
     """Training pairs whose longer side has more than this many times the tokens of the shorter
     are dropped."""
     max_tokens: int = 4096
-    """A training batch's token budget: sentences x the longest padded side (data/batching.py)."""
+    """A training batch's token budget: sentences x the longest padded side (data/epoch_batches.py)."""
     valid_max_sentences: int | None = None
     """Validation pairs used at most (the first ones); None: all. Applied when training starts, not
     when preparing: one prepared directory serves any value, and changing it needs no new prepare."""
@@ -119,7 +120,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         typecheck(self, "data")
         one_of(self.corpus, "data.corpus", ("toy", "multi30k", "multi30k_tok", "files", "tsv"))
-        one_of(self.tokenizer_type, "data.tokenizer_type", ("bpe", "unigram"))
+        one_of(self.tokenizer_algorithm, "data.tokenizer_algorithm", ("bpe", "unigram"))
         positive(self, "data", ("toy_train_size", "toy_valid_size", "toy_test_size", "vocab_size", "max_len",
                                 "max_tokens", "tokenizer_sentences"))
         check(self.vocab_size >= 8, "data.vocab_size", "must be at least 8")
@@ -128,8 +129,8 @@ class DataConfig:
         check(self.max_ratio >= 1.0, "data.max_ratio", f"must be >= 1; got {self.max_ratio}")
         check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", f"must be in [0, 1); got {self.bpe_dropout}")
         one_of(self.bpe_dropout_sides, "data.bpe_dropout_sides", ("src", "tgt", "both"))
-        check(self.bpe_dropout == 0.0 or self.tokenizer_type == "bpe", "data.bpe_dropout",
-              "needs data.tokenizer_type=bpe")
+        check(self.bpe_dropout == 0.0 or self.tokenizer_algorithm == "bpe", "data.bpe_dropout",
+              "needs data.tokenizer_algorithm=bpe")
         if self.corpus == "tsv":
             self._check_tsv()
         check(self.pair_temperature > 0, "data.pair_temperature", f"must be > 0; got {self.pair_temperature}")
@@ -150,6 +151,12 @@ class DataConfig:
         check(all(getattr(self, f"{k}_tgt") is None for k in ("train", "valid", "test")), "data.train_tgt",
               "data.corpus=tsv reads input and target from the data.*_src files (input<TAB>target); set no *_tgt")
         check(not self.reverse, "data.reverse", "does not apply to data.corpus=tsv (its lines say which side is which)")
+
+    @property
+    def toy_seed(self) -> int:
+        """The toy corpus generator's seed: always :data:`TOY_SEED` (no config changed it; an older
+        config's ``data.toy_seed: 0`` is read and dropped)."""
+        return TOY_SEED
 
     @property
     def ratio_limit(self) -> float:

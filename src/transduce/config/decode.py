@@ -50,7 +50,7 @@ class DecodeConfig:
     """How the ``nbest`` hypotheses are reordered: ``none`` (by score), ``mbr`` (minimum Bayes
     risk: by expected ``mbr_utility`` against the others) or ``reverse`` (noisy channel: a
     target->source model's score added, ``reverse_weight`` times; the translator's ``reverse``);
-    see :mod:`transduce.inference.rerank`."""
+    see :mod:`transduce.inference.search.rerank`."""
     mbr_utility: str = "chrf"
     """With ``rerank: mbr``: the sentence-level utility, ``chrf`` or ``bleu`` (sacrebleu's)."""
     mbr_samples: int = 0
@@ -61,12 +61,12 @@ class DecodeConfig:
     shortlist: bool = False
     """Greedy and beam search project onto, and take the softmax over, only the target tokens the
     model directory's vocabulary shortlist lists for the batch's source tokens (``transduce
-    shortlist`` builds it; :mod:`transduce.inference.shortlist`); a CPU speed-up, off by default."""
+    shortlist`` builds it; :mod:`transduce.inference.search.shortlist`); a CPU speed-up, off by default."""
     alignment_layer: int = -2
     """Word alignments (``--output-format jsonl``, ``--markup``): the decoder layer whose
     cross-attention aligns, negative from the top; the penultimate by default (the last of a
     one-layer decoder), which aligns best in Garg et al. (2019) and is the one guided alignment
-    training supervises; see :mod:`transduce.inference.alignment`."""
+    training supervises; see :mod:`transduce.inference.text.alignment`."""
     alignment_head: int | None = None
     """Word alignments: that layer's head, or the mean over heads (None). Guided alignment training
     (``data.train_alignments``) trains this layer's head, head 0 when this is unset, and the run's

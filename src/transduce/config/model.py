@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .base import check, non_negative, one_of, positive, typecheck
+from .attention import AttentionConfig
+from .base import check, from_dict, non_negative, one_of, positive, typecheck
 from .family import ARCHS, FAMILIES, Family
 
 
@@ -115,56 +116,18 @@ class ModelConfig:
     """A bias on the output projection (Marian's ``final_logits_bias``; encoder_decoder only)."""
     labels: tuple = ()
     """The class names in id order, set by classification training from its data."""
-    attention: str = "full"
-    """Self-attention: ``full`` (the paper); ``local``: a sliding window of ``attention_window``
-    positions each side (causal in the decoder) plus ``global_tokens``, as Longformer (Beltagy et
-    al., 2020, https://arxiv.org/abs/2004.05150), O(T * W) time and memory; ``linformer``: encoder
-    self-attention with keys and values projected along the sequence to ``linformer_k`` rows (Wang
-    et al., 2020, https://arxiv.org/abs/2006.04768) over ``max_positions`` positions. Linformer is
-    not causal, so decoder self-attention stays full (arch=decoder_only refuses it); ``bigbird``:
-    encoder self-attention in blocks of ``attention_block`` tokens, each block seeing its neighbour
-    blocks, the first and last block (global) and ``random_blocks`` random blocks (Zaheer et al.,
-    2020, https://arxiv.org/abs/2007.14062), also not causal; ``lsh``: Reformer's
-    locality-sensitive hashing attention (Kitaev et al., 2020, https://arxiv.org/abs/2001.04451),
-    shared query/key projections, ``lsh_hashes`` rounds into ``lsh_buckets`` buckets, attention
-    within chunks of ``attention_block`` sorted positions; causal in the decoder, with the cache."""
-    cross_attention: str = "full"
-    """Encoder-decoder attention: ``full`` (the paper) or ``local``: the source positions within
-    ``attention_window`` of the target position (long, monotone, similar-length pairs such as
-    documents)."""
-    attention_window: int = 256
-    """Positions each side that local attention sees."""
-    global_tokens: int = 0
-    """With local self-attention: the first G positions, which every query sees and which see
-    every position."""
-    global_projections: bool = False
-    """With local self-attention: the global tokens' rows use projections of their own
-    (``q_global_proj``, ``k_global_proj``, ``v_global_proj``) over every position, as Longformer's
-    ``query_global`` / ``key_global`` / ``value_global`` (Sec. 3.1, "Linear Projections for
-    Global Attention"); the other rows, and the global tokens as their keys, keep q/k/v_proj.
-    Unused while ``global_tokens`` is 0 (encoder_only, not with rope)."""
-    attention_windows: tuple = ()
-    """Local attention's window for each encoder layer, one per layer (Longformer's per-layer
-    ``attention_window``, halved); empty: ``attention_window`` in every layer (encoder_only)."""
-    linformer_k: int = 256
-    """Rows linformer projects keys and values to, at most ``max_positions``."""
-    attention_block: int = 64
-    """bigbird: the block size (queries and keys go in blocks of this many; a sequence that does
-    not divide is padded); lsh: the chunk size of sorted positions."""
-    random_blocks: int = 3
-    """bigbird: random key blocks per query block (r in the paper)."""
-    lsh_hashes: int = 2
-    """lsh: rounds of hashing (n_rounds); more rounds, fewer keys missed, more work."""
-    lsh_buckets: int = 32
-    """lsh: buckets per round (even: angular LSH takes argmax over [xR; -xR])."""
-    attention_seed: int = 0
-    """bigbird's random blocks and lsh's random rotations: drawn from this seed (and the layer's
-    index), so the same pattern is used in training, decoding and after loading."""
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    """Which keys each query sees (:class:`~transduce.config.attention.AttentionConfig`): the
+    paper's full attention, or a long-input kind with its settings, as one section
+    (``attention: {kind: local, window: 128}``)."""
 
     def __post_init__(self) -> None:
-        for key in ("labels", "attention_windows"):
-            if isinstance(getattr(self, key), list):
-                object.__setattr__(self, key, tuple(getattr(self, key)))
+        if isinstance(self.labels, list):
+            object.__setattr__(self, "labels", tuple(self.labels))
+        if isinstance(self.attention, dict):  # the YAML form: a mapping of the section's keys
+            object.__setattr__(self, "attention", from_dict(AttentionConfig, self.attention, "model.attention"))
+        check(isinstance(self.attention, AttentionConfig), "model.attention",
+              f"must be a mapping of its keys (kind, window, ...); got {self.attention!r}")
         typecheck(self, "model")
         self._check_shape()
         self._check_choices()
@@ -207,43 +170,22 @@ class ModelConfig:
             check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     def _check_attention(self) -> None:
-        one_of(self.attention, "model.attention", ("full", "local", "linformer", "bigbird", "lsh"))
-        where = "self-attention" if self.cross_attention == "lsh" else "encoder self-attention"
-        check(self.cross_attention not in ("linformer", "bigbird", "lsh"), "model.cross_attention",
-              f"{self.cross_attention} applies to {where} only; use full or local")
-        one_of(self.cross_attention, "model.cross_attention", ("full", "local"))
-        check(self.attention_window >= 1, "model.attention_window", f"must be >= 1; got {self.attention_window}")
-        non_negative(self, "model", ("global_tokens",))
-        check(self.attention != "linformer" or 1 <= self.linformer_k <= self.max_positions, "model.linformer_k",
-              f"must be in [1, model.max_positions={self.max_positions}]; got {self.linformer_k}")
+        """What model.attention needs of the rest of the model (its own keys checked themselves)."""
+        a = self.attention
+        check(a.kind != "linformer" or 1 <= a.linformer_k <= self.max_positions, "model.attention.linformer_k",
+              f"must be in [1, model.max_positions={self.max_positions}]; got {a.linformer_k}")
         for kind in ("linformer", "bigbird"):
-            check(not (self.attention == kind and self.arch == "decoder_only"), "model.attention",
+            check(not (a.kind == kind and self.arch == "decoder_only"), "model.attention.kind",
                   f"{kind} applies to encoder self-attention only (it is not causal); arch=decoder_only has none")
-        self._check_sparse_attention()
-        self._check_longformer()
-
-    def _check_longformer(self) -> None:
-        """Longformer's options: its own projections for the global rows, a window per layer."""
-        for key in ("global_projections", "attention_windows"):
-            if getattr(self, key):
-                check(self.attention == "local" and self.arch == "encoder_only", f"model.{key}",
-                      f"needs model.attention=local and model.arch=encoder_only; got attention={self.attention}, "
+        for key in ("global_projections", "windows"):  # Longformer's options
+            if getattr(a, key):
+                check(a.kind == "local" and self.arch == "encoder_only", f"model.attention.{key}",
+                      f"needs model.attention.kind=local and model.arch=encoder_only; got kind={a.kind}, "
                       f"arch={self.arch}")
-        check(not self.global_projections or self.positions != "rope", "model.global_projections",
+        check(not a.global_projections or self.positions != "rope", "model.attention.global_projections",
               "does not rotate its projections: use learned or sinusoidal positions, not rope")
-        windows = self.attention_windows
-        if windows:
-            check(len(windows) == self.n_encoder_layers, "model.attention_windows",
-                  f"needs one window per encoder layer ({self.n_encoder_layers}); got {len(windows)}")
-            check(all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in windows),
-                  "model.attention_windows", f"must be integers >= 1; got {list(windows)}")
-
-    def _check_sparse_attention(self) -> None:
-        check(self.attention_block >= 1, "model.attention_block", f"must be >= 1; got {self.attention_block}")
-        non_negative(self, "model", ("random_blocks",))
-        check(self.lsh_hashes >= 1, "model.lsh_hashes", f"must be >= 1 (rounds of hashing); got {self.lsh_hashes}")
-        check(self.lsh_buckets >= 2 and self.lsh_buckets % 2 == 0, "model.lsh_buckets",
-              f"must be even and >= 2; got {self.lsh_buckets}")
+        check(not a.windows or len(a.windows) == self.n_encoder_layers, "model.attention.windows",
+              f"needs one window per encoder layer ({self.n_encoder_layers}); got {len(a.windows)}")
 
     def _check_positions_and_norm(self) -> None:
         if self.positions == "rope":
@@ -253,8 +195,9 @@ class ModelConfig:
         self._check_relative()
         check(not self.scale_output or self.tie_output, "model.scale_output",
               "rescales the input of a tied output projection; needs model.tie_output=true")
-        check(self.scale_attention or self.attention == self.cross_attention == "full", "model.scale_attention",
-              f"false needs full attention; got attention={self.attention}, cross_attention={self.cross_attention}")
+        a = self.attention
+        check(self.scale_attention or a.full, "model.scale_attention",
+              f"false needs full attention; got attention.kind={a.kind}, attention.cross={a.cross}")
         check(self.layer_norm_eps > 0, "model.layer_norm_eps", "must be positive")
 
     def _check_relative(self) -> None:
@@ -267,8 +210,8 @@ class ModelConfig:
             return
         check(self.arch == "encoder_decoder", "model.positions",
               f"relative needs model.arch=encoder_decoder; got arch={self.arch}")
-        check(self.attention == self.cross_attention == "full", "model.positions",
-              f"relative needs full attention; got attention={self.attention}, cross_attention={self.cross_attention}")
+        check(self.attention.full, "model.positions", f"relative needs full attention; got attention.kind="
+              f"{self.attention.kind}, attention.cross={self.attention.cross}")
         check(self.relative_buckets >= 4 and self.relative_buckets % 2 == 0, "model.relative_buckets",
               f"must be even and >= 4; got {self.relative_buckets}")
         check(self.relative_max_distance > self.relative_buckets // 2, "model.relative_max_distance",

@@ -12,6 +12,7 @@ from .base import apply_overrides, check, from_dict, read_yaml
 from .data import DataConfig
 from .decode import DecodeConfig
 from .family import TASKS, TaskSpec, model_task
+from .legacy import migrate_section
 from .model import MODEL_PRESETS, ModelConfig
 from .train import TrainConfig
 
@@ -151,4 +152,8 @@ def _over_init_model(d: dict[str, Any], init_model: Callable[[str], dict[str, An
                           f"model section){hint}")
     if saved is None or not isinstance(model, (dict, type(None))):
         return d
-    return {**d, "model": {**saved, **(model or {})}}
+    saved, model = migrate_section("model", saved), model or {}
+    merged = {**saved, **model}
+    if isinstance(saved.get("attention"), dict) and isinstance(model.get("attention"), dict):
+        merged["attention"] = {**saved["attention"], **model["attention"]}  # the keys it gives, over the saved
+    return {**d, "model": merged}

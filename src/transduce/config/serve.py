@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .base import check, positive, typecheck
+from .base import check, one_of, positive, typecheck
+
+BATCHING = ("none", "request", "continuous")
+
 
 @dataclass(frozen=True)
 class ServeConfig:
@@ -17,11 +20,11 @@ class ServeConfig:
     """The port to listen on."""
     batch_wait_ms: float = 5.0
     """How long a batch waits for more requests to join it."""
-    batching: bool = True
-    """Gather concurrent requests into batches; False: one request per batch."""
-    continuous: bool = False
-    """Continuous batching for plain /translate requests: each sentence joins the running batch at
-    the next decoding step (:mod:`transduce.inference.engine`); the rest keep request batches."""
+    batching: str = "request"
+    """How requests share the model (``--batching``): ``request`` (concurrent requests gathered into
+    batches), ``continuous`` (as ``request``, and each sentence of a plain /translate request joins
+    the running batch at the next decoding step, :mod:`transduce.inference.engine`) or ``none`` (one
+    request per batch). An older ``batching: false`` / ``continuous: true`` is read as this."""
     max_body_bytes: int = 256 * 1024
     """Largest request body (413 beyond)."""
     max_sentences: int = 64
@@ -41,6 +44,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         typecheck(self, "serve")
+        one_of(self.batching, "serve.batching", BATCHING)
         check(self.api_key is None or bool(self.api_key.strip()), "serve.api_key", "is empty")
         positive(self, "serve", ("max_per_client", "max_body_bytes", "max_sentences", "max_sentence_chars",
                                  "max_queued"))

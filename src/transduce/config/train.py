@@ -63,7 +63,7 @@ class TrainConfig:
     pad_multiple: int | None = None
     """Pad S and T up to a multiple of this; None: 8 with ``cuda_graphs``, else 1 (none)."""
     cuda_graphs: bool = False
-    """Run the whole step as one CUDA graph per shape bucket (training/graphs.py)."""
+    """Run the whole step as one CUDA graph per shape bucket (training/cuda_graphs.py)."""
     log_every: int = 50
     """Steps between log records (metrics.jsonl)."""
     eval_every: int = 1000
@@ -91,8 +91,9 @@ class TrainConfig:
     """Multi-process: collectives give up after this long (a stopped rank becomes an error)."""
     max_bad_steps: int = 10
     """Steps in a row with a non-finite loss or gradient tolerated (skipped) before stopping."""
-    num_threads: int | None = None
-    """CPU threads for torch; None: torch's default."""
+    threads: int | None = None
+    """CPU threads for torch; None: torch's default (as ``runtime.threads``; an older config's
+    ``train.num_threads`` is read as this)."""
     task: str | None = None
     """``translation``, ``lm``, ``mlm``, ``classify`` or ``span`` (T5's span-corruption
     pretraining of an encoder-decoder, :mod:`transduce.data.span_corruption`); None: the one the
