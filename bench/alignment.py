@@ -14,7 +14,7 @@ loss alone, one given the training pairs' alignments as a user gives them (a Pha
 ``data.train_alignments``), so with the guided alignment loss on head 0 of the penultimate decoder
 layer (:mod:`transduce.training.guided`, ``train.guided_alignment_weight`` ``--weight``). The test
 pairs are the toy corpus's test split (no English sentence of the training split). Both are then force-decoded on the
-test pairs' references and aligned by :func:`~transduce.inference.alignment.hard_alignment`.
+test pairs' references and aligned by :func:`~transduce.inference.text.alignment.hard_alignment`.
 Reported (one JSON object): AER of the unguided model at the default setting (penultimate layer,
 mean of heads) and at its best layer/head, AER of the guided head (the one the guided model's
 saved decode settings name, which ``translate --output-format jsonl`` reads), and each model's
@@ -46,7 +46,7 @@ from transduce.data import toy
 from transduce.data.tokenizer import Tokenizer, load_tokenizer
 from transduce.data.toy_grammar import lexicon
 from transduce.evaluation.metrics import alignment_error_rate
-from transduce.inference.alignment import alignment_choice, format_alignment, hard_alignment
+from transduce.inference.text.alignment import alignment_choice, format_alignment, hard_alignment
 from transduce.inference.search import AttentionChoice
 from transduce.inference.search.forced import force_decode
 from transduce.model import Transformer, load_model

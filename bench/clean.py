@@ -159,9 +159,9 @@ def speed(m30: Path, work: Path, n: int, workers: int) -> dict[str, Any]:
     made = generate_corpus(m30, n, corpus) if not (corpus / "train.de").exists() else {"pairs": n, "reused": True}
     out: dict[str, Any] = {"corpus": made, "workers": workers, "cores": len(os.sched_getaffinity(0)),
                            "load_average": os.getloadavg()}
-    for name, cfg in (("rules", CleanConfig(lang=False)), ("rules_near_duplicate",
-                                                            CleanConfig(lang=False, near_duplicate=True)),
-                      ("rules_and_lang", CleanConfig(lang=True))):
+    for name, cfg in (("rules", CleanConfig(rules=("-lang",))), ("rules_near_duplicate",
+                                                                 CleanConfig(rules=("-lang", "+near_duplicate"))),
+                      ("rules_and_lang", CleanConfig())):
         if name != "rules" and n > 1_000_000:
             continue  # with language identification: measured on the smaller sizes
         t0 = time.monotonic()
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         result["noise"]["dir"] = str(noise_dir)
     if args.what in ("score", "all"):
         out = work / f"cleaned_{args.seed}_{int(time.time())}"
-        result["score"] = score(noise_dir, out, CleanConfig(near_duplicate=args.near_duplicate), args.workers)
+        rules = ("+near_duplicate",) if args.near_duplicate else ("+duplicate",)  # "+duplicate": the default list
+        result["score"] = score(noise_dir, out, CleanConfig(rules=rules), args.workers)
         result["score"]["out"] = str(out)
     if args.what in ("langid", "all"):
         result["langid"] = langid(m30, 100 if args.dry else None)

@@ -252,7 +252,7 @@ def measure(systems: dict[str, Callable[[], tuple[float, int]]], runs: int, expe
             for name, t in times.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sentences", type=int, default=64)
     p.add_argument("--src-len", type=int, default=20)
@@ -269,11 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time ours in this many worker processes, one part of the batch each (0: skip)")
     p.add_argument("--same-process", action="store_true",
                    help="run every system in this process (see the module doc for why that is not the default)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, VOCAB - 1, (args.sentences, args.src_len + 1), generator=g)
-    src[:, -1] = EOS
+    return p.parse_args(argv)
+
+
+def system_names(args: argparse.Namespace) -> list[str]:
+    """Every system the command line asks for, beam 4 first, then greedy."""
     chosen = args.systems.split(",")
     names = []
     for label in ("beam4", "greedy"):
@@ -289,6 +289,16 @@ def main(argv: list[str] | None = None) -> int:
             names += [f"ctranslate2 {ct} {label}" for ct in ("float32", "int8")]
             if args.ct2_inter > 1:
                 names += [f"ctranslate2 {ct} inter{args.ct2_inter} {label}" for ct in ("float32", "int8")]
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, VOCAB - 1, (args.sentences, args.src_len + 1), generator=g)
+    src[:, -1] = EOS
+    chosen, names = args.systems.split(","), system_names(args)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         marian_dir = os.path.join(tmp, "marian")

@@ -211,7 +211,7 @@ def system(name: str, model_dir: Path, tmp: Path, tok: Tokenizer, args, out_len:
     raise SystemExit(f"--systems: unknown system {name!r}")
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="trained model directory (default: runs/demo/model if present)")
     ap.add_argument("--sentences", type=int, default=1000)
@@ -231,7 +231,11 @@ def main() -> int:
     ap.add_argument("--ref", default=None, help="their references (with --src); also the static int8 "
                     "models' calibration sample comes from --calibrate")
     ap.add_argument("--calibrate", default=None, help="calibration sources for the static int8 models")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     if args.src:
         texts = Path(args.src).read_text(encoding="utf-8").splitlines()[:args.sentences]

@@ -111,7 +111,7 @@ def per_step_us(loops: dict, runs: int = 15, steps: int = 32) -> dict:
     return {name: round(min(t) / steps * 1e6, 1) for name, t in times.items()}
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     X.model_arguments(ap)
     ap.add_argument("--beam", type=int, default=1)
@@ -122,7 +122,35 @@ def main() -> int:
                     help="also eager_compiled (runtime.compile, greedy) in the rounds; its warm-up run compiles")
     ap.add_argument("--base", type=Path, default=None,
                     help="another checkout's src/: its eager runner joins the rounds")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def interleaved_rounds(runs: dict, texts: list[str], rounds: int) -> tuple[dict, dict]:
+    """Each system once a round, in turn (reversed every other round): CPU and wall seconds per run."""
+    systems = tuple(runs)
+    cpu: dict[str, list[float]] = {n: [] for n in systems}
+    wall: dict[str, list[float]] = {n: [] for n in systems}
+    for r in range(rounds):
+        for name in (systems if r % 2 == 0 else systems[::-1]):
+            w, c = time.perf_counter(), time.process_time()
+            runs[name](texts)
+            wall[name].append(time.perf_counter() - w)
+            cpu[name].append(time.process_time() - c)
+    return cpu, wall
+
+
+def add_ratios(report: dict, pairs: list[tuple[str, str, str]], cpu: dict, wall: dict) -> None:
+    """For each (suffix, a, b): a's speed over b's, round by round, their median and best against best."""
+    for clock, times in (("cpu", cpu), ("wall", wall)):
+        for suffix, a, b in pairs:
+            ratios = [tb / ta for ta, tb in zip(times[a], times[b])]
+            report[f"ratio{suffix}_{clock}"] = round(statistics.median(ratios), 3)
+            report[f"ratio{suffix}_{clock}_rounds"] = [round(x, 3) for x in ratios]
+            report[f"ratio{suffix}_{clock}_best"] = round(min(times[b]) / min(times[a]), 3)
+
+
+def main() -> int:
+    args = parse_args()
     torch.set_num_threads(1)
     texts = X.source_texts(args)
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,14 +171,7 @@ def main() -> int:
             outputs[name] = run(texts)
             warmup[name] = round(time.perf_counter() - start, 1)
         systems = tuple(runs)
-        cpu = {n: [] for n in systems}
-        wall = {n: [] for n in systems}
-        for r in range(args.rounds):
-            for name in (systems if r % 2 == 0 else systems[::-1]):
-                w, c = time.perf_counter(), time.process_time()
-                runs[name](texts)
-                wall[name].append(time.perf_counter() - w)
-                cpu[name].append(time.process_time() - c)
+        cpu, wall = interleaved_rounds(runs, texts, args.rounds)
         report = {"benchmark": "export_speed_interleaved", "model": args.model or f"random ({args.shape} shape)",
                   "search": "greedy" if args.beam == 1 else f"beam {args.beam}", "sentences": len(texts),
                   "rounds": args.rounds, "threads": 1, "machine": X.machine(), "torch": torch.__version__}
@@ -165,12 +186,7 @@ def main() -> int:
         if args.base:
             pairs += [("_base", "eager_base", "ct2_fp32"), ("_after_over_base", "eager_fp32", "eager_base")]
             report["same_output_as_base"] = outputs["eager_fp32"] == outputs["eager_base"]
-        for clock, times in (("cpu", cpu), ("wall", wall)):
-            for suffix, a, b in pairs:  # a's speed over b's, round by round
-                ratios = [tb / ta for ta, tb in zip(times[a], times[b])]
-                report[f"ratio{suffix}_{clock}"] = round(statistics.median(ratios), 3)
-                report[f"ratio{suffix}_{clock}_rounds"] = [round(x, 3) for x in ratios]
-                report[f"ratio{suffix}_{clock}_best"] = round(min(times[b]) / min(times[a]), 3)
+        add_ratios(report, pairs, cpu, wall)
         if args.ops or args.per_step:
             from transduce.inference import Runtime, Translator
             translator = Translator.load(model_dir, Runtime(device="cpu"))

@@ -62,7 +62,7 @@ def _scores(model_dir: Path, valid: Path, words: int) -> dict[str, float]:
 def _fine_tune(work: Path, name: str, base: Path, m30k: Path, steps: int, extend: int | None) -> float:
     overrides = [f"train.init_from={base}", "data.corpus=files", f"data.train_tgt={m30k / 'train.de.gz'}",
                  f"data.valid_tgt={m30k / 'val.de.gz'}", f"train.max_steps={steps}", f"train.eval_every={steps}",
-                 f"train.save_every={steps}", "train.warmup_steps=0", "train.num_threads=2"]
+                 f"train.save_every={steps}", "train.warmup_steps=0", "train.threads=2"]
     if extend is not None:
         overrides.append(f"train.extend_vocab={extend}")
     run_training(load_run_config(str(DEMO_LM), overrides, saved_model_settings), work / name)
@@ -86,7 +86,7 @@ def main() -> None:
         work = Path(tmp)
         base = Path(args.base) if args.base else None
         if base is None:
-            run_training(load_run_config(str(DEMO_LM), [f"train.max_steps={args.base_steps}", "train.num_threads=2"]),
+            run_training(load_run_config(str(DEMO_LM), [f"train.max_steps={args.base_steps}", "train.threads=2"]),
                          work / "base")
             base = work / "base" / "model"
         plain_s = _fine_tune(work, "plain", base, m30k, args.steps, None)

@@ -11,12 +11,12 @@ Hugging Face twin in this one process, interleaved in rounds, medians reported a
   HF ``generate``;
 - ``greedy``: the same with greedy search (temperature 0), vs HF ``generate(do_sample=False)``;
 - ``t5``: training tokens/s (source + target) of a T5 (``model.positions: relative`` with
-  T5 1.0's options, ``export/hf_t5.py``) vs ``T5ForConditionalGeneration``;
+  T5 1.0's options, ``interop/t5.py``) vs ``T5ForConditionalGeneration``;
 - ``t5-decode``: greedy and beam-4 sentences/s of that T5, ``--sample-batch`` sources at once,
   exactly ``--new-tokens`` tokens each (EOS forbidden until then on both sides), our model as
   ``Translator`` prepares it vs HF ``generate``.
 
-The twin is built by our exporters' weight mappings (``export/hf_gpt2.py``, ``export/hf_bert.py``),
+The twin is built by our exporters' weight mappings (``interop/gpt2.py``, ``interop/bert.py``),
 so the weights are identical; each section first prints the largest logit difference on one batch
 (and, for sampling, whether greedy continuations agree) to show the race is fair.
 
@@ -61,10 +61,10 @@ import torch
 from transduce.config import GenerationConfig, ModelConfig, TrainConfig
 from transduce.data.batch import Batch, collate
 from transduce.data.encoder_inputs import masked_batch
-from transduce.interop.hf_bert import bert_config, bert_state_dict
+from transduce.interop.bert import bert_config, bert_state_dict
 from transduce.config import DecodeConfig, model_preset
-from transduce.interop.hf_gpt2 import gpt2_config, gpt2_state_dict
-from transduce.interop.hf_t5 import hf_t5_config, hf_t5_state_dict
+from transduce.interop.gpt2 import gpt2_config, gpt2_state_dict
+from transduce.interop.t5 import hf_t5_config, hf_t5_state_dict
 from transduce.inference import SearchSpec
 from transduce.inference.generate import Generator
 from transduce.inference.search.lm import generate_ids

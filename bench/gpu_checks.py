@@ -1,12 +1,12 @@
 """What must hold on a GPU before its timings count, called by ``bench/gpu.py`` (section ``checks``).
 
-``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.search.static``) against
+``decode_checks``: the static, CUDA-graphed searches (``transduce.inference.search.static_shapes``) against
 the eager ones on small random models: tokens and lengths equal, scores within 1e-4 in fp32
 (agreement under bf16 autocast reported); a graph captured, reused by a second batch of the same
 padded shape, and seeing weights changed in place (fp32, and bf16 through the kept casts). Models
 are prepared for decoding, as a Translator's, with bf16 casts kept.
 
-``train_checks``: the graphed training step (``transduce.training.graphs``) against the same
+``train_checks``: the graphed training step (``transduce.training.cuda_graphs``) against the same
 step run eagerly over two bucket shapes in fp32 and bf16, the device-side skip of a NaN step,
 and one compile for many batch shapes.
 
@@ -25,8 +25,10 @@ from transduce.data.batch import Batch
 from transduce.inference import SearchSpec, prepare_for_decoding
 from transduce.inference.speed import STATIC_SEARCHES
 from transduce.model import Transformer
-from transduce.training.graphs import GraphedStep, _tiny_setup, random_batch
+from transduce.training.cuda_graphs import GraphedStep
 from transduce.training.step import compile_model, forward_backward
+
+from cuda_graph_setup import random_batch, tiny_setup  # bench/, on the path as bench/gpu.py puts it
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -175,7 +177,7 @@ def train_checks(device: str | torch.device = "cuda", n_steps: int = 6) -> dict[
     for precision in ("fp32", "bf16"):
         runs = {}
         for graphs in (True, False):
-            model, opt, cfg, pad_id = _tiny_setup(dev, precision)
+            model, opt, cfg, pad_id = tiny_setup(dev, precision)
             step = GraphedStep(model, opt, cfg, pad_id, dev, graphs=graphs)
             losses = []
             for i in range(n_steps):
@@ -228,7 +230,7 @@ def _compile_check(device: torch.device) -> dict[str, object]:
         graphs.append(len(example_inputs))
         return compile_fx(gm, example_inputs) if device.type == "cuda" else gm.forward
 
-    model, _, _, pad_id = _tiny_setup(device)
+    model, _, _, pad_id = tiny_setup(device)
     torch._dynamo.reset()
     compiled = compile_model(model, backend=counting_inductor)
     precision = "bf16" if device.type == "cuda" else "fp32"

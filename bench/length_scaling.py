@@ -55,11 +55,11 @@ def rss_mb() -> float:
 def attention_options(path: str, window: int, linformer_k: int) -> dict:
     """The ModelConfig keys of one attention path."""
     if path == "local":
-        return dict(attention="local", cross_attention="local", attention_window=window)
+        return dict(attention=dict(kind="local", cross="local", window=window))
     if path == "linformer":
-        return dict(attention="linformer", linformer_k=linformer_k)
+        return dict(attention=dict(kind="linformer", linformer_k=linformer_k))
     if path in ("bigbird", "lsh"):
-        return dict(attention=path, attention_block=64)
+        return dict(attention=dict(kind=path, block=64))
     return {}
 
 

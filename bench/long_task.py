@@ -122,14 +122,14 @@ def model_overrides(variant: str, args: argparse.Namespace) -> dict:
     base = dict(arch="encoder_only", d_model=args.d_model, n_heads=4, n_encoder_layers=args.layers,
                 n_decoder_layers=0, d_ff=2 * args.d_model, dropout=0.0, norm="pre", positions="sinusoidal",
                 max_positions=args.length + 2, n_classes=len(VALUES))
-    attention = {"full": dict(attention="full"),
-                 "local": dict(attention="local", attention_window=args.window),
-                 "local_global": dict(attention="local", attention_window=args.window, global_tokens=1),
-                 "linformer": dict(attention="linformer", linformer_k=args.linformer_k),
+    attention = {"full": dict(attention=dict(kind="full")),
+                 "local": dict(attention=dict(kind="local", window=args.window)),
+                 "local_global": dict(attention=dict(kind="local", window=args.window, global_tokens=1)),
+                 "linformer": dict(attention=dict(kind="linformer", linformer_k=args.linformer_k)),
                  # blocks of W; the first block (with [CLS]) is global: it sees every block
-                 "bigbird": dict(attention="bigbird", attention_block=args.window, random_blocks=3),
-                 "lsh": dict(attention="lsh", attention_block=args.window, lsh_hashes=args.lsh_hashes,
-                             lsh_buckets=16)}[variant]
+                 "bigbird": dict(attention=dict(kind="bigbird", block=args.window, random_blocks=3)),
+                 "lsh": dict(attention=dict(kind="lsh", block=args.window, lsh_hashes=args.lsh_hashes,
+                                            lsh_buckets=16))}[variant]
     return {**base, **attention}
 
 
@@ -143,7 +143,7 @@ def run_config(variant: str, args: argparse.Namespace, files: dict[str, str]):
                   "betas": [0.9, 0.999], "eps": 1.0e-8, "weight_decay": 0.01, "schedule": "linear",
                   "lr": args.lr, "warmup_steps": 50, "label_smoothing": 0.0, "clip_norm": 1.0,
                   "log_every": 25, "eval_every": args.eval_every, "save_every": 10**6, "keep_last": 1,
-                  "num_threads": 1, "seed": args.seed, "device": "cpu"},
+                  "threads": 1, "seed": args.seed, "device": "cpu"},
     })
 
 

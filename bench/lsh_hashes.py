@@ -55,8 +55,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.dry:
         args.steps, args.hashes = 20, "1,2"
-    variants = [("full", {})] + [(f"lsh_{n}", dict(attention="lsh", lsh_hashes=n, lsh_buckets=args.buckets,
-                                                    attention_block=args.chunk))
+    variants = [("full", {})] + [(f"lsh_{n}", dict(attention=dict(kind="lsh", lsh_hashes=n, lsh_buckets=args.buckets,
+                                                                  block=args.chunk)))
                                  for n in (int(x) for x in args.hashes.split(","))]
     jobs = [(name, model, args.steps, args.out) for name, model in variants]
     with multiprocessing.get_context("spawn").Pool(args.parallel) as pool:

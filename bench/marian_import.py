@@ -1,7 +1,7 @@
 """An imported Hugging Face Marian model: transduce vs HF ``generate`` vs CTranslate2, on real text.
 
 A local ``MarianMTModel`` directory (an OPUS-MT model, or ``--from-model`` to make one from a
-trained transduce model with :func:`~transduce.interop.hf.opus_mt_layout`) is imported with
+trained transduce model with ``opus_mt_layout`` (bench/opus_mt_layout.py)) is imported with
 ``transduce import`` into a temporary directory; then every system translates all lines of
 ``--src`` with beam search (length penalty 0, ending a sentence once ``beam`` hypotheses
 finished: HF's ``early_stopping=True``, our default ``stop``), and reports sentences/s, BLEU
@@ -66,13 +66,13 @@ def hf_generate(marian_dir: str, texts: list[str], beam: int, batch: int, thread
 def make_marian(model_dir: str, out: str) -> str:
     """An OPUS-MT-like MarianMTModel directory from a trained transduce model."""
     from transduce.interop import export_model
-    from transduce.interop.hf import opus_mt_layout
+    from opus_mt_layout import opus_mt_layout  # bench/, beside this script
 
     export_model(model_dir, "hf", os.path.join(out, "ours"))
     return str(opus_mt_layout(os.path.join(out, "ours"), os.path.join(out, "marian")))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("marian_dir", nargs="?", help="a local MarianMTModel directory")
     p.add_argument("--from-model", default=None, help="make the Marian directory from this transduce model")
@@ -87,13 +87,35 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if (args.marian_dir is None) == (args.from_model is None):
         p.error("give a MARIAN_DIR or --from-model MODEL_DIR")
+    return args
+
+
+def scores(times: dict[str, list[float]], outputs: dict[str, list[str]], refs: list[str] | None,
+           n: int) -> dict[str, dict[str, Any]]:
+    """Sentences/s (median run), the share of outputs identical to HF's, BLEU with references."""
+    results: dict[str, dict[str, Any]] = {}
+    for name, ts in times.items():
+        out = outputs[name]
+        r = {"sentences_per_s": round(n / statistics.median(ts), 1), "runs_s": [round(x, 3) for x in ts],
+             "identical_to_hf": round(sum(a == b for a, b in zip(out, outputs["hf generate"])) / n, 4)}
+        if refs is not None:
+            import sacrebleu
+            r["bleu"] = round(sacrebleu.corpus_bleu(out, [refs]).score, 2)
+        results[name] = r
+    for r in results.values():
+        r["vs_hf_generate"] = round(r["sentences_per_s"] / results["hf generate"]["sentences_per_s"], 2)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     texts = list(read_lines(args.src))[: args.max_sentences]
     refs = list(read_lines(args.ref))[: args.max_sentences] if args.ref else None
     search = dict(beam=args.beam, lenpen=0.0, max_len_a=1.0, max_len_b=50, batch_tokens=4096)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         from transduce.interop import export_model
-        from transduce.interop.hf_import import import_hf
+        from transduce.interop import import_hf
 
         marian_dir = args.marian_dir or make_marian(args.from_model, tmp)
         imported, ct2_dir = os.path.join(tmp, "imported"), os.path.join(tmp, "ct2")
@@ -116,17 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for worker in workers.values():
                 worker.close()
-    results: dict[str, dict[str, Any]] = {}
-    for name, ts in times.items():
-        out = outputs[name]
-        r = {"sentences_per_s": round(len(texts) / statistics.median(ts), 1), "runs_s": [round(x, 3) for x in ts],
-             "identical_to_hf": round(sum(a == b for a, b in zip(out, outputs["hf generate"])) / len(texts), 4)}
-        if refs is not None:
-            import sacrebleu
-            r["bleu"] = round(sacrebleu.corpus_bleu(out, [refs]).score, 2)
-        results[name] = r
-    for r in results.values():
-        r["vs_hf_generate"] = round(r["sentences_per_s"] / results["hf generate"]["sentences_per_s"], 2)
+    results = scores(times, outputs, refs, len(texts))
     import transformers
     print(json.dumps({
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),

@@ -70,7 +70,7 @@ def start(engine: str, model_dir: Path, threads: int, workdir: Path) -> tuple[su
         cmd += ["--engine", "triton", "--grpc-port", str(free_port())]
     if engine == "triton-repo":
         from transduce.interop import export_model
-        from transduce.interop.triton import tritonserver_command
+        from triton_repo_server import tritonserver_command  # bench/, beside this script
         export_model(model_dir, "triton", workdir / "repo", force=True)
         cmd, env = tritonserver_command(workdir / "repo", port, free_port(), workdir)
         env["OMP_NUM_THREADS"] = str(threads)

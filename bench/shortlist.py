@@ -26,7 +26,7 @@ import torch
 
 from transduce.data.corpus import read_lines
 from transduce.inference import Runtime, Translator
-from transduce.inference.shortlist import shortlist_corpus
+from transduce.inference.search.shortlist import shortlist_corpus
 
 
 def compare(translator: Translator, texts: list[str], refs: list[str] | None, beam: int, runs: int) -> dict:

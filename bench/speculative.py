@@ -45,7 +45,7 @@ def output_tokens(translations) -> int:
     return sum(len(t.best.tokens) + int(t.best.ended) for t in translations)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model_dir", help="the teacher")
     p.add_argument("--draft", required=True, help="the draft model directory (same tokenizer)")
@@ -59,7 +59,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--timing-lines", type=int, default=200)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def timed_runs(systems: dict, settings: dict, sample: list[str], runs: int) -> dict[str, list[float]]:
+    """Seconds of each system on ``sample``, ``runs`` rounds with every system once a round."""
+    times: dict[str, list[float]] = {name: [] for name in systems}
+    with progress_bar(runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: JSON to stdout
+        for _ in range(runs):
+            for name, tr in systems.items():
+                start = time.perf_counter()
+                tr.translate_detailed(sample, settings[name])
+                times[name].append(time.perf_counter() - start)
+                bar.update()
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     texts, refs = list(read_lines(args.src)), list(read_lines(args.ref))
     decode = DecodeConfig(beam=1, batch_tokens=args.batch_tokens)
@@ -78,15 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             tr.speculation.stats = DraftStats()  # count the timed runs only
         results[name] = {}
     sample = texts[:args.timing_lines]
-    times: dict[str, list[float]] = {name: [] for name in systems}
     tokens = {name: output_tokens(outputs[name][:args.timing_lines]) for name in systems}
-    with progress_bar(args.runs * len(systems), unit="runs", desc="timing") as bar:  # stderr: JSON to stdout
-        for _ in range(args.runs):
-            for name, tr in systems.items():
-                start = time.perf_counter()
-                tr.translate_detailed(sample, settings[name])
-                times[name].append(time.perf_counter() - start)
-                bar.update()
+    times = timed_runs(systems, settings, sample, args.runs)
     import sacrebleu
 
     teacher = [t.best.tokens for t in outputs["teacher"]]

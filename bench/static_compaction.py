@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from transduce.inference import Runtime, Translator
-from transduce.inference.search import static
+from transduce.inference.search import static_shapes
 
 
 def main() -> int:
@@ -40,17 +40,17 @@ def main() -> int:
     texts = Path(args.src).read_text(encoding="utf-8").splitlines()[:args.sentences]
     translator = Translator.load(args.model, Runtime(device="cpu", compile=True))
     batch_tokens = int(64 * np.mean([len(translator.tokenizer.encode(t, "src")) + 1 for t in texts]))
-    shipped = static.COMPACT_BELOW
+    shipped = static_shapes.COMPACT_BELOW
     counted = {"row_steps": 0}
-    step = static.StaticSearch.step
+    step = static_shapes.StaticSearch.step
 
     def counting(search, i):
         counted["row_steps"] += search.done.shape[0]
         return step(search, i)
-    static.StaticSearch.step = counting
+    static_shapes.StaticSearch.step = counting
 
     def run(below: float) -> tuple[list[str], int, float]:
-        static.COMPACT_BELOW = below
+        static_shapes.COMPACT_BELOW = below
         counted["row_steps"] = 0
         start = time.process_time()
         out = translator.translate(texts, beam=1, batch_tokens=batch_tokens)
@@ -63,7 +63,7 @@ def main() -> int:
     for r in range(args.rounds):
         for name in (settings if r % 2 == 0 else list(settings)[::-1]):
             cpu[name].append(run(settings[name])[2])
-    static.COMPACT_BELOW, static.StaticSearch.step = shipped, step
+    static_shapes.COMPACT_BELOW, static_shapes.StaticSearch.step = shipped, step
     report = {"benchmark": "static_compaction", "model": args.model, "sentences": len(texts),
               "batch_tokens": batch_tokens, "compact_below": shipped, "rounds": args.rounds, "threads": 1,
               "torch": torch.__version__, "same_output": outputs["with"] == outputs["without"]}

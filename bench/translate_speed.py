@@ -76,7 +76,7 @@ def ctranslate2_system(model_dir: str, ct2_dir: str, texts: list[str], search: d
     return run
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model_dir")
     p.add_argument("--src", required=True, help="source sentences, one per line")
@@ -87,7 +87,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="our worker processes and CT2's inter_threads")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--settle", type=float, default=1.0, help="seconds of idle before each timed run")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def scores(times: dict[str, list[float]], outputs: dict[str, list[str]], refs: list[str] | None, n: int,
+           workers: int) -> dict[str, dict[str, Any]]:
+    """Sentences/s (median run), the share of outputs identical to ours, BLEU with references, and
+    each system's speed over three peers'."""
+    results = {}
+    for name, ts in times.items():
+        median = statistics.median(ts)
+        out = outputs[name]
+        r = {"sentences_per_s": round(n / median, 1), "runs_s": [round(x, 3) for x in ts],
+             "identical_to_transduce": round(sum(a == b for a, b in zip(out, outputs["transduce"])) / n, 4)}
+        if refs is not None:
+            import sacrebleu
+            r["bleu"] = round(sacrebleu.corpus_bleu(out, [refs]).score, 2)
+        results[name] = r
+    for name, r in results.items():
+        for peer in ("transduce", "ctranslate2 float32", f"ctranslate2 float32 inter{workers}"):
+            r[f"vs_{peer.replace(' ', '_')}"] = round(r["sentences_per_s"] / results[peer]["sentences_per_s"], 2)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     texts = list(read_lines(args.src))
     refs = list(read_lines(args.ref)) if args.ref else None
     search = dict(beam=args.beam, lenpen=0.0, stop="best_finished", max_len_a=1.0, max_len_b=50,
@@ -124,19 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for worker in workers.values():
                 worker.close()
-    results = {}
-    for name, ts in times.items():
-        median = statistics.median(ts)
-        out = outputs[name]
-        r = {"sentences_per_s": round(len(texts) / median, 1), "runs_s": [round(x, 3) for x in ts],
-             "identical_to_transduce": round(sum(a == b for a, b in zip(out, outputs["transduce"])) / len(texts), 4)}
-        if refs is not None:
-            import sacrebleu
-            r["bleu"] = round(sacrebleu.corpus_bleu(out, [refs]).score, 2)
-        results[name] = r
-    for name, r in results.items():
-        for peer in ("transduce", "ctranslate2 float32", f"ctranslate2 float32 inter{w}"):
-            r[f"vs_{peer.replace(' ', '_')}"] = round(r["sentences_per_s"] / results[peer]["sentences_per_s"], 2)
+    results = scores(times, outputs, refs, len(texts), w)
     print(json.dumps({
         "date": datetime.date.today().isoformat(), "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "threads": t, "workers": w, "torch": torch.__version__,

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import long_task  # noqa: E402
 
-from transduce.config import ModelConfig  # noqa: E402
+from transduce.config import AttentionConfig, ModelConfig  # noqa: E402
 from transduce.model import EncoderOnly  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def test_local_attention_reach_of_the_cls_state_is_layers_times_window(n_global)
     window, layers, length = 3, 2, 20
     cfg = ModelConfig(arch="encoder_only", src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2,
                       n_encoder_layers=layers, n_decoder_layers=0, d_ff=32, dropout=0.0, max_positions=length,
-                      attention="local", attention_window=window, global_tokens=n_global, n_classes=4)
+                      attention=AttentionConfig("local", window=window, global_tokens=n_global), n_classes=4)
     torch.manual_seed(0)
     model = EncoderOnly(cfg).eval()
     ids = torch.randint(4, 29, (1, length))

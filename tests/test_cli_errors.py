@@ -56,3 +56,17 @@ def test_average_rejects_foreign_dir(tmp_path):
 def test_serve_options_of_the_other_engine(tmp_path, args, key):
     done = _run("serve", str(tmp_path), *args)
     assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr
+
+
+def test_library_errors_name_settings_and_the_cli_prints_the_flag(tmp_path):
+    # the library names the setting; the CLI, printing it, names the flag the user typed
+    from transduce.cli.parser import flag_names
+    from transduce.errors import TransduceError
+    from transduce.interop import export_model
+
+    with pytest.raises(TransduceError, match=r"^export.format: must be one of"):
+        export_model(tmp_path, "nope", tmp_path / "out")
+    assert flag_names("export.precision/export.max_batch: are for export.format tensorrt") == \
+        "--precision/--max-batch: are for --format tensorrt"
+    untouched = "decode.beam: must be >= 1 (not my.export.format, export.formats)"  # config keys stay keys
+    assert flag_names(untouched) == untouched

@@ -107,7 +107,7 @@ def test_demo_config_is_the_shipped_file_as_the_readme_describes_it():
 
 def test_lm_demo_config_is_a_gpt2_shaped_language_model():
     from transduce.demo import demo_config
-    from transduce.interop.hf_gpt2 import gpt2_incompatibilities
+    from transduce.interop.gpt2 import gpt2_incompatibilities
     demo = demo_config(steps=5, task="lm")
     assert demo.task == "lm" and demo.model.arch == "decoder_only" and demo.train.max_steps == 5
     assert gpt2_incompatibilities(demo.model) == []  # what the demo trains exports to GPT-2
@@ -115,7 +115,7 @@ def test_lm_demo_config_is_a_gpt2_shaped_language_model():
 
 def test_mlm_demo_config_is_a_bert_shaped_masked_lm():
     from transduce.demo import demo_config
-    from transduce.interop.hf_bert import bert_incompatibilities
+    from transduce.interop.bert import bert_incompatibilities
     demo = demo_config(steps=5, task="mlm")
     assert demo.task == "mlm" and demo.model.arch == "encoder_only" and demo.train.max_steps == 5
     assert bert_incompatibilities(demo.model) == []  # what the demo trains exports to BERT
@@ -123,7 +123,7 @@ def test_mlm_demo_config_is_a_bert_shaped_masked_lm():
 
 def test_classify_demo_config_is_the_mlm_demos_model_with_a_head():
     from transduce.demo import demo_config
-    from transduce.interop.hf_bert import bert_incompatibilities
+    from transduce.interop.bert import bert_incompatibilities
     mlm, cls = demo_config(task="mlm"), demo_config(steps=5, task="classify", data={"train_src": "t.tsv"},
                                                     init_from="m")
     assert cls.task == "classify" and cls.model.n_classes == 4 and cls.train.max_steps == 5

@@ -5,6 +5,7 @@ import shutil
 
 import yaml
 
+from transduce.config import AttentionConfig
 from transduce.cli import main
 from transduce.info import model_info
 from transduce.model import load_model
@@ -91,32 +92,30 @@ def _config(**kw):
 
 def test_shows_the_attention_and_only_the_settings_it_reads():
     from transduce.info import attention_settings
-    assert attention_settings(_config()) == {"attention": "full", "cross_attention": "full"}
-    assert attention_settings(_config(attention="local", attention_window=8, global_tokens=2)) == {
-        "attention": "local", "cross_attention": "full", "attention_window": 8, "global_tokens": 2}
-    assert attention_settings(_config(cross_attention="local", attention_window=5, attention_dropout=0.1)) == {
-        "attention": "full", "cross_attention": "local", "attention_window": 5, "attention_dropout": 0.1}
-    assert attention_settings(_config(attention="bigbird", attention_block=4, random_blocks=1)) == {
-        "attention": "bigbird", "cross_attention": "full", "attention_block": 4, "random_blocks": 1,
-        "attention_seed": 0}
-    assert attention_settings(_config(attention="lsh", attention_block=8, lsh_hashes=4, lsh_buckets=8,
+    assert attention_settings(_config()) == {"kind": "full", "cross": "full"}
+    assert attention_settings(_config(attention=AttentionConfig("local", window=8, global_tokens=2))) == {
+        "kind": "local", "cross": "full", "window": 8, "global_tokens": 2}
+    assert attention_settings(_config(attention=AttentionConfig(cross="local", window=5), attention_dropout=0.1)) == {
+        "kind": "full", "cross": "local", "window": 5, "attention_dropout": 0.1}
+    assert attention_settings(_config(attention=AttentionConfig("bigbird", block=4, random_blocks=1))) == {
+        "kind": "bigbird", "cross": "full", "block": 4, "random_blocks": 1, "seed": 0}
+    assert attention_settings(_config(attention=AttentionConfig("lsh", block=8, lsh_hashes=4, lsh_buckets=8),
                                       arch="decoder_only", n_encoder_layers=0)) == {
-        "attention": "lsh", "attention_block": 8, "lsh_hashes": 4, "lsh_buckets": 8, "attention_seed": 0}
-    assert attention_settings(_config(attention="linformer", linformer_k=16)) == {
-        "attention": "linformer", "cross_attention": "full", "linformer_k": 16}
-    longformer = _config(arch="encoder_only", n_decoder_layers=0, attention="local", attention_windows=(4, 8),
-                         global_tokens=1, global_projections=True)
-    assert attention_settings(longformer) == {"attention": "local", "attention_windows": [4, 8], "global_tokens": 1,
+        "kind": "lsh", "block": 8, "lsh_hashes": 4, "lsh_buckets": 8, "seed": 0}
+    assert attention_settings(_config(attention=AttentionConfig("linformer", linformer_k=16))) == {
+        "kind": "linformer", "cross": "full", "linformer_k": 16}
+    longformer = _config(arch="encoder_only", n_decoder_layers=0,
+                         attention=AttentionConfig("local", windows=(4, 8), global_tokens=1, global_projections=True))
+    assert attention_settings(longformer) == {"kind": "local", "windows": [4, 8], "global_tokens": 1,
                                               "global_projections": True}
 
 
 def test_cli_shows_the_attention_and_rope(tmp_path, capsys):
     from transduce.model import Transformer, save_model
-    save_model(Transformer(_config(attention="local", attention_window=4, global_tokens=2, positions="rope")),
+    save_model(Transformer(_config(attention=AttentionConfig("local", window=4, global_tokens=2), positions="rope")),
                tmp_path / "m")
     assert main(["info", str(tmp_path / "m")]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
-    assert lines["attention"].split(None, 1)[1] == ("attention=local, cross_attention=full, attention_window=4, "
-                                                    "global_tokens=2")
+    assert lines["attention"].split(None, 1)[1] == "kind=local, cross=full, window=4, global_tokens=2"
     assert "positions=rope" in lines["options"] and "rope_base=10000.0" in lines["options"]
     assert model_info(tmp_path / "m")["attention"]["global_tokens"] == 2

@@ -146,7 +146,7 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
         d["train"].update(changes["train"], init_from=init_from)
     if steps is not None:
         d["train"]["max_steps"] = steps
-    d["train"]["num_threads"] = min(os.cpu_count() or 1, 4)
+    d["train"]["threads"] = min(os.cpu_count() or 1, 4)
     return RunConfig.from_dict(d)
 
 
@@ -345,8 +345,8 @@ def _word(text: str, i: int) -> str | None:
 def _attention_picture(translator, sentence: str, path: Path) -> Path | None:
     """Cross/self-attention heatmaps of one sentence, if matplotlib is installed."""
     from .errors import TransduceError
-    from .inference.attention import attention_maps
-    from .viz.attention import plot_attention
+    from .inference.analysis.attention_maps import attention_maps
+    from .viz.attention_heatmaps import plot_attention
     try:
         return plot_attention(attention_maps(translator, sentence), path)
     except TransduceError as e:  # matplotlib missing: the demo still succeeds

@@ -62,7 +62,7 @@ def t5_demo_configs(run_dir: Path, steps: int | None = None) -> tuple[RunConfig,
             "train": {**fine["train"], "init_from": str(run_dir / "pretrain" / "model")}}
     threads = min(os.cpu_count() or 1, 4)
     for d in (pre, fine):
-        d["train"].update(num_threads=threads, **({"max_steps": steps} if steps is not None else {}))
+        d["train"].update(threads=threads, **({"max_steps": steps} if steps is not None else {}))
     return RunConfig.from_dict(pre), RunConfig.from_dict(fine)
 
 

@@ -96,31 +96,32 @@ def _options(cfg: ModelConfig) -> dict:
     return {k: getattr(cfg, k) for k in keys}
 
 
-# The settings of each kind of attention (model.attention / model.cross_attention), shown with it
-_KIND_KEYS = {"local": ("attention_window",), "linformer": ("linformer_k",),
-              "bigbird": ("attention_block", "random_blocks", "attention_seed"),
-              "lsh": ("attention_block", "lsh_hashes", "lsh_buckets", "attention_seed")}
+# The settings of each kind of attention (model.attention.kind / .cross), shown with it
+_KIND_KEYS = {"local": ("window",), "linformer": ("linformer_k",),
+              "bigbird": ("block", "random_blocks", "seed"),
+              "lsh": ("block", "lsh_hashes", "lsh_buckets", "seed")}
 
 
 def attention_settings(cfg: ModelConfig) -> dict:
     """The attention a model runs: its self-attention kind and, for an encoder-decoder, its
     cross-attention kind, each with the settings that kind reads (a window, blocks, hashes...),
     Longformer's global tokens and per-layer windows where set, and attention dropout if any."""
-    out: dict = {"attention": cfg.attention}
-    keys = list(_KIND_KEYS.get(cfg.attention, ()))
-    if cfg.attention == "local":
-        if cfg.attention_windows:
-            keys = ["attention_windows"]
-        keys += [k for k in ("global_tokens", "global_projections") if getattr(cfg, k)]
+    a = cfg.attention
+    out: dict = {"kind": a.kind}
+    keys = list(_KIND_KEYS.get(a.kind, ()))
+    if a.kind == "local":
+        if a.windows:
+            keys = ["windows"]
+        keys += [k for k in ("global_tokens", "global_projections") if getattr(a, k)]
     if cfg.family.translates:
-        out["cross_attention"] = cfg.cross_attention
-        if cfg.cross_attention == "local" and "attention_window" not in keys:
-            keys.append("attention_window")
+        out["cross"] = a.cross
+        if a.cross == "local" and "window" not in keys:
+            keys.append("window")
+    out.update({k: getattr(a, k) for k in keys})
+    if a.windows:
+        out["windows"] = list(a.windows)
     if cfg.attention_dropout:
-        keys.append("attention_dropout")
-    out.update({k: getattr(cfg, k) for k in keys})
-    if cfg.attention_windows:
-        out["attention_windows"] = list(cfg.attention_windows)
+        out["attention_dropout"] = cfg.attention_dropout
     return out
 
 

@@ -21,7 +21,7 @@ from transduce.data.clean import clean_files
 from transduce.data.dedup import KeyMemory
 from transduce.errors import ConfigError, DataError
 
-NO_LANG = CleanConfig(lang=False)
+NO_LANG = CleanConfig(rules=("-lang",))
 CLEAN = [("A man is riding a bike.", "Ein Mann fährt Fahrrad."),
          ("Two dogs play in the snow.", "Zwei Hunde spielen im Schnee."),
          ("A woman in a red coat waits for 2 buses.", "Eine Frau in einem roten Mantel wartet auf 2 Busse."),
@@ -67,10 +67,7 @@ def test_each_rule_drops_its_pair_and_keeps_the_clean_ones(tmp_path, rule):
 
 @pytest.mark.parametrize("rule", [r for r in DIRTY if r != "empty"])  # empty pairs are always dropped
 def test_a_rule_switched_off_keeps_its_pair(tmp_path, rule):
-    off = {"debris": {"debris": False}, "long_token": {"max_token_chars": 0}, "too_long": {"max_words": 0},
-           "ratio": {"max_ratio": 0, "max_char_ratio": 0}, "copy": {"copy": False}, "script": {"script": False},
-           "numbers": {"numbers": False}, "punctuation": {"punctuation": False}}[rule]
-    cfg = CleanConfig(lang=False, **off)
+    cfg = CleanConfig(rules=("-lang", f"-{rule}"))
     clean_files(*_corpus(tmp_path, [CLEAN[0], DIRTY[rule]]), tmp_path / "out", cfg, "en", "de")
     assert _removed(tmp_path / "out").get(2) != rule
 
@@ -93,7 +90,7 @@ def test_near_duplicates_by_minhash(tmp_path):
             "Ein Mann in einem blauen Hemd steht auf einer Leiter und putzt ein großes Fenster des alten Hauses.")
     near = (base[0].replace("blue", "navy"), base[1])
     pairs = [base, CLEAN[0], near]
-    clean_files(*_corpus(tmp_path, pairs), tmp_path / "out", CleanConfig(lang=False, near_duplicate=True,
+    clean_files(*_corpus(tmp_path, pairs), tmp_path / "out", CleanConfig(rules=("-lang", "+near_duplicate"),
                                                                          minhash_bands=8, minhash_rows=4), "en", "de")
     assert _removed(tmp_path / "out") == {3: "near_duplicate"}
     clean_files(*_corpus(tmp_path, pairs), tmp_path / "off", NO_LANG, "en", "de")
@@ -163,11 +160,14 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case):
 
 
 def test_data_clean_is_checked_and_filled_in():
-    cfg = DataConfig(clean={"lang": False, "lang_candidates": ["fr"]})
-    assert cfg.clean["lang"] is False and cfg.clean["duplicate"] is True and cfg.clean["lang_candidates"] == ["fr"]
+    cfg = DataConfig(clean={"rules": ["-lang"], "lang_candidates": ["fr"]})
+    assert "lang" not in cfg.clean["rules"] and "duplicate" in cfg.clean["rules"]
+    assert cfg.clean["lang_candidates"] == ["fr"]
     for bad, key in (({"nope": 1}, "data.clean: unknown key(s) nope"),
                      ({"copy_overlap": 2.0}, "data.clean.copy_overlap"),
-                     ({"lang_candidates": ["zz"]}, "data.clean.lang_candidates")):
+                     ({"lang_candidates": ["zz"]}, "data.clean.lang_candidates"),
+                     ({"rules": ["lang", "nope"]}, "data.clean.rules: unknown rule 'nope'"),
+                     ({"rules": ["lang", "-copy"]}, "data.clean.rules: either name")):
         with pytest.raises(ConfigError, match=re.escape(key)):
             DataConfig(clean=bad)
     with pytest.raises(ConfigError, match="data.tgt_lang: unknown language code"):
@@ -180,7 +180,7 @@ def test_prepare_cleans_the_training_pairs(tmp_path):
     (tmp_path / "v").mkdir()
     valid = _corpus(tmp_path / "v", CLEAN)
     cfg = DataConfig(corpus="files", train_src=str(src), train_tgt=str(tgt), valid_src=str(valid[0]),
-                     valid_tgt=str(valid[1]), vocab_size=60, clean={"lang": False})
+                     valid_tgt=str(valid[1]), vocab_size=60, clean={"rules": ["-lang"]})
     data = prepare_dataset(cfg, tmp_path / "prepared", workers=1)
     train = data.manifest["splits"]["train"]
     assert train["pairs"] == 4 and train["clean"]["removed"] == {**dict.fromkeys(train["clean"]["removed"], 0),
@@ -190,7 +190,7 @@ def test_prepare_cleans_the_training_pairs(tmp_path):
 
 def test_cli_clean_end_to_end(tmp_path, capsys):
     src, tgt = _corpus(tmp_path, [*CLEAN, DIRTY["copy"], CLEAN[0]])
-    assert main(["clean", str(src), str(tgt), "--out", str(tmp_path / "out"), "--set", "data.clean={lang: false}",
+    assert main(["clean", str(src), str(tgt), "--out", str(tmp_path / "out"), "--set", "data.clean={rules: [-lang]}",
                  "--workers", "1"]) == 0
     assert "kept 4 of 6 pairs (copy 1, duplicate 1)" in capsys.readouterr().out
     assert _removed(tmp_path / "out") == {5: "copy", 6: "duplicate"}

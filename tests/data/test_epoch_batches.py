@@ -4,8 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from transduce.data import batching
-from transduce.data.batching import padded_width, token_budget_batches
+from transduce.data import epoch_batches
+from transduce.data.epoch_batches import padded_width, token_budget_batches
 
 
 def _lengths(rng: random.Random, n: int, hi: int = 80) -> tuple[list[int], list[int]]:
@@ -103,7 +103,7 @@ def test_packing_equals_the_greedy_loop(trial):
 
 
 def test_large_corpora_are_sorted_within_shuffled_pools(monkeypatch):
-    monkeypatch.setattr(batching, "POOL", 100)
+    monkeypatch.setattr(epoch_batches, "POOL", 100)
     src, tgt = _lengths(random.Random(5), 1000)
     plan = token_budget_batches(np.array(src, np.uint16), np.array(tgt, np.uint16), 300, seed=1, epoch=0)
     assert sorted(plan.order.tolist()) == list(range(1000))

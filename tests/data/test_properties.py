@@ -13,7 +13,7 @@ need_extra("test", "hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from transduce.data.batching import padded_width, round_up, token_budget_batches  # noqa: E402
+from transduce.data.epoch_batches import padded_width, round_up, token_budget_batches  # noqa: E402
 from transduce.data.corpus import decode_line, decode_lines, read_lines  # noqa: E402
 from transduce.data.spm_model import UNK_ID  # noqa: E402
 from transduce.errors import DataError  # noqa: E402

@@ -56,7 +56,7 @@ def test_config_reads_tsv_from_the_src_files():
 def test_prepare_keeps_short_targets_and_stops_at_a_bad_line(tmp_path):
     train = _tsv(tmp_path / "train.tsv", LINES * 20)
     data = prepare_dataset(DataConfig(corpus="tsv", train_src=str(train), valid_src=str(train), vocab_size=40,
-                                      tokenizer_type="unigram"), tmp_path / "prep", workers=1)
+                                      tokenizer_algorithm="unigram"), tmp_path / "prep", workers=1)
     assert len(data.split("train")) == 80  # max_ratio does not apply: "past" is 1 token for 5 in the input
     assert data.texts("valid")[1] == ("classify: the dog runs", "present")
     bad = _tsv(tmp_path / "bad.tsv", LINES, b"classify: x\n")
@@ -107,7 +107,8 @@ def test_fine_tuning_validates_each_task(tmp_path, one_thread, monkeypatch):
     out = tmp_path / "run"
     assert main(["train", "--out", str(out), "--set", "model.preset=tiny", "--set", "data.corpus=tsv",
                  "--set", f"data.train_src={train}", "--set", f"data.valid_src={valid}",
-                 "--set", "data.vocab_size=60", "--set", "data.tokenizer_type=unigram", "--set", "data.max_tokens=300",
+                 "--set", "data.vocab_size=60", "--set", "data.tokenizer_algorithm=unigram",
+                 "--set", "data.max_tokens=300",
                  "--set", "train.max_steps=4", "--set", "train.eval_every=4", "--set", "train.save_every=4",
                  "--set", "train.warmup_steps=2", "--set", "train.num_threads=1"]) == 0
     record = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "val_loss" in line][-1]
@@ -121,7 +122,7 @@ def test_fine_tuning_validates_each_task(tmp_path, one_thread, monkeypatch):
 
 def test_data_prepared_before_a_setting_existed_matches_its_default(tmp_path):
     cfg = DataConfig(corpus="tsv", train_src=str(_tsv(tmp_path / "train.tsv", LINES * 5)), vocab_size=40,
-                     tokenizer_type="unigram")
+                     tokenizer_algorithm="unigram")
     prepare_dataset(cfg, tmp_path / "prep", workers=1)
     manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
     del manifest["data"]["sentinels"]  # as data prepared before data.sentinels was written

@@ -156,7 +156,7 @@ def test_evaluate_on_the_validation_file_reproduces_the_logged_val_ppl(corpus, t
     data = {"corpus": "files", "train_tgt": str(tmp_path / "valid.txt"), "valid_tgt": str(tmp_path / "valid.txt"),
             "tokenizer": str(corpus / "tok"), "max_tokens": 300, "max_len": 100}
     train = {"max_steps": 2, "eval_every": 2, "save_every": 2, "seed": 4, "label_smoothing": 0.0,
-             "schedule": "constant", "lr": 1e-3, "num_threads": 1}
+             "schedule": "constant", "lr": 1e-3, "threads": 1}
     _, metrics = run_training(RunConfig.from_dict({"model": model, "data": data, "train": train}),
                               tmp_path / "run")
     got = perplexity(tmp_path / "run" / "model", tmp_path / "valid.txt", batch_tokens=50, seed=4)

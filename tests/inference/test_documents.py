@@ -15,7 +15,7 @@ from transduce.cli import main
 from transduce.inference import Translator
 from transduce.inference.documents import (fit, split_blocks, split_paragraph, split_sentences, translate_document,
                                            translate_document_file)
-from transduce.inference.markup import TOKEN
+from transduce.inference.text.markup import TOKEN
 from transduce.inference.translator import input_limit
 
 need_extra("documents", "sentencex")

@@ -139,7 +139,7 @@ def test_spread_batches_splits_the_costliest_until_every_worker_has_one():
 def test_pool_scores_aligns_and_keeps_markup_as_the_translator_does(pool, translator):
     # forced decoding (score, jsonl's log-probabilities and alignments, markup) runs in a worker
     # (before, a pool refused it with an error that named `score`, whatever the command)
-    from transduce.inference.alignment import translate_markup
+    from transduce.inference.text.alignment import translate_markup
     from transduce.inference.scoring import score_pairs
 
     targets = [t.upper() for t in TEXTS]

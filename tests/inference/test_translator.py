@@ -11,7 +11,7 @@ import torch
 from transduce.errors import CheckpointError, ConfigError, TransduceError
 from transduce.config import DecodeConfig
 from transduce.inference import AttentionChoice, Runtime, Translator, attention_maps
-from transduce.viz.attention import plot_attention
+from transduce.viz.attention_heatmaps import plot_attention
 from extra_helpers import need_extra
 
 TEXTS = ["the cat sat on the mat", "", "a dog runs", "we walk to the river with a child today",

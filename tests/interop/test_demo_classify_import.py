@@ -16,7 +16,7 @@ from transduce.cli import main
 from transduce.data.batch import pad
 from transduce.data.tokenizer import load_tokenizer
 from transduce.interop import export_model
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.inference.classify import Classifier
 from transduce.model import load_model
 from bert_fixtures import bert_tokenizer_dirs, build_hf

@@ -17,7 +17,7 @@ from transduce.config import GenerationConfig
 from transduce.data.batch import pad
 from transduce.data.tokenizer import load_tokenizer
 from transduce.interop import ExportError, export_model
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.inference.search.lm import generate_ids
 from transduce.model import load_model
 from bert_fixtures import bert_tokenizer_dirs, build_hf
@@ -149,15 +149,15 @@ def test_bert_imports_to_ctranslate2_encoder_same_states_on_real_text(tmp_path, 
 
 
 def test_a_failed_verification_writes_nothing(tmp_path, tokenizer_dirs, gpt2, monkeypatch):
-    from transduce.interop import ct2_family, onnx_family
+    from transduce.interop import ct2_family, onnx
 
     model_dir = _bert(tmp_path, tokenizer_dirs, "BertForSequenceClassification")
-    forward = onnx_family.EncoderOnlyGraph.forward
+    forward = onnx.EncoderOnlyGraph.forward
 
     def shifted(self, ids, token_types=None):  # the graph's logits off by 1e-2
         return tuple(t + 1e-2 for t in forward(self, ids, token_types))
 
-    monkeypatch.setattr(onnx_family.EncoderOnlyGraph, "forward", shifted)
+    monkeypatch.setattr(onnx.EncoderOnlyGraph, "forward", shifted)
     with pytest.raises(ExportError, match=r"^verification failed: ONNX Runtime logits differs from the eager model"):
         export_model(model_dir, "onnx", tmp_path / "onnx")
     common, relu = ct2_family._common, need_extra("export", "ctranslate2").specs.common_spec.Activation.RELU
@@ -169,8 +169,8 @@ def test_a_failed_verification_writes_nothing(tmp_path, tokenizer_dirs, gpt2, mo
 
 
 def test_what_the_family_cannot_take_is_one_line(gpt2, tmp_path, capsys):
-    with pytest.raises(ExportError, match=r"^--format triton: exports encoder_decoder models; this one is "
-                                          r"decoder_only \(use --format hf, onnx or ctranslate2\)$"):
+    with pytest.raises(ExportError, match=r"^export.format triton: exports encoder_decoder models; this one "
+                                          r"is decoder_only \(use export.format hf, onnx or ctranslate2\)$"):
         export_model(gpt2, "triton", tmp_path / "t")
     assert main(["export", str(gpt2), "--format", "ctranslate2", "--quantization", "int8",
                  "--out", str(tmp_path / "q")]) == 2

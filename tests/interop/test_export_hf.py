@@ -12,7 +12,7 @@ from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.interop import ExportError, export_model
-from transduce.interop.hf import marian_generate_ids, residual_permutation, verify_hf
+from transduce.interop.marian import marian_generate_ids, residual_permutation, verify_hf
 from transduce.interop.verify import search_ids
 from transduce.inference.translator import Translator
 from transduce.model import Transformer, load_model, save_model
@@ -137,7 +137,7 @@ def test_supported_variants_verify(tmp_path, trained_dir, options):
 
 
 def test_failed_verification_leaves_nothing(tmp_path, trained_dir, monkeypatch):
-    import transduce.interop.hf as hf
+    import transduce.interop.marian as hf
 
     def broken(model, out):
         raise ExportError("verification failed: simulated")

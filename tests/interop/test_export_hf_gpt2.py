@@ -34,7 +34,7 @@ def lm_dir(tmp_path_factory):
         "data": {"corpus": "toy", "toy_train_size": 400, "toy_valid_size": 20, "toy_test_size": 10,
                  "vocab_size": 120, "max_tokens": 600, "max_len": 60},
         "train": {"max_steps": 40, "eval_every": 40, "save_every": 40, "schedule": "constant", "lr": 3e-3,
-                  "label_smoothing": 0.0, "num_threads": 1, "warmup_steps": 0},
+                  "label_smoothing": 0.0, "threads": 1, "warmup_steps": 0},
     })
     run_training(cfg, run)
     return run / "model"

@@ -14,11 +14,11 @@ PACKAGES = {"hf": ("transformers",), "ctranslate2": ("ctranslate2",), "onnx": ("
 
 @pytest.mark.parametrize("fmt", ["hf", "ctranslate2", "onnx"])
 @pytest.mark.parametrize("kw, named", [
-    (dict(attention="local"), "model.attention=local"),
-    (dict(attention="linformer", linformer_k=8), "model.attention=linformer"),
-    (dict(cross_attention="local"), "model.cross_attention=local"),
-    (dict(attention="bigbird", attention_block=4), "model.attention=bigbird"),
-    (dict(attention="lsh", attention_block=4), "model.attention=lsh"),
+    (dict(attention=dict(kind="local")), "model.attention.kind=local"),
+    (dict(attention=dict(kind="linformer", linformer_k=8)), "model.attention.kind=linformer"),
+    (dict(attention=dict(cross="local")), "model.attention.cross=local"),
+    (dict(attention=dict(kind="bigbird", block=4)), "model.attention.kind=bigbird"),
+    (dict(attention=dict(kind="lsh", block=4)), "model.attention.kind=lsh"),
 ])
 def test_non_full_attention_is_refused(tmp_path, fmt, kw, named):
     need_extra("export", *PACKAGES[fmt])

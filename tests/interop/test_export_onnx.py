@@ -12,7 +12,7 @@ from transduce.config import DecodeConfig
 from transduce.interop import export_model
 from transduce.errors import ConfigError
 from transduce.interop import ExportError
-from transduce.interop.onnx_export import onnx_graphs, verify_onnx
+from transduce.interop.onnx import onnx_graphs, verify_onnx
 from transduce.interop.verify import search_ids
 from transduce.inference.search import greedy_search
 from transduce.inference.translator import Translator

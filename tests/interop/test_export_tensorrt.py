@@ -71,9 +71,9 @@ def test_plan_description_and_the_check_that_it_runs_here():
 
 
 def test_engine_build_settings_are_checked():
-    with pytest.raises(ConfigError, match="--precision: must be one of fp32, fp16, bf16"):
+    with pytest.raises(ConfigError, match="export.precision: must be one of fp32, fp16, bf16"):
         EngineBuild("int8")
-    with pytest.raises(ConfigError, match="--max-batch: must be >= 1"):
+    with pytest.raises(ConfigError, match="export.max_batch: must be >= 1"):
         EngineBuild("fp16", 0)
 
 

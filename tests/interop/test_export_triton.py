@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ from extra_helpers import free_ports, need_extra
 from toy_model import toy_pairs
 from transduce.errors import TransduceError
 from transduce.interop import export_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from triton_repo_server import tritonserver_command  # noqa: E402
 
 SENTENCES = [s for s, _ in toy_pairs(6, seed=21)]
 
@@ -45,7 +49,7 @@ def test_an_existing_model_needs_force_and_a_name_must_be_valid(repo, trained_di
     with pytest.raises(TransduceError, match="already exists"):
         export_model(trained_dir, "triton", repo, name="toy-b")
     export_model(trained_dir, "triton", repo, name="toy-b", force=True)
-    with pytest.raises(TransduceError, match="--name"):
+    with pytest.raises(TransduceError, match="export.name"):
         export_model(trained_dir, "triton", repo, name="../up")
 
 
@@ -71,7 +75,6 @@ def test_tritonserver_serves_the_repository(repo, trained_dir, tmp_path):
         pytest.skip(f"needs the 'triton' extra: pip install 'transduce[triton]' (its Python backend needs numpy < 2; "
                     f"found {np.__version__})")
     import tritonclient.http as http
-    from transduce.interop.triton import tritonserver_command
     from transduce.inference import load
 
     (repo / "toy-b").rename(tmp_path / "toy-b")  # one model: each loads torch in its own stub process

@@ -15,7 +15,7 @@ from transduce.cli import main
 from transduce.data.tokenizer import load_tokenizer
 from transduce.evaluation.heldout import perplexity
 from transduce.interop import export_model
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.model import load_model
 from extra_helpers import need_extra
 from gpt2_fixtures import random_gpt2

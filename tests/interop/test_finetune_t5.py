@@ -19,8 +19,8 @@ from transduce.cli import main
 from transduce.data.batch import Batch
 from transduce.data.tokenizer import Tokenizer
 from transduce.interop import export_model
-from transduce.interop.hf_import import import_hf
-from transduce.interop.hf_t5 import our_t5_state
+from transduce.interop import import_hf
+from transduce.interop.t5 import our_t5_state
 from transduce.model import load_model
 from transduce.training.step import forward_backward
 from transduce.training.validation import smoothed_batch_loss
@@ -112,7 +112,7 @@ def finetuned(models, tmp_path_factory):
     config = {"data": {"corpus": "tsv", "train_src": str(root / "train.tsv"), "valid_src": str(root / "valid.tsv"),
                        "max_tokens": 600},
               "train": {"max_steps": 3, "log_every": 1, "eval_every": 3, "save_every": 3, "eval_bleu": False,
-                        "num_threads": 1, "warmup_steps": 1, "lr": 1e-3, "schedule": "constant"}}
+                        "threads": 1, "warmup_steps": 1, "lr": 1e-3, "schedule": "constant"}}
     (root / "ft.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     assert main(["train", str(root / "ft.yaml"), "--out", str(root / "run"), "--init-from", str(root / "init")]) == 0
     digest = Tokenizer.load(root / "init").digest()

@@ -25,7 +25,7 @@ from transduce.errors import TransduceError
 from transduce.evaluation.heldout import batch_nll
 from transduce.interop import export_model
 from transduce.interop.verify import probe_sources
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.inference.translator import Translator
 from transduce.model import load_model
 from extra_helpers import need_extra
@@ -225,7 +225,7 @@ def _edited(hf_dir, tmp_path, edit):
 
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d.update(model_type="bart"),
-     "model_type is 'bart', not 'marian', 't5', 'mt5', 'gpt2', 'bert' or 'roberta'"),
+     "model_type is 'bart', not 'marian', 't5', 'mt5', 'gpt2', 'bert', 'roberta' or 'longformer'"),
     (lambda d: d.update(feed_forward_proj="gated-silu"), "feed_forward_proj='gated-silu'"),
     (lambda d: d.update(relative_attention_max_distance=3), "model.relative_max_distance"),
     (lambda d: d.update(relative_attention_num_buckets=7), "model.relative_buckets"),
@@ -264,7 +264,7 @@ def test_onnx_export_translates_as_we_do(imported, kind, tmp_path):
     1e-4, greedy output on probe ids), then greedy output in ONNX Runtime on the toy sentences
     identical to ours."""
     need_extra("export", "onnx", "onnxruntime", "onnxscript")
-    from transduce.interop.onnx_export import onnx_graphs
+    from transduce.interop.onnx import onnx_graphs
 
     report = export_model(imported[kind], "onnx", tmp_path / "onnx")
     assert report.checks["max_logit_diff"] <= 1e-4 and report.checks["greedy_differences"] == 0

@@ -17,8 +17,8 @@ from transduce.checksums import record
 from transduce.cli import main
 from transduce.errors import TransduceError
 from transduce.interop import export_model
-from transduce.interop.hf_bert_import import vocab_order
-from transduce.interop.hf_import import import_hf
+from transduce.interop.bert import vocab_order
+from transduce.interop import import_hf
 from transduce.model import EncoderOnly, load_model
 from extra_helpers import need_extra
 from bert_fixtures import CASES, bert_tokenizer_dirs, build_hf

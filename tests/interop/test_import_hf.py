@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,12 +16,14 @@ from transduce.cli import main
 from transduce.data.tokenizer import Tokenizer
 from transduce.errors import TransduceError
 from transduce.interop import export_model
-from transduce.interop.hf import opus_mt_layout
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.inference.translator import Translator
 from transduce.model import load_model
 from toy_model import toy_pairs
 from extra_helpers import need_extra
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from opus_mt_layout import opus_mt_layout  # noqa: E402
 
 transformers = need_extra("export", "transformers")
 need_extra("export", "google.protobuf")  # reading the SentencePiece model's proto
@@ -145,7 +149,7 @@ def test_import_then_fine_tune_then_translate(imported, tmp_path):
     config = {"model": {"dropout": 0.2}, "data": {"corpus": "toy", "toy_train_size": 200, "toy_valid_size": 20,
                                        "toy_test_size": 10, "max_tokens": 400, "max_len": 40},
               "train": {"max_steps": 3, "warmup_steps": 2, "eval_every": 3, "save_every": 3, "log_every": 1,
-                        "num_threads": 1}}
+                        "threads": 1}}
     (tmp_path / "ft.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     assert main(["train", str(tmp_path / "ft.yaml"), "--init-from", str(imported), "--out", str(tmp_path / "run")]) == 0
     (tmp_path / "in.txt").write_text("the red dog sleeps\n", encoding="utf-8")

@@ -17,7 +17,7 @@ from transduce.config import GenerationConfig
 from transduce.data.tokenizer import load_tokenizer
 from transduce.data.toy import generate_pairs
 from transduce.interop import export_model
-from transduce.interop.hf_import import import_hf
+from transduce.interop import import_hf
 from transduce.inference import Generator
 from transduce.model import load_model
 from extra_helpers import need_extra

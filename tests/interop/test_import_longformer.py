@@ -15,8 +15,8 @@ import torch
 
 from transduce.cli import main
 from transduce.errors import TransduceError
-from transduce.interop.hf_bert_import import vocab_order
-from transduce.interop.hf_import import import_hf
+from transduce.interop.bert import vocab_order
+from transduce.interop import import_hf
 from transduce.model import EncoderOnly, load_model
 from extra_helpers import need_extra
 from bert_fixtures import bert_tokenizer_dirs
@@ -35,7 +35,7 @@ def roberta_tokenizer(tmp_path_factory) -> Path:
 
 def _with_globals(model: EncoderOnly, g: int) -> EncoderOnly:
     """The same weights with the first ``g`` positions global."""
-    again = EncoderOnly(replace(model.config, global_tokens=g)).eval()
+    again = EncoderOnly(replace(model.config, attention=replace(model.config.attention, global_tokens=g))).eval()
     again.load_state_dict(model.state_dict())
     return again
 
@@ -73,7 +73,8 @@ def test_import_equals_transformers_with_and_without_global_tokens(tmp_path, cas
     assert len(diffs) == 2 and max(diffs) < 1e-4 and checks["tokenizer_differences"] == 0
     cfg = model.config
     windows = CASES[case]["attention_window"]
-    assert (cfg.attention, cfg.global_tokens, cfg.global_projections, cfg.tie_output) == (
+    a = cfg.attention
+    assert (a.kind, a.global_tokens, a.global_projections, cfg.tie_output) == (
         "local", 0, True, "untied" not in case)
     assert [layer.self_attn.kernel.window for layer in model.layers] == (
         [w // 2 for w in windows] if isinstance(windows, list) else [windows // 2] * 2)
@@ -88,10 +89,10 @@ def test_the_probes_catch_a_wrong_window_or_global_rows(tmp_path, roberta_tokeni
     window, or the global rows from the local projections, moves the outputs far past 1e-4."""
     hf, _, model, order = _import(tmp_path, "LongformerForMaskedLM", roberta_tokenizer)
     cfg = model.config
-    wrong = replace(cfg, attention_window=cfg.attention_window + 1) if mistake == "window" else replace(
-        cfg, global_projections=False)
+    a = cfg.attention
+    wrong = replace(a, window=a.window + 1) if mistake == "window" else replace(a, global_projections=False)
     state = {k: v for k, v in model.state_dict().items() if "_global_" not in k or wrong.global_projections}
-    bad = EncoderOnly(replace(wrong, global_tokens=1)).eval()
+    bad = EncoderOnly(replace(cfg, attention=replace(wrong, global_tokens=1))).eval()
     bad.load_state_dict(state)
     ours, theirs = _ours_vs_theirs(bad, hf, order, 1)
     assert (ours - theirs).abs().max() > 0.1  # (2.2 and 4.8 on this fixture; the check allows 1e-4)
@@ -130,14 +131,14 @@ def test_cli_imports_a_longformer_directory(tmp_path, capsys, roberta_tokenizer)
     build_longformer(tmp_path / "hf", "LongformerForMaskedLM-per-layer", roberta_tokenizer)
     assert main(["import", str(tmp_path / "hf"), "--out", str(tmp_path / "ours")]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["max_logit_diff_global_2"] < 1e-4 and load_model(tmp_path / "ours").config.attention_windows == (2, 4)
+    assert report["max_logit_diff_global_2"] < 1e-4 and load_model(tmp_path / "ours").config.attention.windows == (2, 4)
 
 
 LR = 1e-6  # the fine-tuning test's rate: one step keeps the weights within 1e-6 of the import
 
 
 def test_fine_tuning_an_import_with_a_global_token(tmp_path, roberta_tokenizer):
-    """`train --init-from IMPORTED --set model.global_tokens=1`: masked-LM training starts from the
+    """`train --init-from IMPORTED --set model.attention.global_tokens=1`: masked-LM training starts from the
     imported weights with <s> global (Longformer's fine-tuning setting; the import has none). Its
     one step is Adam's first (no warmup), which moves each weight by lr * g / (|g| + eps): by lr
     at most, and by about lr where the gradient is not ~0, as in the global projections, which
@@ -154,10 +155,10 @@ def test_fine_tuning_an_import_with_a_global_token(tmp_path, roberta_tokenizer):
         "train": {"max_steps": 1, "eval_every": 1, "save_every": 1, "lr": LR, "schedule": "constant",
                   "warmup_steps": 0}}))
     assert main(["train", str(tmp_path / "run.yaml"), "--init-from", str(tmp_path / "ours"), "--set",
-                 "model.global_tokens=1", "--out", str(tmp_path / "run")]) == 0
+                 "model.attention.global_tokens=1", "--out", str(tmp_path / "run")]) == 0
     start, tuned = load_model(tmp_path / "ours"), load_model(tmp_path / "run" / "model")
-    assert (start.config.global_tokens, tuned.config.global_tokens) == (0, 1)
-    assert replace(tuned.config, global_tokens=0) == start.config
+    assert (start.config.attention.global_tokens, tuned.config.attention.global_tokens) == (0, 1)
+    assert replace(tuned.config, attention=replace(tuned.config.attention, global_tokens=0)) == start.config
     moved = {}
     for (name, a), b in zip(start.state_dict().items(), tuned.state_dict().values()):
         step = (b - a).abs()  # float32: exact but for b's rounding, half an ulp of a

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transduce.config import ModelConfig
 from transduce.errors import ConfigError
 from transduce.model import EncoderOnly, MultiHeadAttention, load_model, save_model
-from transduce.model.attention import AttentionPattern
+from transduce.config import AttentionConfig
 from transduce.model.masks import combine, local_mask
 
 B, H, DH, W = 3, 2, 8, 2
@@ -20,7 +20,8 @@ TOL = dict(atol=1e-12, rtol=1e-10)
 
 def _module(n_global: int, global_projections: bool = True, seed: int = 0) -> MultiHeadAttention:
     torch.manual_seed(seed)
-    m = MultiHeadAttention(D, H, pattern=AttentionPattern("local", W, n_global, global_projections=global_projections))
+    m = MultiHeadAttention(D, H, pattern=AttentionConfig("local", window=W, global_tokens=n_global,
+                                                         global_projections=global_projections))
     with torch.no_grad():
         for p in m.parameters():  # non-zero biases
             p.add_(0.1 * torch.randn_like(p))
@@ -86,15 +87,16 @@ def test_without_global_tokens_the_global_projections_are_unused():
 
 def _cfg(**kw) -> ModelConfig:
     base = dict(arch="encoder_only", src_vocab_size=30, tgt_vocab_size=30, d_model=D, n_heads=H, d_ff=32,
-                n_encoder_layers=2, n_decoder_layers=0, max_positions=40, positions="learned", attention="local",
-                attention_window=2, global_tokens=1, global_projections=True)
+                n_encoder_layers=2, n_decoder_layers=0, max_positions=40, positions="learned",
+                attention={"kind": "local", "window": 2, "global_tokens": 1, "global_projections": True,
+                           **kw.pop("attention", {})})
     return ModelConfig(**{**base, **kw})
 
 
 def test_a_window_per_layer_and_a_saved_model(tmp_path):
-    model = EncoderOnly(_cfg(attention_windows=[1, 3])).eval()
+    model = EncoderOnly(_cfg(attention=dict(windows=[1, 3]))).eval()
     assert [layer.self_attn.kernel.window for layer in model.layers] == [1, 3]
-    assert model.config.attention_windows == (1, 3)
+    assert model.config.attention.windows == (1, 3)
     save_model(model, tmp_path / "m")
     again = load_model(tmp_path / "m")
     assert again.config == model.config
@@ -103,14 +105,15 @@ def test_a_window_per_layer_and_a_saved_model(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(attention="full"), "model.global_projections: needs model.attention=local and model.arch=encoder_only"),
-    (dict(global_projections=False, attention_windows=(2,)), "model.attention_windows: needs one window per "
-                                                             "encoder layer"),
-    (dict(attention_windows=(2, 0)), r"model.attention_windows: must be integers >= 1; got \[2, 0\]"),
-    (dict(positions="rope"), "model.global_projections: does not rotate its projections"),
-    (dict(arch="encoder_decoder", n_decoder_layers=1, tgt_vocab_size=30, global_projections=False,
-          attention_windows=(2, 2)), "model.attention_windows: needs model.attention=local and model.arch="
-                                     "encoder_only"),
+    (dict(attention=dict(kind="full")),
+     "model.attention.global_projections: needs model.attention.kind=local and model.arch=encoder_only"),
+    (dict(attention=dict(global_projections=False, windows=(2,))),
+     "model.attention.windows: needs one window per encoder layer"),
+    (dict(attention=dict(windows=(2, 0))), r"model.attention.windows: must be integers >= 1; got \[2, 0\]"),
+    (dict(positions="rope"), "model.attention.global_projections: does not rotate its projections"),
+    (dict(arch="encoder_decoder", n_decoder_layers=1, tgt_vocab_size=30,
+          attention=dict(global_projections=False, windows=(2, 2))),
+     "model.attention.windows: needs model.attention.kind=local and model.arch=encoder_only"),
 ])
 def test_bad_longformer_options_are_one_line_errors(kw, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -123,7 +126,7 @@ def test_the_decoding_speed_layer_runs_the_same_global_rows():
     projections to the module: the same outputs as the plain model."""
     from transduce.inference.speed import prepare_for_decoding, restore
 
-    model = EncoderOnly(_cfg(global_tokens=2)).eval()
+    model = EncoderOnly(_cfg(attention=dict(global_tokens=2))).eval()
     ids = torch.randint(4, 29, (3, 15))
     ids[1, 9:] = 0
     with torch.no_grad():

@@ -81,7 +81,8 @@ def test_matches_a_hand_written_reference_forward_and_backward(cross, masked, ca
 
 def _cfg(**kw) -> ModelConfig:
     base = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_heads=H, head_dim=DH, n_encoder_layers=2,
-                n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=64, linformer_k=8, attention_block=4)
+                n_decoder_layers=2, d_ff=32, dropout=0.0, max_positions=64,
+                attention={"linformer_k": 8, "block": 4, **kw.pop("attention", {})})
     return ModelConfig(**{**base, **kw})
 
 
@@ -97,9 +98,10 @@ def _batch(b=3, s=9, t=7):
 @pytest.mark.parametrize("kw", [dict(), dict(positions="rope"), dict(norm="pre", activation="swiglu"),
                                 dict(positions="relative", norm="pre", norm_kind="rms", bias=False,
                                      scale_attention=False, scale_embeddings=False, scale_output=True),
-                                dict(attention="local", attention_window=2, cross_attention="local"),
-                                dict(attention="lsh", lsh_buckets=4), dict(attention="linformer"),
-                                dict(attention="bigbird", random_blocks=1)])
+                                dict(attention=dict(kind="local", window=2, cross="local")),
+                                dict(attention=dict(kind="lsh",
+                                                               lsh_buckets=4)), dict(attention=dict(kind="linformer")),
+                                dict(attention=dict(kind="bigbird", random_blocks=1))])
 def test_the_cache_equals_the_full_forward(kw):
     """Every attention kind follows head_dim: decoding with the KV cache (one token at a time, and
     a chunk) gives the logits of one full forward pass."""

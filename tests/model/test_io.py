@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from transduce.config import ModelConfig
+from transduce.config import AttentionConfig, ModelConfig
 from transduce.checksums import record
 from transduce.errors import CheckpointError
 from transduce.model import Transformer, load_model, save_model
@@ -17,8 +17,8 @@ def _model(**kw):
 
 
 @pytest.mark.parametrize("kw", [{}, dict(share_embeddings=False, tie_output=False), dict(positions="learned"),
-                                dict(attention="local", cross_attention="local", attention_window=1, global_tokens=1),
-                                dict(attention="linformer", linformer_k=2, max_positions=8)])
+                                dict(attention=AttentionConfig("local", cross="local", window=1, global_tokens=1)),
+                                dict(attention=AttentionConfig("linformer", linformer_k=2), max_positions=8)])
 def test_round_trip(tmp_path, kw):
     model = _model(**kw).eval()
     save_model(model, tmp_path / "m")

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transduce.config import ModelConfig
+from transduce.config import AttentionConfig, ModelConfig
 from transduce.errors import ConfigError
 from transduce.model import MultiHeadAttention, Transformer, full_attention_only
-from transduce.model.attention import AttentionPattern, FullAttention
+from transduce.model.attention import FullAttention
 from transduce.model.linformer import LinformerAttention
 from transduce.model.local_attention import (LocalAttention, banded_local_attention, blockwise_local_attention,
                                              local_attention)
@@ -72,12 +72,12 @@ def test_local_attention_runs_the_global_rows_and_the_band_apart(n_global):
 
 
 @pytest.mark.parametrize("pattern, kernel", [
-    (AttentionPattern(), FullAttention),
-    (AttentionPattern("local", window=3, n_global=1), LocalAttention),
-    (AttentionPattern("linformer", linformer_k=4, max_len=10), LinformerAttention),
+    (AttentionConfig(), FullAttention),
+    (AttentionConfig("local", window=3, global_tokens=1), LocalAttention),
+    (AttentionConfig("linformer", linformer_k=4), LinformerAttention),
 ])
 def test_a_module_chooses_its_kernel_once(pattern, kernel):
-    attn = MultiHeadAttention(16, 2, pattern=pattern).eval()
+    attn = MultiHeadAttention(16, 2, pattern=pattern, max_len=10).eval()
     assert isinstance(attn.kernel, kernel)
     assert attn.is_full == (kernel is FullAttention)
     x = torch.randn(2, 6, 16)
@@ -93,9 +93,9 @@ def test_a_module_chooses_its_kernel_once(pattern, kernel):
 
 @pytest.mark.parametrize("kw, full", [
     (dict(), True),
-    (dict(attention="local"), False),
-    (dict(cross_attention="local"), False),
-    (dict(attention="linformer", linformer_k=8), False),
+    (dict(attention=AttentionConfig("local")), False),
+    (dict(attention=AttentionConfig(cross="local")), False),
+    (dict(attention=AttentionConfig("linformer", linformer_k=8)), False),
 ])
 def test_full_attention_only(kw, full):
     cfg = ModelConfig(src_vocab_size=30, tgt_vocab_size=30, d_model=16, n_heads=2, n_encoder_layers=1,

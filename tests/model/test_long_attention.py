@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transduce.config import ModelConfig
+from transduce.config import AttentionConfig, ModelConfig
 from transduce.errors import ConfigError
 from transduce.model import DecoderOnlyLM, MultiHeadAttention, Transformer
-from transduce.model.attention import AttentionPattern
 from transduce.model.local_attention import local_attention
 from transduce.model.masks import causal_mask, combine, local_mask
 from attention_helpers import B, D, DH, H, _key_mask, decode_step_by_step
@@ -99,7 +98,7 @@ def _batch(seed=0, b=3, s=L, t=L - 2):
 
 @pytest.mark.parametrize("n_global", [0, 2])
 def test_local_with_a_window_over_the_whole_length_is_full_attention(n_global):
-    full, local = _pair(attention="local", cross_attention="local", attention_window=L, global_tokens=n_global)
+    full, local = _pair(attention=AttentionConfig("local", cross="local", window=L, global_tokens=n_global))
     src, tgt = _batch()
     a, b = full(src, tgt), local(src, tgt)
     grads = zip(torch.autograd.grad(a.square().sum(), list(full.parameters())),
@@ -116,7 +115,7 @@ def test_local_with_a_window_over_the_whole_length_is_full_attention(n_global):
 @pytest.mark.parametrize("cross", ["full", "local"])
 @pytest.mark.parametrize("n_global", [0, 2])
 def test_cached_local_decoding_equals_uncached(cross, n_global):
-    _, model = _pair(attention="local", cross_attention=cross, attention_window=2, global_tokens=n_global)
+    _, model = _pair(attention=AttentionConfig("local", cross=cross, window=2, global_tokens=n_global))
     src, tgt = _batch()
     with torch.no_grad():
         whole = model(src, tgt)
@@ -130,8 +129,8 @@ def test_cached_local_decoding_equals_uncached(cross, n_global):
 def test_cached_local_lm_equals_uncached():
     torch.manual_seed(0)
     lm = DecoderOnlyLM(ModelConfig(arch="decoder_only", src_vocab_size=V, tgt_vocab_size=V, d_model=D, n_heads=H,
-                                   n_decoder_layers=2, d_ff=48, attention="local", attention_window=3,
-                                   global_tokens=1)).eval()
+                                   n_decoder_layers=2, d_ff=48, attention=AttentionConfig("local", window=3,
+                                                                                          global_tokens=1))).eval()
     ids = _batch()[1]
     with torch.no_grad():
         whole = lm(ids)
@@ -147,7 +146,7 @@ def test_linformer_equals_its_formula():
     """head_i = softmax(Q W_i^Q (E K W_i^K)^T / sqrt(d_k)) F V W_i^V (Linformer Eq. 7), with E and
     F cut to the S columns in use and padded keys/values zeroed."""
     torch.manual_seed(0)
-    attn = MultiHeadAttention(D, H, pattern=AttentionPattern("linformer", linformer_k=4, max_len=10)).eval()
+    attn = MultiHeadAttention(D, H, pattern=AttentionConfig("linformer", linformer_k=4), max_len=10).eval()
     x = torch.randn(B, 7, D)
     mask = _key_mask(7)
     ours, _ = attn(x, x, mask)
@@ -167,8 +166,8 @@ def test_linformer_equals_its_formula():
         attn(torch.randn(1, 11, D), torch.randn(1, 11, D))
 
 
-@pytest.mark.parametrize("kw", [dict(attention="local", attention_window=2, global_tokens=1),
-                                dict(attention="linformer", linformer_k=5)])
+@pytest.mark.parametrize("kw", [dict(attention=AttentionConfig("local", window=2, global_tokens=1)),
+                                dict(attention=AttentionConfig("linformer", linformer_k=5))])
 def test_source_padding_is_inert(kw):
     """Extra padding changes nothing at the real positions (local: masked keys; Linformer: zeroed)."""
     _, model = _pair(**kw)
@@ -178,8 +177,8 @@ def test_source_padding_is_inert(kw):
         torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("kw", [dict(attention="local", cross_attention="local", attention_window=2, global_tokens=1),
-                                dict(attention="linformer", linformer_k=4)])
+@pytest.mark.parametrize("kw", [dict(attention=AttentionConfig("local", cross="local", window=2, global_tokens=1)),
+                                dict(attention=AttentionConfig("linformer", linformer_k=4))])
 def test_training_reduces_loss(kw):
     _, model = _pair(**kw)
     model.train()
@@ -196,18 +195,21 @@ def test_training_reduces_loss(kw):
 
 
 def test_attention_maps_need_full_attention():
-    _, model = _pair(attention="local", attention_window=2)
+    _, model = _pair(attention=AttentionConfig("local", window=2))
     with pytest.raises(ConfigError, match="attention maps need full attention"):
         model.encode(_batch()[0], need_weights=True)
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(attention="sparse"), "model.attention: must be one of full, local, linformer"),
-    (dict(cross_attention="linformer"), "model.cross_attention: linformer applies to encoder self-attention only"),
-    (dict(attention_window=0), "model.attention_window: must be >= 1"),
-    (dict(global_tokens=-1), "model.global_tokens: must be >= 0"),
-    (dict(attention="linformer", linformer_k=2048), r"model.linformer_k: must be in \[1, model.max_positions=1024\]"),
-    (dict(attention="linformer", arch="decoder_only"), "model.attention: linformer applies to encoder self-attention"),
+    (dict(attention=dict(kind="sparse")), "model.attention.kind: must be one of full, local, linformer"),
+    (dict(attention=dict(cross="linformer")),
+     "model.attention.cross: linformer applies to encoder self-attention only"),
+    (dict(attention=dict(window=0)), "model.attention.window: must be >= 1"),
+    (dict(attention=dict(global_tokens=-1)), "model.attention.global_tokens: must be >= 0"),
+    (dict(attention=dict(kind="linformer", linformer_k=2048)),
+     r"model.attention.linformer_k: must be in \[1, model.max_positions=1024\]"),
+    (dict(attention=dict(kind="linformer"), arch="decoder_only"),
+     "model.attention.kind: linformer applies to encoder self-attention"),
 ])
 def test_bad_attention_options_are_one_line_errors(kw, message):
     with pytest.raises(ConfigError, match=message) as e:

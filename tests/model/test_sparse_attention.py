@@ -212,7 +212,8 @@ def test_lsh_causal_outputs_do_not_see_the_future():
 
 def _cfg(**kw):
     base = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=H * DH, n_heads=H, n_encoder_layers=2,
-                n_decoder_layers=2, d_ff=48, dropout=0.0, max_positions=64, attention_block=4)
+                n_decoder_layers=2, d_ff=48, dropout=0.0, max_positions=64,
+                attention={"block": 4, **kw.pop("attention", {})})
     return ModelConfig(**{**base, **kw})
 
 
@@ -225,9 +226,10 @@ def _batch(b=3, s=29, t=17, seed=0):
     return src, tgt
 
 
-@pytest.mark.parametrize("kw", [dict(attention="bigbird", random_blocks=2), dict(attention="lsh", lsh_buckets=4),
-                                dict(arch="encoder_only", attention="bigbird"),
-                                dict(arch="decoder_only", attention="lsh")])
+@pytest.mark.parametrize("kw", [dict(attention=dict(kind="bigbird", random_blocks=2)),
+                                dict(attention=dict(kind="lsh", lsh_buckets=4)),
+                                dict(arch="encoder_only", attention=dict(kind="bigbird")),
+                                dict(arch="decoder_only", attention=dict(kind="lsh"))])
 def test_saved_model_runs_the_same_pattern(tmp_path, kw):
     """The random blocks and rotations come from model.attention_seed: a reloaded model gives
     the same outputs; another seed gives others."""
@@ -238,13 +240,13 @@ def test_saved_model_runs_the_same_pattern(tmp_path, kw):
     ids = (src,) if model.config.arch != "encoder_decoder" else (src, tgt)
     with torch.no_grad():
         assert torch.equal(load_model(tmp_path / "m")(*ids), model(*ids))
-        other = build_model(_cfg(**kw, attention_seed=1)).eval()
+        other = build_model(_cfg(**{**kw, "attention": {**kw["attention"], "seed": 1}})).eval()
         other.load_state_dict(model.state_dict())
         assert not torch.allclose(other(*ids), model(*ids), atol=1e-4)
 
 
 def test_lsh_shares_the_query_and_key_projections():
-    model = Transformer(_cfg(attention="lsh"))
+    model = Transformer(_cfg(attention=dict(kind="lsh")))
     for layer in list(model.encoder_layers) + list(model.decoder_layers):
         assert layer.self_attn.k_proj is layer.self_attn.q_proj
     assert model.decoder_layers[0].cross_attn.k_proj is not model.decoder_layers[0].cross_attn.q_proj
@@ -252,7 +254,7 @@ def test_lsh_shares_the_query_and_key_projections():
 
 def test_cached_lsh_decoding_equals_uncached():
     torch.manual_seed(0)
-    model = Transformer(_cfg(attention="lsh", lsh_buckets=4, lsh_hashes=2)).eval()
+    model = Transformer(_cfg(attention=dict(kind="lsh", lsh_buckets=4, lsh_hashes=2))).eval()
     src, tgt = _batch()
     with torch.no_grad():
         whole = model(src, tgt)
@@ -263,7 +265,7 @@ def test_cached_lsh_decoding_equals_uncached():
 
 def test_cached_lsh_lm_equals_uncached():
     torch.manual_seed(0)
-    lm = DecoderOnlyLM(_cfg(arch="decoder_only", attention="lsh", lsh_buckets=4)).eval()
+    lm = DecoderOnlyLM(_cfg(arch="decoder_only", attention=dict(kind="lsh", lsh_buckets=4))).eval()
     ids = _batch()[1]
     with torch.no_grad():
         whole = lm(ids)
@@ -275,7 +277,8 @@ def test_cached_lsh_lm_equals_uncached():
     torch.testing.assert_close(torch.cat(steps, 1), whole, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kw", [dict(attention="bigbird", random_blocks=1), dict(attention="lsh", lsh_buckets=4)])
+@pytest.mark.parametrize("kw", [dict(attention=dict(kind="bigbird", random_blocks=1)),
+                                dict(attention=dict(kind="lsh", lsh_buckets=4))])
 def test_training_reduces_loss(kw):
     """(40 steps end at 0.05-0.12 of the first loss over seeds 0-2: lsh's decoder sees only its
     bucket of the prefix, so it learns slower than full attention; 0.25 leaves a margin.)"""
@@ -295,7 +298,7 @@ def test_training_reduces_loss(kw):
 
 @pytest.mark.parametrize("kind", ["bigbird", "lsh"])
 def test_attention_maps_need_full_attention(kind):
-    model = Transformer(_cfg(attention=kind))
+    model = Transformer(_cfg(attention=dict(kind=kind)))
     with pytest.raises(ConfigError, match=f"attention maps need full attention; this model has {kind}"):
         model.encode(_batch()[0], need_weights=True)
 
@@ -303,7 +306,7 @@ def test_attention_maps_need_full_attention(kind):
 def test_bigbird_is_encoder_only():
     """The kernel refuses causal attention and cached queries in one line (config keeps models
     from asking: the decoder's self-attention stays full)."""
-    model = Transformer(_cfg(attention="bigbird"))
+    model = Transformer(_cfg(attention=dict(kind="bigbird")))
     assert model.decoder_layers[0].self_attn.is_full
     attn = model.encoder_layers[0].self_attn
     x = torch.randn(1, 9, H * DH)
@@ -313,13 +316,15 @@ def test_bigbird_is_encoder_only():
 
 
 @pytest.mark.parametrize("kw, message", [
-    (dict(attention="bigbird", arch="decoder_only"), "model.attention: bigbird applies to encoder self-attention"),
-    (dict(cross_attention="bigbird"), "model.cross_attention: bigbird applies to encoder self-attention only"),
-    (dict(cross_attention="lsh"), "model.cross_attention: lsh applies to self-attention only"),
-    (dict(attention="lsh", lsh_hashes=0), r"model.lsh_hashes: must be >= 1 \(rounds of hashing\); got 0"),
-    (dict(attention="lsh", lsh_buckets=5), "model.lsh_buckets: must be even and >= 2; got 5"),
-    (dict(attention="bigbird", attention_block=0), "model.attention_block: must be >= 1; got 0"),
-    (dict(attention="bigbird", random_blocks=-1), "model.random_blocks: must be >= 0; got -1"),
+    (dict(attention=dict(kind="bigbird"), arch="decoder_only"),
+     "model.attention.kind: bigbird applies to encoder self-attention"),
+    (dict(attention=dict(cross="bigbird")), "model.attention.cross: bigbird applies to encoder self-attention only"),
+    (dict(attention=dict(cross="lsh")), "model.attention.cross: lsh applies to self-attention only"),
+    (dict(attention=dict(kind="lsh", lsh_hashes=0)),
+     r"model.attention.lsh_hashes: must be >= 1 \(rounds of hashing\); got 0"),
+    (dict(attention=dict(kind="lsh", lsh_buckets=5)), "model.attention.lsh_buckets: must be even and >= 2; got 5"),
+    (dict(attention=dict(kind="bigbird", block=0)), "model.attention.block: must be >= 1; got 0"),
+    (dict(attention=dict(kind="bigbird", random_blocks=-1)), "model.attention.random_blocks: must be >= 0; got -1"),
 ])
 def test_bad_sparse_options_are_one_line_errors(kw, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -343,7 +348,7 @@ def test_lsh_source_padding_is_inert():
     positions before it, and padded keys are masked. (BigBird's pattern is a function of the
     padded length, as Hugging Face's: there it is not inert.)"""
     torch.manual_seed(0)
-    model = Transformer(_cfg(attention="lsh", lsh_buckets=4)).eval()
+    model = Transformer(_cfg(attention=dict(kind="lsh", lsh_buckets=4))).eval()
     src, tgt = _batch()
     padded = torch.cat([src, torch.zeros(src.shape[0], 7, dtype=torch.long)], 1)
     with torch.no_grad():

@@ -146,10 +146,10 @@ def test_t5_small_preset_has_the_published_shape():
     (dict(relative_buckets=16), "model.relative_buckets"),                 # without positions=relative
     (dict(positions="relative", relative_buckets=7), "model.relative_buckets"),
     (dict(positions="relative", relative_buckets=32, relative_max_distance=16), "model.relative_max_distance"),
-    (dict(positions="relative", attention="local"), "model.positions"),
+    (dict(positions="relative", attention=dict(kind="local")), "model.positions"),
     (dict(positions="relative", arch="decoder_only"), "model.positions"),
     (dict(scale_output=True, tie_output=False, share_embeddings=False), "model.scale_output"),
-    (dict(scale_attention=False, attention="linformer"), "model.scale_attention"),
+    (dict(scale_attention=False, attention=dict(kind="linformer")), "model.scale_attention"),
     (dict(norm_kind="batch"), "model.norm_kind"),
 ])
 def test_inconsistent_settings_are_one_line_errors(kw, key):

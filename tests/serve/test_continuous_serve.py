@@ -24,7 +24,7 @@ def continuous(trained_dir):
     from transduce.config import ServeConfig
     from transduce.serve import create_app, load_service
 
-    service = load_service(trained_dir, ServeConfig(continuous=True, max_sentences=8, request_timeout_s=30))
+    service = load_service(trained_dir, ServeConfig(batching="continuous", max_sentences=8, request_timeout_s=30))
     server = BackgroundServer(create_app(service)).start()
     with httpx.Client(base_url=server.url, timeout=30) as client:
         yield client, service

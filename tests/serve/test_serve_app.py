@@ -294,7 +294,7 @@ def test_an_api_key_guards_the_post_routes_and_clients_are_limited(trained_dir):
     from transduce.serve import TranslationService, create_app
 
     service = TranslationService(_StubTranslator(Translator.load(trained_dir), delay=0.4),
-                                 ServeConfig(api_key="s3cret", max_per_client=1, batching=False, batch_wait_ms=1))
+                                 ServeConfig(api_key="s3cret", max_per_client=1, batching="none", batch_wait_ms=1))
     good = {"Authorization": "Bearer s3cret"}
     with BackgroundServer(create_app(service)) as server, httpx.Client(base_url=server.url, timeout=10) as c:
         r = c.post("/translate", json={"sentences": ["a"]})

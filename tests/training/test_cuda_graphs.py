@@ -3,19 +3,24 @@ inert, non-finite steps skipped on the device.
 (Capture and replay: bench/gpu_checks.py, ``train_checks``.)"""
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from transduce.data.batching import round_up, token_budget_batches
-from transduce.training.graphs import GraphedStep, _tiny_setup, random_batch
+from transduce.data.epoch_batches import round_up, token_budget_batches
+from transduce.training.cuda_graphs import GraphedStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from cuda_graph_setup import random_batch, tiny_setup  # noqa: E402
 from transduce.training.step import forward_backward
 
 CPU = torch.device("cpu")
 
 
 def _float64_setup():
-    """:func:`_tiny_setup` in float64, for comparing two steps that are equal in exact arithmetic.
+    """:func:`tiny_setup` in float64, for comparing two steps that are equal in exact arithmetic.
 
     Adam's first update of a weight is lr * g / (|g| + eps): a change dg in its gradient moves it
     by up to lr / (4 eps) * dg = 2.5e5 * dg. In fp32 the gradients' rounding (~1e-7 of their
@@ -25,7 +30,7 @@ def _float64_setup():
     to lr. In float64 the rounding is ~1e-16 of the terms, so two such steps agree to ~1e-10
     whatever the order: the tolerances below hold on any CPU.
     """
-    model, opt, cfg, pad_id = _tiny_setup(CPU)
+    model, opt, cfg, pad_id = tiny_setup(CPU)
     return model.double(), opt, cfg, pad_id  # the same Parameter objects: the optimizer keeps them
 
 
@@ -57,7 +62,7 @@ def test_dummy_rows_leave_the_step_unchanged(dtype):
     a sum of at most 64 * 16 positive terms in another order (relative n * 2**-24 < 1e-4)."""
     runs = []
     for rows in (50, 64):
-        model, opt, cfg, pad_id = _float64_setup() if dtype == torch.float64 else _tiny_setup(CPU)
+        model, opt, cfg, pad_id = _float64_setup() if dtype == torch.float64 else tiny_setup(CPU)
         batch = random_batch(rows, 16, 50, 300, seed=3)
         metrics = GraphedStep(model, opt, cfg, pad_id, CPU)(batch, 1e-3, batch.n_tgt_tokens).tolist()
         runs.append((metrics, [p.detach().clone() for p in model.parameters()]))
@@ -70,7 +75,7 @@ def test_dummy_rows_leave_the_step_unchanged(dtype):
 
 
 def test_non_finite_step_is_skipped_on_the_device():
-    model, opt, cfg, pad_id = _tiny_setup(CPU)
+    model, opt, cfg, pad_id = tiny_setup(CPU)
     step = GraphedStep(model, opt, cfg, pad_id, CPU)
     batch = random_batch(64, 16, 60, 300, seed=0)
     step(batch, 1e-3, batch.n_tgt_tokens)
@@ -120,8 +125,8 @@ def test_a_failed_capture_falls_back_to_the_eager_step_after_a_warm_up_that_chan
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
     monkeypatch.setattr(torch.cuda, "graph", failing_capture)
-    model, opt, cfg, pad_id = _tiny_setup(CPU)
-    ref, ref_opt, _, _ = _tiny_setup(CPU)
+    model, opt, cfg, pad_id = tiny_setup(CPU)
+    ref, ref_opt, _, _ = tiny_setup(CPU)
     step = GraphedStep(model, opt, cfg, pad_id, CPU)
     step.graphs = True  # as on a GPU
     batch = random_batch(64, 16, 50, 300, seed=0)

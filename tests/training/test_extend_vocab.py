@@ -29,7 +29,7 @@ ARCHS = {
             "max_positions": 64, "activation": "gelu", "scale_embeddings": False, "embed_norm": True},
 }
 TRAIN = {"max_steps": 1, "save_every": 50, "eval_every": 50, "log_every": 1, "warmup_steps": 1,
-         "num_threads": 1, "schedule": "constant", "lr": 1e-3, "label_smoothing": 0.0}
+         "threads": 1, "schedule": "constant", "lr": 1e-3, "label_smoothing": 0.0}
 WORDS = ("photosynthesis", "chlorophyll", "chloroplasts", "mitochondria", "glucose")
 NEW_WORD = "chlorophyll"
 

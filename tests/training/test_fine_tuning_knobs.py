@@ -13,7 +13,7 @@ from transduce.training.step import HEAD_PREFIXES, build_optimizer, freeze_param
 MODEL = {"arch": "encoder_only", "d_model": 32, "n_heads": 2, "n_encoder_layers": 2, "n_decoder_layers": 0,
          "d_ff": 64, "max_positions": 64, "norm": "post", "positions": "learned", "activation": "gelu",
          "scale_embeddings": False, "embed_norm": True}
-TRAIN = {"max_steps": 4, "save_every": 4, "eval_every": 4, "log_every": 2, "warmup_steps": 0, "num_threads": 1,
+TRAIN = {"max_steps": 4, "save_every": 4, "eval_every": 4, "log_every": 2, "warmup_steps": 0, "threads": 1,
          "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3}
 TOY = {"corpus": "toy", "toy_train_size": 200, "toy_valid_size": 20, "toy_test_size": 10, "vocab_size": 100,
        "max_tokens": 400, "max_len": 60}

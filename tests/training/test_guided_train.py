@@ -18,7 +18,7 @@ from transduce.data import toy
 from transduce.data.prepare import prepare_dataset, prepared_for_run
 from transduce.data.tokenizer import load_tokenizer
 from transduce.errors import ConfigError, DataError
-from transduce.inference.alignment import format_alignment
+from transduce.inference.text.alignment import format_alignment
 from transduce.inference.search import AttentionChoice
 from transduce.model import load_model
 from transduce.model.transformer import Transformer

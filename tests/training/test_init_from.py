@@ -20,7 +20,7 @@ MODEL = {"arch": "encoder_only", "d_model": 32, "n_heads": 2, "n_encoder_layers"
          "d_ff": 64, "max_positions": 64, "positions": "learned", "activation": "gelu", "scale_embeddings": False,
          "embed_norm": True}
 TRAIN = {"max_steps": 30, "save_every": 30, "eval_every": 30, "log_every": 1, "warmup_steps": 5,
-         "num_threads": 1, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3}
+         "threads": 1, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3}
 TOY = {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 30, "toy_test_size": 10,
        "vocab_size": 120, "max_tokens": 400, "max_len": 60}
 

@@ -35,7 +35,7 @@ def _one_thread(one_thread):
 
 def test_fake_quant_linear_computes_the_static_int8_layer():
     need_extra("quant", "torchao")
-    from transduce.inference.speed.static import quantize_static
+    from transduce.inference.speed.static_int8 import quantize_static
     torch.manual_seed(0)
     x = torch.randn(3, 5, 16)
     plain = nn.Sequential(nn.Linear(16, 8))
@@ -83,7 +83,7 @@ def test_the_input_scale_is_an_observer_s_moving_average_not_the_batch_s():
     average of the batches' maxima (constant 0.01), so the second batch is computed as the static
     layer calibrated on that average computes it, whatever its own maximum."""
     need_extra("quant", "torchao")
-    from transduce.inference.speed.static import quantize_static
+    from transduce.inference.speed.static_int8 import quantize_static
     from transduce.training.qat import AVERAGING, observed_scales
     torch.manual_seed(0)
     first, second = torch.randn(3, 5, 16), 4 * torch.randn(3, 5, 16)
@@ -112,7 +112,7 @@ def test_observers_resume_bitwise_and_quantize_takes_them(tmp_path):
     need_extra("quant", "torchao")
     from safetensors.torch import load_file
     from transduce.config.quantize import QAT_FILE
-    from transduce.inference.speed.static import FILE
+    from transduce.inference.speed.static_int8 import FILE
 
     def cfg(**train):
         return RunConfig.from_dict({"model": MODEL, "data": TOY, "train": {

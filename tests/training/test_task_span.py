@@ -19,9 +19,9 @@ T5 = {"preset": "tiny", "d_model": 32, "n_heads": 2, "d_ff": 64, "n_encoder_laye
       "norm": "pre", "norm_kind": "rms", "positions": "relative", "relative_buckets": 8, "relative_max_distance": 16,
       "bias": False, "scale_embeddings": False, "scale_attention": False, "activation": "geglu", "tie_output": False}
 TRAIN = {"task": "span", "max_steps": 12, "save_every": 6, "eval_every": 6, "log_every": 3, "warmup_steps": 5,
-         "num_threads": 1, "keep_last": 3, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3}
+         "threads": 1, "keep_last": 3, "label_smoothing": 0.0, "schedule": "constant", "lr": 3e-3}
 TOY = {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 30, "toy_test_size": 10, "vocab_size": 150,
-       "tokenizer_type": "unigram", "sentinels": 10, "max_tokens": 400, "max_len": 60}
+       "tokenizer_algorithm": "unigram", "sentinels": 10, "max_tokens": 400, "max_len": 60}
 
 
 @pytest.fixture(autouse=True, scope="module")

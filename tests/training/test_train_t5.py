@@ -54,7 +54,7 @@ def test_the_papers_scales_fold_into_the_exported_t5(tmp_path):
     import torch
 
     from transduce.interop import export_model
-    from transduce.interop.hf_import import import_hf
+    from transduce.interop import import_hf
 
     model = _train(tmp_path / "run", 4, 200, "model.scale_embeddings=true", "model.scale_attention=true")
     report = export_model(model, "hf", tmp_path / "hf")

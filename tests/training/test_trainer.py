@@ -115,8 +115,8 @@ def test_bpe_dropout_config_errors():
     from transduce.errors import ConfigError
     with pytest.raises(ConfigError, match="data.bpe_dropout"):
         RunConfig.from_dict({"data": {"bpe_dropout": 1.0}})
-    with pytest.raises(ConfigError, match="tokenizer_type=bpe"):
-        RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "tokenizer_type": "unigram"}})
+    with pytest.raises(ConfigError, match="tokenizer_algorithm=bpe"):
+        RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "tokenizer_algorithm": "unigram"}})
     with pytest.raises(ConfigError, match="bpe_dropout_sides"):
         RunConfig.from_dict({"data": {"bpe_dropout": 0.1, "bpe_dropout_sides": "target"}})
 
@@ -229,18 +229,18 @@ def test_tensorboard_without_its_package_is_one_line(tmp_path, monkeypatch):
         _trainer(tmp_path, tensorboard=True)
 
 
-@pytest.mark.parametrize("attention", [
-    {"attention": "local", "cross_attention": "local", "attention_window": 3, "global_tokens": 1},
-    {"attention": "linformer", "linformer_k": 8, "max_positions": 64},
+@pytest.mark.parametrize("attention, model", [
+    ({"kind": "local", "cross": "local", "window": 3, "global_tokens": 1}, {}),
+    ({"kind": "linformer", "linformer_k": 8}, {"max_positions": 64}),
 ])
-def test_long_attention_options_train_validate_save_and_translate(tmp_path, attention):
+def test_long_attention_options_train_validate_save_and_translate(tmp_path, attention, model):
     """model.attention local / linformer through a whole run: steps, BLEU validation (beam
     search on the prepared model), the saved model directory, and the Translator."""
     from transduce.inference import Translator
 
     cfg = RunConfig.from_dict({
         "model": {"d_model": 32, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 64,
-                  **attention},
+                  "attention": attention, **model},
         "data": {"corpus": "toy", "toy_train_size": 300, "toy_valid_size": 20, "toy_test_size": 20,
                  "vocab_size": 120, "max_tokens": 256},
         "train": {"max_steps": 3, "warmup_steps": 5, "eval_every": 3, "save_every": 3},
@@ -249,7 +249,8 @@ def test_long_attention_options_train_validate_save_and_translate(tmp_path, atte
     _, summary = loop.run_training(cfg, tmp_path)
     assert math.isfinite(summary["val_loss"]) and "val_bleu" in summary
     translator = Translator.load(tmp_path / "model")
-    assert {k: getattr(translator.model.config, k) for k in attention} == attention
+    assert {k: getattr(translator.model.config.attention, k) for k in attention} == attention
+    assert {k: getattr(translator.model.config, k) for k in model} == model
     assert len(translator.translate(["the dog sees the ball"])) == 1
 
 

@@ -246,7 +246,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
         raise ConfigError(f"--{extra[0]}: is for --stats")
     if args.sentence is None or args.out is None:
         raise ConfigError("attention: give a SENTENCE and --out PNG (or --stats --src FILE)")
-    from ..viz.attention import plot_attention
+    from ..viz.attention_heatmaps import plot_attention
     with Translator.load(args.model_dir, runtime_of(args)) as translator:
         maps = attention_maps(translator, args.sentence, args.layer, args.head, **decode_overrides(args))
     print(plot_attention(maps, args.out))
@@ -269,6 +269,6 @@ def _attention_stats(args: argparse.Namespace) -> int:
         stats = attention_stats_files(translator, args.src, args.tgt, args.align, limits, **decode_overrides(args))
     print(json.dumps(stats.to_dict(), indent=2) if args.json else format_attention_stats(stats))
     if args.plot is not None:
-        from ..viz.attention import plot_attention_stats
+        from ..viz.attention_heatmaps import plot_attention_stats
         print(plot_attention_stats(stats, args.plot), file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -71,7 +71,7 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
 def _cmd_import(args: argparse.Namespace) -> int:
     import json
 
-    from ..interop.hf_import import import_hf
+    from ..interop import import_hf
     checks = import_hf(args.hf_dir, args.out, args.force)
     print(json.dumps({"out": args.out, **checks}, indent=2))
     return 0

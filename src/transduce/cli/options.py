@@ -140,8 +140,8 @@ def decode_overrides(args: argparse.Namespace) -> dict:
 
 
 def terms_of(args: argparse.Namespace):
-    """Where the command line's constraints come from (:class:`~transduce.inference.terms.Terms`)."""
-    from ..inference.terms import Glossary, Terms
+    """Where the command line's constraints come from (:class:`~transduce.inference.text.terms.Terms`)."""
+    from ..inference.text.terms import Glossary, Terms
     glossary = None if args.glossary is None else Glossary.load(args.glossary, args.glossary_ignore_case)
     return Terms(args.constraints, glossary)
 

@@ -6,6 +6,7 @@ import argparse
 import errno
 import logging
 import os
+import re
 import sys
 
 from .. import __version__, progress
@@ -28,6 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Library errors name settings; where the command line sets one with a flag of its own, the
+# message the CLI prints names the flag the user typed instead.
+SETTING_FLAGS = {"export.format": "--format", "export.quantization": "--quantization",
+                 "export.precision": "--precision", "export.max_batch": "--max-batch", "export.name": "--name",
+                 "force=True": "--force", "quantize.calibration": "--calibrate"}
+_SETTING = re.compile("|".join(rf"(?<![\w.]){re.escape(key)}(?![\w])" for key in SETTING_FLAGS))
+
+
+def flag_names(message: str) -> str:
+    """``message`` with each setting in :data:`SETTING_FLAGS` written as its command-line flag."""
+    return _SETTING.sub(lambda m: SETTING_FLAGS[m.group(0)], message)
+
+
 # Storage faults a user fixes outside transduce, and what to do: one line each, no traceback.
 _STORAGE_ERRORS = {errno.ENOSPC: "free space", errno.EDQUOT: "free space",
                    errno.EROFS: "write somewhere writable", errno.EACCES: "fix the permissions"}
@@ -48,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
     except TransduceError as e:
-        print(f"transduce {args.command}: error: {e}", file=sys.stderr)
+        print(f"transduce {args.command}: error: {flag_names(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:
         if e.errno not in _STORAGE_ERRORS:

@@ -27,11 +27,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=None, help="--engine triton: the gRPC port (default: --port + 1)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long to gather concurrent requests into one batch (default: 5)")
-    p.add_argument("--no-batching", action="store_true", help="run each request on its own")
-    p.add_argument("--batching", choices=("request", "continuous"), default="request",
+    p.add_argument("--batching", choices=("none", "request", "continuous"), default="request",
                    help="request: concurrent requests gathered into batches that run to the end (default); "
                         "continuous: each sentence of a plain /translate joins the running batch at the next "
-                        "decoding step (greedy, beam, one model; docs/guides/continuous-batching.md)")
+                        "decoding step (greedy, beam, one model; docs/guides/continuous-batching.md); "
+                        "none: each request on its own")
+    p.add_argument("--no-batching", dest="batching", action="store_const", const="none",
+                   help="the older spelling of --batching none")
     p.add_argument("--api-key-file", default=None,
                    help="a file holding the API key that POST requests must send as 'Authorization: Bearer KEY' "
                         "(default: $TRANSDUCE_API_KEY if set, else no key)")
@@ -61,10 +63,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ..serve import ServeConfig, serve, serve_triton
     check_worker_timeout(args)
     _check_engine(args)
-    if args.batching == "continuous" and (args.no_batching or args.engine == "triton"):
-        raise ConfigError("--batching continuous: is for --engine transduce, with batching on (drop --no-batching)")
-    cfg = ServeConfig(host=args.host, port=args.port, batch_wait_ms=args.batch_wait_ms, batching=not args.no_batching,
-                      continuous=args.batching == "continuous",
+    if args.batching == "continuous" and args.engine == "triton":
+        raise ConfigError("--batching continuous: is for --engine transduce")
+    cfg = ServeConfig(host=args.host, port=args.port, batch_wait_ms=args.batch_wait_ms, batching=args.batching,
                       api_key=_api_key(args.api_key_file), max_per_client=args.max_per_client,
                       grpc_port=args.grpc_port)
     run = serve_triton if args.engine == "triton" else serve

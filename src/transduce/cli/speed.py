@@ -73,7 +73,7 @@ def _add_shortlist(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_shortlist(args: argparse.Namespace) -> int:
-    from ..inference.shortlist import FILE, shortlist_corpus
+    from ..inference.search.shortlist import FILE, shortlist_corpus
     shortlist = shortlist_corpus(args.model_dir, args.src, args.tgt, args.k, args.frequent)
     listed = int((shortlist.table >= 0).any(dim=1).sum())
     print(f"wrote {Path(args.model_dir) / FILE}: up to {args.k} target tokens for each of {listed} source tokens, "
@@ -99,7 +99,7 @@ def _add_quantize(sub: argparse._SubParsersAction) -> None:
 def _cmd_quantize(args: argparse.Namespace) -> int:
     from ..config import QuantizeConfig
     from ..inference.quantize import quantize_directory
-    from ..inference.speed.static import FILE, read_float_layers
+    from ..inference.speed.static_int8 import FILE, read_float_layers
     config = QuantizeConfig() if args.float_layers is None else QuantizeConfig(float_layers=tuple(args.float_layers))
     absmax = quantize_directory(args.model_dir, args.calibrate, args.out, config)
     kept = read_float_layers(args.out)

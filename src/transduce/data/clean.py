@@ -100,7 +100,7 @@ class Cleaner:
         check_language(tgt_lang, "target language")
         self.judge = Judge(cfg, src_lang, tgt_lang)
         self.workers = workers
-        self.memory = KeyMemory(cfg.dedup_memory_mb) if cfg.duplicate or cfg.near_duplicate else None
+        self.memory = KeyMemory(cfg.dedup_memory_mb) if cfg.on("duplicate") or cfg.on("near_duplicate") else None
         self.report = CleanReport()
 
     def run(self, chunks: Iterable[RawChunk], names: tuple[str, str]) -> Iterator[JudgedChunk]:
@@ -140,9 +140,8 @@ class Cleaner:
     def _deduplicate(self, chunk: JudgedChunk, keys: np.ndarray, bands: np.ndarray) -> None:
         """Marks the pairs that passed every other rule and repeat an earlier one (in order)."""
         cfg, rules = self.judge.cfg, chunk.rules
-        for name, on, table in (("duplicate", cfg.duplicate, keys[:, None]), ("near_duplicate", cfg.near_duplicate,
-                                                                              bands)):
-            if not on:
+        for name, table in (("duplicate", keys[:, None]), ("near_duplicate", bands)):
+            if not cfg.on(name):
                 continue
             alive = np.array([i for i, r in enumerate(rules) if r is None], np.int64)
             for i in alive[self.memory.seen(table[alive])]:

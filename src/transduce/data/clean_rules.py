@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from transduce.config.clean import LANGUAGE_SCRIPT, CleanConfig
+from transduce.config.clean import LANGUAGE_SCRIPT, MAX_TOKEN_CHARS, MAX_WORDS, SCRIPT_MIN, CleanConfig
 from transduce.errors import require
 
 # Rule names in the order they are checked (the duplicate ones last, in order, in the main process).
@@ -64,8 +64,8 @@ class Judge:
         return tuple(out)
 
     def long_token_re(self) -> re.Pattern | None:
-        n = self.cfg.max_token_chars
-        return re.compile(f"\\S{{{n + 1},}}") if n else None
+        n = MAX_TOKEN_CHARS
+        return re.compile(f"\\S{{{n + 1},}}") if self.cfg.on("long_token") else None
 
 
 def normalise(text: str) -> str:
@@ -82,18 +82,18 @@ def rule_of(src: str, tgt: str, norms: tuple[str, str], judge: Judge, res: tuple
     if not norms[0] or not norms[1]:
         return "empty" if not src.strip() or not tgt.strip() else _marks_only(src, tgt, cfg)
     plain = both.isascii()
-    if cfg.debris and (_ASCII_DEBRIS if plain else _DEBRIS).search(both):
+    if cfg.on("debris") and (_ASCII_DEBRIS if plain else _DEBRIS).search(both):
         return "debris"
     if res[1] is not None and res[1].search(both):
         return "long_token"
     ns, nt = len(src.split()), len(tgt.split())
-    if cfg.max_words and max(ns, nt) > cfg.max_words:
+    if cfg.on("too_long") and max(ns, nt) > MAX_WORDS:
         return "too_long"
-    if _bad_ratio(ns, nt, cfg.max_ratio) or _bad_ratio(len(src), len(tgt), cfg.max_char_ratio):
+    if cfg.on("ratio") and (_bad_ratio(ns, nt, cfg.max_ratio) or _bad_ratio(len(src), len(tgt), cfg.max_char_ratio)):
         return "ratio"
-    if cfg.copy and _copied(*norms, cfg.copy_overlap):
+    if cfg.on("copy") and _copied(*norms, cfg.copy_overlap):
         return "copy"
-    if cfg.script and not plain and any(pattern is not None and _off_script(side, pattern, cfg.script_min)
+    if cfg.on("script") and not plain and any(pattern is not None and _off_script(side, pattern, SCRIPT_MIN)
                                         for side, pattern in zip((src, tgt), res[0])):
         return "script"
     marks = _MARKS.findall(src), _MARKS.findall(tgt)
@@ -103,17 +103,17 @@ def rule_of(src: str, tgt: str, norms: tuple[str, str], judge: Judge, res: tuple
 def _mark_rule(a: list[str], b: list[str], cfg: CleanConfig) -> str | None:
     """``numbers`` if the digit sequences of the sides differ, ``punctuation`` if their ``?!()[]`` do."""
     da, db = [m for m in a if m[0].isdigit()], [m for m in b if m[0].isdigit()]
-    if cfg.numbers and _differ(da, db):
+    if cfg.on("numbers") and _differ(da, db):
         return "numbers"
     pa, pb = [m for m in a if not m[0].isdigit()], [m for m in b if not m[0].isdigit()]
-    return "punctuation" if cfg.punctuation and _differ(pa, pb) else None
+    return "punctuation" if cfg.on("punctuation") and _differ(pa, pb) else None
 
 
 def _marks_only(src: str, tgt: str, cfg: CleanConfig) -> str | None:
     """A side of punctuation or symbols alone ("...", "-"): a copy if both are, else debris."""
-    if cfg.copy and src.strip() == tgt.strip():
+    if cfg.on("copy") and src.strip() == tgt.strip():
         return "copy"
-    return "debris" if cfg.debris else None
+    return "debris" if cfg.on("debris") else None
 
 
 def _differ(a: list[str], b: list[str]) -> bool:
@@ -211,13 +211,13 @@ def judge_chunk(pairs: Sequence[tuple[str, str]], judge: Judge) -> tuple[list, n
     cfg, res = judge.cfg, (judge.script_res(), judge.long_token_re())
     norms = [(normalise(s), normalise(t)) for s, t in pairs]
     rules = [rule_of(s, t, n, judge, res) for (s, t), n in zip(pairs, norms)]
-    if cfg.lang:
+    if cfg.on("lang"):
         model = identifier(lang_candidates(judge))
         classify = model.classify
         for i, (s, t) in enumerate(pairs):
             if rules[i] is None and (classify(s)[0] != judge.src_lang or classify(t)[0] != judge.tgt_lang):
                 rules[i] = "lang"
-    keys = np.fromiter((pair_key(s, t) for s, t in norms), np.uint64, len(norms)) if cfg.duplicate else \
+    keys = np.fromiter((pair_key(s, t) for s, t in norms), np.uint64, len(norms)) if cfg.on("duplicate") else \
         np.zeros(len(pairs), np.uint64)
-    bands = band_keys(norms, cfg) if cfg.near_duplicate and pairs else np.zeros((len(pairs), 0), np.uint64)
+    bands = band_keys(norms, cfg) if cfg.on("near_duplicate") and pairs else np.zeros((len(pairs), 0), np.uint64)
     return rules, keys, bands

@@ -13,7 +13,7 @@ BERT's [CLS] and RoBERTa's ``<s>`` come first, GPT-2's ``<|endoftext|>`` does no
 :class:`~transduce.inference.Generator` prompts an imported GPT-2 as ``AutoTokenizer`` does.
 
 An imported BERT's or RoBERTa's ids are the original checkpoint's renumbered (its special tokens
-moved to ours, :mod:`transduce.interop.hf_bert_vocab`): its tokenizer keeps an :class:`HFOrigin`,
+moved to ours, :mod:`transduce.interop.bert_vocab`): its tokenizer keeps an :class:`HFOrigin`,
 the specials' ids in the original and the files ``AutoTokenizer`` read there beside
 ``tokenizer.json``, so that an export, of the import or of a model fine-tuned from it, gives the
 original's ids and files back.

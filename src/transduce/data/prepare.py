@@ -29,6 +29,7 @@ import numpy as np
 
 from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
+from transduce.config.legacy import migrate_section
 from transduce.checksums import sha256_file
 from transduce.data import multilingual, toy
 from transduce.data.alignments import AlignedWriter
@@ -163,9 +164,9 @@ def _tokenizer(cfg: DataConfig, train: SplitSource, out: Path, seed: int) -> Tok
         tokenizer.save(out)
         return tokenizer
     src, tgt, n = tokenizer_sample(cfg, train, seed)
-    logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_type, cfg.vocab_size,
-                "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
-    return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_type, joint=cfg.joint_vocab,
+    logger.info("training a %s tokenizer (vocab %d, %s) on %d of %d pairs", cfg.tokenizer_algorithm,
+                cfg.vocab_size, "joint" if cfg.joint_vocab else "separate", max(len(src), len(tgt)), n)
+    return Tokenizer.train(src, tgt, out, cfg.vocab_size, model_type=cfg.tokenizer_algorithm, joint=cfg.joint_vocab,
                            seed=seed, sentinels=cfg.sentinels, tags=multilingual.reserved_tags(cfg))
 
 
@@ -353,7 +354,7 @@ def _fill_labelled(cfg: DataConfig, stage: Path) -> None:
 def check_matches(root: Path, cfg: DataConfig) -> None:
     """DataError unless ``root`` was prepared from ``cfg``'s settings and its input files as they are now."""
     manifest = read_manifest(root)
-    have = manifest["data"]
+    have = migrate_section("data", manifest["data"])  # a directory prepared before a key was renamed or folded
     for key, value in data_settings(cfg).items():
         if key.endswith(("_src", "_tgt")):  # a file: the same file wherever the project now lies
             recorded = {input_path(root, i).resolve() for i in manifest["inputs"]}

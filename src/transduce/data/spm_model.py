@@ -140,7 +140,7 @@ def sentinel_piece(n: int) -> str:
 def add_sentinels(proto: bytes, count: int) -> bytes:
     """``proto`` with ``count`` sentinels ``<extra_id_N>`` appended as user-defined pieces, in
     T5's order: the last ids of the vocabulary counting down (``<extra_id_0>`` is the last id),
-    as T5's tokenizer has them (and as :mod:`transduce.interop.hf_t5_import` keeps them)."""
+    as T5's tokenizer has them (and as :mod:`transduce.interop.t5` keeps them)."""
     return proto + b"".join(_piece_entry(sentinel_piece(n), 0.0, _USER_DEFINED) for n in range(count - 1, -1, -1))
 
 

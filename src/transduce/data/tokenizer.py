@@ -262,7 +262,7 @@ class Tokenizer:
         A span of characters the model does not know is ``<unk>``, unless the span is spelled as
         one of the model's UNUSED pieces: then it gets that piece's id. An imported Marian model's
         UNUSED pieces are the shared vocabulary's entries this side's model lacks, so this is
-        MarianTokenizer's lookup of each piece *string* in vocab.json (hf_import)."""
+        MarianTokenizer's lookup of each piece *string* in vocab.json (:mod:`transduce.interop.marian`)."""
         return self._respelled(self._side(side).encode(text, out_type=int), text, side)
 
     def encode_batch(self, texts: Sequence[str], side: str = "src", num_threads: int = NUM_THREADS

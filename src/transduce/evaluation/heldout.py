@@ -79,7 +79,7 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
         sentinels: span corruption's sentinel ids (task span).
     """
     from ..data.batch import Specials
-    from ..data.batching import token_budget_batches
+    from ..data.epoch_batches import token_budget_batches
     from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator
     from ..data.span_corruption import span_batch, span_generator
 

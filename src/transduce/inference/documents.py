@@ -9,7 +9,7 @@ piece of the whole document goes to the translator in ONE call, so the search ba
 length. Nothing is dropped or truncated: the pieces and the whitespace between them, joined,
 give back the paragraph exactly (:meth:`Paragraph.source`), and the translations are joined
 with that same whitespace. With ``markup``, each sentence's tags are kept as
-``translate(markup=True)`` keeps a line's (:mod:`~transduce.inference.markup`); closing tags that
+``translate(markup=True)`` keeps a line's (:mod:`~transduce.inference.text.markup`); closing tags that
 follow a sentence's end (``<b>It runs.</b> Next.``) belong to that sentence, not the next.
 
 Examples:
@@ -28,7 +28,7 @@ from ..config import DecodeConfig
 from ..data.multilingual import with_tag
 from ..errors import ConfigError, require
 from .files import atomic_output, iter_lines
-from .markup import TOKEN
+from .text.markup import TOKEN
 from .translator import input_limit
 
 _BLANK = re.compile(r"^[ \t\f\v]*$")

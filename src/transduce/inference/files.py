@@ -23,9 +23,9 @@ from ..config import DecodeConfig
 from ..data.corpus import decode_line, read_lines
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar
-from .alignment import format_alignment, forced_details, restore_all, strip_sources
+from .text.alignment import format_alignment, forced_details, restore_all, strip_sources
 from .scoring import format_scored, score_pairs, translation_json
-from .terms import Terms
+from .text.terms import Terms
 from .translator import Translation, Translator
 
 if TYPE_CHECKING:
@@ -123,12 +123,12 @@ def translate_file(
     ``SCORE<TAB>TEXT`` lines; with ``rerank`` the n-best are the pool it chooses from, and only
     its choice is written); returns lines read. ``prefix_path``: a file aligned with the input
     whose lines each translation must begin with (an empty line: no prefix). ``terms``: where
-    each line's constraints come from (:class:`~transduce.inference.terms.Terms`: the line's own
+    each line's constraints come from (:class:`~transduce.inference.text.terms.Terms`: the line's own
     TAB-separated phrases, a glossary). ``output_format`` ``jsonl``: a JSON object per input
     line instead (:func:`~transduce.inference.scoring.translation_json`: per-token log-probabilities,
     by forced decoding of the outputs (where the searches run), and the word alignment of
-    :mod:`~transduce.inference.alignment`). ``markup``: each line's tags and placeholders are
-    taken out before translation and put back at aligned positions (:mod:`~transduce.inference.markup`;
+    :mod:`~transduce.inference.text.alignment`). ``markup``: each line's tags and placeholders are
+    taken out before translation and put back at aligned positions (:mod:`~transduce.inference.text.markup`;
     one translation per line; with ``jsonl`` the alignment is that of the text without them).
 
     Lines are processed in chunks of ``chunk_lines`` (sorted by length inside a chunk), so

@@ -36,10 +36,10 @@ def model_dirs(paths: ModelDirs) -> list[str]:
 def load_model_dir(directory: str | os.PathLike, device: torch.device | str = "cpu") -> torch.nn.Module:
     """The model of a model directory as ``translate`` runs it, on ``device``: its float weights, in
     static int8 when the directory was quantised (``transduce quantize`` left ``quant.safetensors``
-    beside them, :func:`~transduce.inference.speed.static.apply_saved`). Every loader of a model to
+    beside them, :func:`~transduce.inference.speed.static_int8.apply_saved`). Every loader of a model to
     run (the front doors, workers, held-out scores) goes through here, so they all see one model."""
     from ..model.io import load_model
-    from .speed.static import apply_saved
+    from .speed.static_int8 import apply_saved
     return apply_saved(load_model(directory, device), directory)
 
 
@@ -68,7 +68,7 @@ def check_compilable(model: torch.nn.Module) -> None:
     import shutil
 
     from ..model.transformer import Transformer
-    from .speed.static import is_quantized
+    from .speed.static_int8 import is_quantized
     if not isinstance(model, Transformer) or not model.config.family.translates:
         raise ConfigError(f"runtime.compile: compiles the decoding step of one translation model; got "
                           f"{type(model).__name__}; drop compile")

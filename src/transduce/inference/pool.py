@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 from torch import Tensor
 
 from ..errors import ConfigError, TransduceError
-from .batching import length_sorted_batches, spread_batches
+from .decode_batches import length_sorted_batches, spread_batches
 from ..config import DecodeConfig, Runtime
 from .placement import ModelDirs, model_dirs
 from .search import AttentionChoice, SearchOutput, SearchSpec
@@ -394,7 +394,7 @@ class TranslatorPool(BaseTranslator):
 
     Same methods and results as a Translator on the CPU (``translate``, ``translate_detailed``,
     ``sample``); the batches of each call are spread so that every worker gets some (see
-    :func:`~transduce.inference.batching.spread_batches`). Use it in a ``with`` block, or call
+    :func:`~transduce.inference.decode_batches.spread_batches`). Use it in a ``with`` block, or call
     :meth:`close`, to stop the workers.
 
     Args:

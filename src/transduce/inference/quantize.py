@@ -1,5 +1,5 @@
 """``transduce quantize``: calibrate a translation model on a sample of source text and write its
-static int8 model directory (:mod:`~transduce.inference.speed.static`).
+static int8 model directory (:mod:`~transduce.inference.speed.static_int8`).
 
 Calibration (:func:`calibrate`) translates the sample greedily, then runs the model once over
 the sample and its own translations (teacher-forced), recording each linear layer's largest
@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..config import TASKS, QuantizeConfig, Runtime, model_task
 from ..errors import ConfigError, DataError
 from ..config.quantize import QAT_FILE
-from .speed.static import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
+from .speed.static_int8 import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
 from .translator import Translator
 
 logger = logging.getLogger(__name__)
@@ -138,8 +138,8 @@ def _qat_scales(model_dir: str, calibration: str | None) -> dict[str, float] | N
                            "--calibrate to use them", model_dir, calibration, QAT_FILE)
         return None
     if not path.is_file():
-        raise ConfigError(f"--calibrate: {model_dir} was not trained with train.qat (no {QAT_FILE}): give a sample of "
-                          "source sentences to calibrate on")
+        raise ConfigError(f"quantize.calibration: {model_dir} was not trained with train.qat (no {QAT_FILE}): give "
+                          "a sample of source sentences to calibrate on")
     return {name: float(t) for name, t in read_weights(path).items()}
 
 
@@ -147,7 +147,7 @@ def _calibration_lines(calibration: str) -> list[str]:
     from ..data.corpus import read_lines
     lines = [line for line in read_lines(calibration) if line.strip()]
     if not lines:
-        raise DataError(f"--calibrate: {calibration} has no sentences to calibrate on")
+        raise DataError(f"quantize.calibration: {calibration} has no sentences to calibrate on")
     return lines
 
 

@@ -77,7 +77,7 @@ def forced_batches(translator, src_ids: list[list[int]], tgt_ids: list[list[int]
 def translation_json(t, token_log_probs: list[float], alignment: str | None = None) -> str:
     """One ``translate --output-format jsonl`` line: the best translation, its score and
     log-probability, its pieces (``</s>`` last when it ended) and their log-probabilities, its
-    word alignment (``"i-j ..."``, see :mod:`~transduce.inference.alignment`) when given, and
+    word alignment (``"i-j ..."``, see :mod:`~transduce.inference.text.alignment`) when given, and
     with an n-best list every hypothesis' text and scores."""
     best = t.best
     row = {"translation": best.text, "score": round(best.score, 6), "log_prob": round(best.log_prob, 6),

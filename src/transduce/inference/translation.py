@@ -20,14 +20,14 @@ from ..data.alignments import word_continuations
 from ..data.batch import pad
 from ..errors import ConfigError
 from ..tracing import DATA, scope
-from .alignment import add_alignments, translate_markup
-from .batching import length_sorted_batches
+from .text.alignment import add_alignments, translate_markup
+from .decode_batches import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, StepHook, prefix_ids
 from .search.constraints import constraint_ids
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput
 from .search.sampling import check_sampling
-from .rerank import mbr_rerank, reverse_rerank
+from .search.rerank import mbr_rerank, reverse_rerank
 from ..data.multilingual import with_tag
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Hypothesis:
         attention: (T, S) cross-attention, rows = ``tokens`` (+ EOS if ``ended``), columns =
             the source tokens + EOS; None unless asked for.
         alignment: (source word, target word) links of the best hypothesis when asked for
-            (:mod:`~transduce.inference.alignment`), else None.
+            (:mod:`~transduce.inference.text.alignment`), else None.
     """
 
     text: str
@@ -158,7 +158,7 @@ class BaseTranslator:
         ``constraints``: per input, target phrases its translation must contain (constrained
         beam search, :mod:`~transduce.inference.search.constraints`). ``markup``: tags and
         placeholders are taken out before translation and put back at aligned positions
-        (:mod:`~transduce.inference.markup`)."""
+        (:mod:`~transduce.inference.text.markup`)."""
         decode = self.settings(decode, **overrides)
         if decode.rerank == "none":  # only the best is needed; reranking chooses among the n-best
             decode = replace(decode, nbest=1)
@@ -175,7 +175,7 @@ class BaseTranslator:
         ``attention`` also returns each hypothesis' cross-attention of that layer and head;
         ``prefix``: each output begins with that target text (the rest is searched);
         ``constraints``: per text, target phrases its output must contain; ``alignment``: the
-        best hypothesis' word alignment too (its ``alignment``, :mod:`~transduce.inference.alignment`);
+        best hypothesis' word alignment too (its ``alignment``, :mod:`~transduce.inference.text.alignment`);
         ``scores`` False: greedy search's hypotheses get score 0 (it skips the softmax over the
         vocabulary each step; :meth:`translate` asks for none). Beam search (and so reranking)
         and sampling score anyway."""

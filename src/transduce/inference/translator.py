@@ -26,7 +26,7 @@ from .search.common import AttentionChoice, SearchOutput
 from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput, ForceSpec
 from .placement import ModelDirs, apply_threads, load_model_dir, model_dirs, prepared_for
-from .shortlist import Shortlist
+from .search.shortlist import Shortlist
 from .search.speculative import Speculation, check_draft
 from .speed import restore
 from .translation import BaseTranslator, Hypothesis, Translation, check_layer_head, input_limit
@@ -53,7 +53,7 @@ class Translator(BaseTranslator):
             :mod:`~transduce.inference.search.speculative`): ``decode``'s beam becomes 1 and a
             beam search asked for is refused; its ``stats`` count the accepted proposals.
         shortlist: the target vocabulary shortlist that ``decode.shortlist`` searches over
-            (:mod:`~transduce.inference.shortlist`; :meth:`load` reads the model directory's).
+            (:mod:`~transduce.inference.search.shortlist`; :meth:`load` reads the model directory's).
 
     The model is prepared for decoding in place (:func:`~transduce.inference.speed.prepare_for_decoding`:
     fused projections, shared source rows, on CPU oneDNN linear layers; same parameters and

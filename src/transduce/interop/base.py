@@ -52,7 +52,7 @@ def staging_dir(out: str | os.PathLike, force: bool = False) -> Iterator[Path]:
     (:func:`~transduce.atomic.atomic_dir`); an existing ``out`` needs ``force``."""
     out = Path(out)
     if out.exists() and not force:
-        raise ExportError(f"{out}: already exists (pass --force to replace it)")
+        raise ExportError(f"{out}: already exists (pass force=True to replace it)")
     if out.exists() and not out.is_dir():
         out.unlink()
     with atomic_dir(out) as tmp:
@@ -95,8 +95,8 @@ def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     model = load_model(model_dir).float().eval()
     if not full_attention_only(model):
         cfg = model.config
-        raise ExportError(f"cannot export this model (model.attention={cfg.attention}, model.cross_attention="
-                          f"{cfg.cross_attention}): the exported formats run full attention only")
+        raise ExportError(f"cannot export this model (model.attention.kind={cfg.attention.kind}, model.attention.cross="
+                          f"{cfg.attention.cross}): the exported formats run full attention only")
     if tokenizer_exists(model_dir):
         return model, load_tokenizer(model_dir)
     if need_tokenizer:

@@ -164,12 +164,14 @@ def transformer_spec(model: Transformer):
     return spec
 
 
-def _configure(spec, tok) -> None:
-    """Vocabularies (our pieces, by id) and the special tokens CTranslate2 must know."""
+def _configure(spec, tok, cfg) -> None:
+    """Vocabularies (our pieces, by id) and the special tokens CTranslate2 must know: the pieces of
+    the model's BOS and EOS ids and the tokenizer's UNK, read, never assumed."""
     spec.register_source_vocabulary(tok.pieces(range(tok.src_vocab_size), "src"))
     spec.register_target_vocabulary(tok.pieces(range(tok.tgt_vocab_size), "tgt"))
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
-    spec.config.decoder_start_token = "<s>"
+    bos, eos, unk = tok.pieces([cfg.bos_id, cfg.eos_id, tok.unk_id], "tgt")
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = unk, bos, eos
+    spec.config.decoder_start_token = bos
     spec.config.add_source_eos = True
 
 
@@ -185,7 +187,7 @@ def export_ctranslate2(model_dir: str | os.PathLike, out: Path, quantization: st
         if getattr(model.config, key) == 0:
             raise ExportError(f"cannot export to CTranslate2: model.{key}=0 (it needs at least one layer)")
     spec = transformer_spec(model)
-    _configure(spec, tok)
+    _configure(spec, tok, model.config)
     try:
         spec.validate()
         spec.optimize(quantization=quantization or "float32")

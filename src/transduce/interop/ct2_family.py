@@ -151,7 +151,7 @@ def export_ct2_family(model_dir: str | os.PathLike, out: Path) -> dict[str, obje
 def verify_ct2_lm(model: nn.Module, out: Path, vocab: list[str], atol: float = 1e-4) -> dict[str, object]:
     """``Generator`` logits on probe prompts within ``atol`` of ours; greedy continuations identical."""
     from ..inference.search.lm import generate_ids
-    from .hf_gpt2 import probe_prompts
+    from .gpt2 import probe_prompts
 
     ctranslate2 = require("ctranslate2", "export")
     cfg = model.config
@@ -180,7 +180,7 @@ def verify_ct2_lm(model: nn.Module, out: Path, vocab: list[str], atol: float = 1
 @torch.no_grad()
 def verify_ct2_encoder(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
     """``Encoder`` final states (at every unpadded position) and pooled output within ``atol`` of ours."""
-    from .hf_bert import probe_inputs
+    from .bert import probe_inputs
 
     ctranslate2 = require("ctranslate2", "export")
     cfg = model.config

@@ -1,7 +1,10 @@
-"""``transduce export``: one entry point choosing the exporter by format."""
+"""``transduce export`` and ``transduce import``: one entry point choosing the exporter by format
+(:func:`export_model`), one choosing the Hugging Face importer by config.json's ``model_type``
+(:func:`import_hf`, over :data:`IMPORTS`)."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from pathlib import Path
@@ -17,6 +20,11 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("hf", "ctranslate2", "onnx", "triton", "tensorrt")
 QUANTIZATIONS = ("int8",)
+# config.json's model_type -> (the family module that imports it, its function); the import's error
+# lists these keys, so what it names is what it dispatches
+IMPORTS = {"marian": ("marian", "import_marian"), "t5": ("t5", "import_t5"), "mt5": ("t5", "import_t5"),
+           "gpt2": ("gpt2", "import_gpt2"), "bert": ("bert", "import_bert"), "roberta": ("bert", "import_bert"),
+           "longformer": ("longformer", "import_longformer")}
 
 
 def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
@@ -30,7 +38,7 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         fmt: "hf" (MarianMTModel directory; T5ForConditionalGeneration for relative positions;
             GPT2LMHeadModel for a decoder_only model, BertForMaskedLM or BertForSequenceClassification
             for an encoder_only one), "ctranslate2", "onnx" (both also for decoder_only and encoder_only
-            models: :mod:`~transduce.interop.ct2_family`, :mod:`~transduce.interop.onnx_family`) or "triton"
+            models: :mod:`~transduce.interop.ct2_family`, :mod:`~transduce.interop.onnx`) or "triton"
             (:mod:`~transduce.interop.triton`, translation models only) or "tensorrt" (the ONNX graphs and
             their TensorRT engines, :mod:`~transduce.interop.tensorrt`; on a CUDA GPU, translation models only).
         out: destination directory (must not exist unless ``force``); "triton": the repository.
@@ -42,18 +50,19 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
         ExportError: unsupported format/option, missing package, or a failed verification.
     """
     if fmt not in FORMATS:
-        raise ExportError(f"--format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
+        raise ExportError(f"export.format: must be one of {', '.join(FORMATS)}; got {fmt!r}")
     if quantization is not None and (fmt != "ctranslate2" or quantization not in QUANTIZATIONS):
-        raise ExportError(f"--quantization {quantization}: only 'int8' with --format ctranslate2 is supported")
+        raise ExportError(f"export.quantization {quantization}: only 'int8' with export.format ctranslate2 is "
+                          "supported")
     cfg = load_model_config(model_dir)
     arch, translates = cfg.arch, cfg.family.translates
     if build is not None and fmt != "tensorrt":
-        raise ExportError(f"--precision/--max-batch: are for --format tensorrt; got --format {fmt}")
+        raise ExportError(f"export.precision/export.max_batch: are for export.format tensorrt; got export.format {fmt}")
     if not translates and fmt in ("triton", "tensorrt"):
-        raise ExportError(f"--format {fmt}: exports encoder_decoder models; this one is {arch} (use --format hf, "
-                          "onnx or ctranslate2)")
+        raise ExportError(f"export.format {fmt}: exports encoder_decoder models; this one is {arch} (use export.format "
+                          "hf, onnx or ctranslate2)")
     if not translates and quantization is not None:
-        raise ExportError(f"--quantization {quantization}: exports encoder_decoder models; this one is {arch}")
+        raise ExportError(f"export.quantization {quantization}: exports encoder_decoder models; this one is {arch}")
     if fmt == "triton":
         from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
@@ -72,19 +81,19 @@ def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) ->
     """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
     fam, t5 = cfg.family, cfg.positions == "relative"
     if fmt == "hf" and fam.generates:
-        from .hf_gpt2 import export_hf_gpt2
+        from .gpt2 import export_hf_gpt2
         checks = export_hf_gpt2(model_dir, tmp)
     elif fmt == "hf" and fam.masked_lm:
-        from .hf_bert import export_hf_bert
+        from .bert import export_hf_bert
         checks = export_hf_bert(model_dir, tmp)
     elif fmt == "hf" and t5:
-        from .hf_t5 import export_hf_t5
+        from .t5 import export_hf_t5
         checks = export_hf_t5(model_dir, tmp)
     elif fmt == "hf":
-        from .hf import export_hf
+        from .marian import export_hf
         checks = export_hf(model_dir, tmp)
     elif fmt == "onnx" and not fam.translates:
-        from .onnx_family import export_onnx_family
+        from .onnx import export_onnx_family
         checks = export_onnx_family(model_dir, tmp)
     elif fmt == "ctranslate2" and not fam.translates:
         from .ct2_family import export_ct2_family
@@ -93,6 +102,26 @@ def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) ->
         from .ct2 import export_ctranslate2
         checks = export_ctranslate2(model_dir, tmp, quantization)
     else:
-        from .onnx_export import export_onnx
+        from .onnx import export_onnx
         checks = export_onnx(model_dir, tmp)
     return checks
+
+
+def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
+    """Convert the Hugging Face model directory ``hf_dir`` (MarianMTModel, e.g. OPUS-MT; T5 or mT5;
+    GPT-2; BERT, RoBERTa or Longformer: :data:`IMPORTS`) into the transduce model directory ``out``
+    (config.yaml, model.safetensors, tokenizer), verified against transformers on the family's
+    probes; returns the verification's measurements. Nothing is written unless every check passes."""
+    from .hf import HFImportError, read_json
+
+    where = Path(hf_dir)
+    if not where.is_dir():
+        raise HFImportError(f"{where}: not a directory")
+    config = read_json(where / "config.json")
+    kind = config.get("model_type")
+    if kind not in IMPORTS:
+        names = [repr(k) for k in IMPORTS]
+        raise HFImportError(f"{where / 'config.json'}: model_type is {kind!r}, not {', '.join(names[:-1])} or "
+                            f"{names[-1]} (the kinds transduce imports)")
+    module, function = IMPORTS[kind]
+    return getattr(importlib.import_module(f".{module}", __package__), function)(where, config, out, force)

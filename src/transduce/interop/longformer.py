@@ -5,20 +5,20 @@ transformers before anything is written.
 
 Longformer (Beltagy et al., 2020, https://arxiv.org/abs/2004.05150) is RoBERTa (the same
 embeddings, position offset, layers, masked-LM head and byte-level BPE, all mapped as
-:mod:`~transduce.interop.hf_bert_import` maps RoBERTa's) with another self-attention, which maps
-onto our ``model.attention=local`` exactly:
+:mod:`~transduce.interop.bert` maps RoBERTa's) with another self-attention, which maps
+onto our ``model.attention.kind=local`` exactly:
 
 - **the window**: a token sees the tokens within ``attention_window / 2`` on each side
-  (``LongformerSelfAttention.one_sided_attn_window_size``), ours ``model.attention_window``; a
-  list of windows, one per layer, is ``model.attention_windows``;
+  (``LongformerSelfAttention.one_sided_attn_window_size``), ours ``model.attention.window``; a
+  list of windows, one per layer, is ``model.attention.windows``;
 - **global tokens**: transformers marks them per call (``global_attention_mask``); ours are the
-  first ``model.global_tokens`` positions, i.e. ``global_attention_mask[:, :G] = 1``. The model
+  first ``model.attention.global_tokens`` positions, i.e. ``global_attention_mask[:, :G] = 1``. The model
   is written with G = 0, what ``LongformerForMaskedLM`` runs without a ``global_attention_mask``
-  (and how Longformer was pretrained); set ``model.global_tokens`` (1: ``<s>``, as
+  (and how Longformer was pretrained); set ``model.attention.global_tokens`` (1: ``<s>``, as
   ``LongformerForSequenceClassification`` does) to fine-tune with global attention;
 - **their projections**: a global token's row is computed from ``query_global``, ``key_global``
   and ``value_global`` over every position, while the other rows see the global tokens through
-  the local ``key`` and ``value``, each key once: ``model.global_projections``
+  the local ``key`` and ``value``, each key once: ``model.attention.global_projections``
   (:meth:`~transduce.model.attention.MultiHeadAttention.with_global_rows`);
 - transformers pads a batch to a multiple of the window with masked pad tokens and cuts the
   output back: nothing a real token sees.
@@ -40,12 +40,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..config import AttentionConfig, ModelConfig
 from ..errors import ConfigError, one_line
 from ..model import EncoderOnly
-from .hf_bert import bert_names, probe_inputs
-from .hf_bert_import import bert_model_config, is_tied, our_bert_state, write_encoder_import
-from .hf_read import HFImportError, read_weights
+from .bert import bert_model_config, bert_names, is_tied, our_bert_state, probe_inputs, write_encoder_import
+from .hf import HFImportError, read_weights
 from .verify import check_close
 
 logger = logging.getLogger(__name__)
@@ -85,8 +84,9 @@ def longformer_model_config(config: dict, where: Path, tied: bool) -> tuple[Mode
     windows = local_windows(config, where)
     same = len(set(windows)) == 1
     try:
-        return replace(cfg, attention="local", attention_window=windows[0], attention_windows=() if same else windows,
-                       global_tokens=0, global_projections=True), offset
+        attention = AttentionConfig("local", window=windows[0], windows=() if same else windows, global_tokens=0,
+                                    global_projections=True)
+        return replace(cfg, attention=attention), offset
     except ConfigError as e:
         raise HFImportError(f"{where / 'config.json'}: does not map to a valid transduce config ({one_line(e)})") \
             from None
@@ -104,7 +104,7 @@ def _with_new_head(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tens
 
 
 def import_longformer(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.hf_import.import_hf` for a Longformer directory ``where`` whose
+    """:func:`~transduce.interop.dispatch.import_hf` for a Longformer directory ``where`` whose
     config.json holds ``config``."""
     arch = longformer_architecture(config, where)
     state = read_weights(where)
@@ -119,7 +119,7 @@ def import_longformer(where: Path, config: dict, out, force: bool = False) -> di
 
 def probe_lengths(cfg: ModelConfig) -> tuple[int, ...]:
     """Probe lengths that reach past the widest window on both sides of a token (and short ones)."""
-    widest = max(cfg.attention_windows or (cfg.attention_window,))
+    widest = max(cfg.attention.windows or (cfg.attention.window,))
     top = 2 * widest + 5
     return (top, top - 3, top // 2 + 1, 3, 1)
 
@@ -135,8 +135,8 @@ def verify_longformer_import(model: EncoderOnly, hf, order: Tensor, atol: float 
     checks: dict[str, object] = {}
     for g in GLOBALS_CHECKED:
         ours = model
-        if g != model.config.global_tokens:
-            ours = EncoderOnly(replace(model.config, global_tokens=g)).eval()
+        if g != model.config.attention.global_tokens:
+            ours = EncoderOnly(replace(model.config, attention=replace(model.config.attention, global_tokens=g))).eval()
             ours.load_state_dict(model.state_dict())
         marks = torch.zeros_like(ids)
         marks[:, :g] = 1

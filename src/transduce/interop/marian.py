@@ -1,13 +1,22 @@
-"""Import a Hugging Face ``MarianMTModel`` directory (e.g. one of the OPUS-MT models) as a
-transduce model directory: the inverse of :mod:`transduce.interop.hf`. A T5 or mT5 directory
-(``model_type`` t5 or mt5) is handed to :mod:`transduce.interop.hf_t5_import`, a GPT-2 one
-(``gpt2``) to :mod:`transduce.interop.hf_gpt2_import`, a BERT or RoBERTa one (``bert``,
-``roberta``) to :mod:`transduce.interop.hf_bert_import`, a Longformer one (``longformer``) to
-:mod:`transduce.interop.hf_longformer_import`.
+"""Marian (OPUS-MT) as Hugging Face writes it, both ways: our post-LN Transformer with sinusoidal
+positions and ``MarianMTModel``, one parameter table (:func:`marian_name_map`) read by the export
+(:func:`export_hf`: config, safetensors, tokenizer files) and the import (:func:`import_marian`, a
+``model_type: marian`` directory such as one of the OPUS-MT models).
 
-Weights. Marian is the paper's post-LN Transformer; its residual channels are ours under the
-permutation ``P`` of :func:`~transduce.interop.hf.residual_permutation` (Marian's position table
-puts all sines first), so every D-facing axis is permuted back by ``P``'s inverse. Options a
+Marian is the paper's post-LN Transformer with sinusoidal positions, so a transduce model with
+those options maps onto it weight for weight, with one twist: our position table interleaves
+sin and cos (dims 2i, 2i+1, Sec. 3.5) while Marian puts all sines first and all cosines second.
+The Transformer is equivariant to a fixed permutation of the residual-stream channels, so we
+permute every D-facing weight axis (embeddings, the input side of q/k/v/fc1 and the output
+projection, the output side of out_proj/fc2, the LayerNorms) by ``P = [0, 2, 4, ..., 1, 3, ...]``;
+Marian's own table then equals ours under ``P`` and the two models compute the same logits.
+Head dimensions (q/k/v outputs) are not in the residual stream and stay as they are.
+
+Options Marian cannot express (pre-LN, RoPE or learned positions, SwiGLU, bias-free layers, a
+LayerNorm epsilon other than 1e-5, an odd D) are refused with a one-line error naming the option.
+
+Import. Weights: the same table read the other way, every D-facing axis permuted back by the
+inverse of ``P`` (:func:`residual_permutation`). Options a
 Marian config can carry are mapped (``scale_embedding``, ``activation_function`` relu/gelu/swish,
 shared or separate vocabularies, tied or untied output, ``final_logits_bias`` as
 ``model.output_bias``) or refused with one line naming the key.
@@ -38,13 +47,17 @@ Not supported (one-line errors): multilingual models whose vocabulary holds lang
 (``normalize_before``), an embedding LayerNorm, different encoder and decoder widths.
 
 Examples:
+    >>> from transduce.interop import import_hf
     >>> report = import_hf("opus-mt-en-de", "runs/opus-en-de")          # doctest: +SKIP
     >>> report["max_logit_diff"] < 1e-4                                  # doctest: +SKIP
     True
+
+Legend: D d_model, V vocabulary, P the channel permutation.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -57,13 +70,202 @@ from ..data.tokenizer import Tokenizer
 from ..errors import ConfigError, one_line, require
 from ..model import Transformer, save_model
 from ..model.io import load_state_checked
-from .base import staging_dir, torch_threads
-from .hf import MARIAN_ACTIVATIONS, MARIAN_LN_EPS, marian_name_map, permuted, residual_permutation
-from .hf_read import (HFImportError, check_against_hf, decode_config, load_hf_model, read_json, read_weights,
-                      refuse_unsupported, rewrite_spm)
-from .verify import LOGIT_TOL
+from ..progress import progress_bar
+from .base import ExportError, head_width_problems, load_for_export, no_progress_bars, staging_dir, torch_threads
+from .hf import (HFImportError, check_against_hf, decode_config, generation_config, load_hf_model, read_json,
+                 read_weights, refuse_unsupported, rewrite_spm)
+from .verify import (LOGIT_TOL, check_close, check_same_outputs, eager_logits, search_ids, probe_sources,
+                     probe_targets)
 
 logger = logging.getLogger(__name__)
+
+MARIAN_LN_EPS = 1e-5  # nn.LayerNorm's default, which Marian layers use without a config key
+# Our FFN activations under MarianConfig's names (OPUS-MT models use "swish", which is SiLU).
+MARIAN_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "swish"}
+
+
+def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
+    """The options of ``cfg`` that MarianMTModel cannot express, one phrase each."""
+    problems = []
+    if cfg.norm != "post":
+        problems.append(f"model.norm={cfg.norm} (Marian has post-LN layers only)")
+    if cfg.positions != "sinusoidal":
+        problems.append(f"model.positions={cfg.positions} (Marian has sinusoidal positions only)")
+    if cfg.activation not in MARIAN_ACTIVATIONS:
+        problems.append(f"model.activation={cfg.activation} (Marian's FFN is not gated)")
+    if not cfg.bias:
+        problems.append("model.bias=false (Marian's linear layers and LayerNorms have biases)")
+    if cfg.layer_norm_eps != MARIAN_LN_EPS:
+        problems.append(f"model.layer_norm_eps={cfg.layer_norm_eps} (Marian uses {MARIAN_LN_EPS})")
+    if cfg.d_model % 2:
+        problems.append(f"model.d_model={cfg.d_model} (odd widths have a different position table)")
+    return problems + head_width_problems(cfg, "Marian")
+
+
+def check_marian_compatible(cfg: ModelConfig) -> None:
+    """Raise ExportError naming the first option Marian cannot express."""
+    problems = marian_incompatibilities(cfg)
+    if problems:
+        raise ExportError(f"cannot export to Hugging Face Marian: {'; '.join(problems)}")
+
+
+def residual_permutation(d_model: int) -> Tensor:
+    """P such that Marian channel c holds our channel P[c]: evens (sines), then odds (cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+# The Marian mapping, read both ways (export: marian_state_dict; import: _our_state):
+# each layer parameter of ours -> (Marian's name, the side of it that faces the residual stream,
+# whose channels P permutes: "in" the columns, "out" the rows or a vector's entries, None neither).
+_ATTENTION_SIDES = {"q_proj.weight": "in", "q_proj.bias": None, "k_proj.weight": "in", "k_proj.bias": None,
+                    "v_proj.weight": "in", "v_proj.bias": None, "out_proj.weight": "out", "out_proj.bias": "out"}
+_FFN = {"ffn.fc1.weight": ("fc1.weight", "in"), "ffn.fc1.bias": ("fc1.bias", None),
+        "ffn.fc2.weight": ("fc2.weight", "out"), "ffn.fc2.bias": ("fc2.bias", "out")}
+_ATTENTIONS = {"encoder": {"self_attn": "self_attn"},
+               "decoder": {"self_attn": "self_attn", "cross_attn": "encoder_attn"}}
+_NORMS = {"encoder": {"norm1": "self_attn_layer_norm", "norm2": "final_layer_norm"},
+          "decoder": {"norm1": "self_attn_layer_norm", "norm2": "encoder_attn_layer_norm", "norm3": "final_layer_norm"}}
+
+
+def _layer_names(stack: str) -> dict[str, tuple[str, str | None]]:
+    """One ``stack`` layer's parameters: ours -> (Marian's, residual side)."""
+    names = {f"{ours}.{leaf}": (f"{theirs}.{leaf}", side) for ours, theirs in _ATTENTIONS[stack].items()
+             for leaf, side in _ATTENTION_SIDES.items()}
+    names.update(_FFN)
+    names.update({f"{ours}.{leaf}": (f"{theirs}.{leaf}", "out") for ours, theirs in _NORMS[stack].items()
+                  for leaf in ("weight", "bias")})
+    return names
+
+
+def marian_name_map(cfg: ModelConfig) -> dict[str, tuple[str, str | None]]:
+    """Every layer parameter of ours -> (its MarianMTModel name, the residual side P permutes)."""
+    return {f"{stack}_layers.{i}.{ours}": (f"model.{stack}.layers.{i}.{theirs}", side)
+            for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers))
+            for i in range(n) for ours, (theirs, side) in _layer_names(stack).items()}
+
+
+def permuted(t: Tensor, side: str | None, perm: Tensor) -> Tensor:
+    """``t`` with its residual ``side`` (see :func:`marian_name_map`) put in the order ``perm``."""
+    return t[:, perm] if side == "in" else t[perm] if side == "out" else t
+
+
+def _embeddings(model: Transformer, perm: Tensor) -> dict[str, Tensor]:
+    """Token embeddings, output layer, position tables (Marian recomputes the same ones)."""
+    cfg = model.config
+    src = model.src_embed.tokens.weight.detach()[:, perm]                # (V_src, D)
+    tgt = model.tgt_embed.tokens.weight.detach()[:, perm]                # (V_tgt, D)
+    table = model.src_embed.positions(0, cfg.max_positions).detach()[:, perm]  # (P, D)
+    out = {"model.encoder.embed_tokens.weight": src, "model.decoder.embed_tokens.weight": tgt,
+           "model.encoder.embed_positions.weight": table, "model.decoder.embed_positions.weight": table,
+           "lm_head.weight": model.output_proj.weight.detach()[:, perm],
+           "final_logits_bias": (model.output_proj.bias.detach()[None] if cfg.output_bias
+                                 else torch.zeros(1, cfg.tgt_vocab_size))}
+    if cfg.share_embeddings:
+        out["model.shared.weight"] = src
+    return out
+
+
+def marian_state_dict(model: Transformer) -> dict[str, Tensor]:
+    """Our weights under MarianMTModel's parameter names, residual channels permuted by P."""
+    perm = residual_permutation(model.config.d_model)
+    ours = model.state_dict()
+    state = _embeddings(model, perm)
+    state.update({theirs: permuted(ours[k].detach(), side, perm)
+                  for k, (theirs, side) in marian_name_map(model.config).items()})
+    return {k: v.float().contiguous() for k, v in state.items()}
+
+
+def marian_config(cfg: ModelConfig):
+    """The MarianConfig of the same shape; generation starts from our BOS, not Marian's PAD."""
+    transformers = require("transformers", "export")
+    return transformers.MarianConfig(
+        vocab_size=cfg.src_vocab_size, decoder_vocab_size=cfg.tgt_vocab_size,
+        d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=MARIAN_ACTIVATIONS[cfg.activation],
+        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_output,
+        pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id,
+        decoder_start_token_id=cfg.bos_id, forced_eos_token_id=None,
+    )
+
+
+def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, max_len: int) -> None:
+    """source.spm, target.spm, vocab.json (+ target_vocab.json) and tokenizer_config.json.
+
+    Our SentencePiece ids are the model ids, so vocab.json maps each piece to its own id.
+    """
+    from ..data.tokenizer import JOINT_MODEL, SIDE_MODELS
+
+    root = Path(model_dir)
+    for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
+        path = root / (JOINT_MODEL if tok.joint else SIDE_MODELS[side])
+        (out / name).write_bytes(path.read_bytes())
+    vocab = {p: i for i, p in enumerate(tok.pieces(range(tok.src_vocab_size), "src"))}
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    if not tok.joint:
+        tvocab = {p: i for i, p in enumerate(tok.pieces(range(tok.tgt_vocab_size), "tgt"))}
+        (out / "target_vocab.json").write_text(json.dumps(tvocab, ensure_ascii=False, indent=1), encoding="utf-8")
+    config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not tok.joint,
+              "model_max_length": max_len, "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "pad_token": "<pad>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+
+
+def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
+    """Write a MarianMTModel directory for ``model_dir`` into ``out`` and verify it."""
+    transformers = require("transformers", "export")
+    model, tok = load_for_export(model_dir, need_tokenizer=True)
+    cfg = model.config
+    check_marian_compatible(cfg)
+    if (tok.src_vocab_size, tok.tgt_vocab_size) != (cfg.src_vocab_size, cfg.tgt_vocab_size):
+        raise ExportError(f"{model_dir}: tokenizer vocabularies ({tok.src_vocab_size}, {tok.tgt_vocab_size}) "
+                          f"do not match the model's ({cfg.src_vocab_size}, {cfg.tgt_vocab_size})")
+    hf = transformers.MarianMTModel(marian_config(cfg))
+    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
+    if missing or unexpected:
+        raise ExportError(f"Marian weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    hf.generation_config = generation_config(cfg)
+    with no_progress_bars(transformers):
+        hf.save_pretrained(out)
+        write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
+        return verify_hf(model, out)
+
+
+@torch.no_grad()
+def verify_hf(model: Transformer, out: Path, atol: float = LOGIT_TOL) -> dict[str, object]:
+    """Reload ``out`` with transformers; compare logits, greedy and beam outputs to eager."""
+    transformers = require("transformers", "export")
+    hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    src = probe_sources(model)
+    tgt = probe_targets(model, src.shape[0])
+    mask = src != model.config.pad_id
+    with progress_bar(3, unit="checks", desc="verifying") as bar:
+        got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+        want = eager_logits(model, src, tgt)
+        checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, want, atol)}
+        bar.update()
+        max_len = 12
+        for beam in (1, 4):
+            want = search_ids(model, src, beam, max_len)
+            got_ids = marian_generate_ids(hf, src, model.config.pad_id, beam, max_len)
+            name = "greedy" if beam == 1 else "beam"
+            checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
+                                                               beam=beam > 1)
+            bar.update()
+    return checks
+
+
+def marian_generate_ids(hf, src: Tensor, pad_id: int, beam: int, max_len: int) -> list[list[int]]:
+    """``hf.generate``'s greedy (beam 1) or beam output ids for id rows ``src`` (B, S), as our
+    search decodes: length penalty 0, stopping at ``beam`` finished, ``max_len`` tokens at most."""
+    options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
+    gen = hf.generate(input_ids=src, attention_mask=(src != pad_id).long(), num_beams=beam,
+                      max_length=max_len + 1, do_sample=False, **options)  # max_length counts the decoder start
+    return [row[1:].tolist() for row in gen]  # without the decoder start token
+
 
 ACTIVATIONS = {marian: ours for ours, marian in MARIAN_ACTIVATIONS.items()}
 # MarianConfig keys whose non-default values transduce cannot express, and the default.
@@ -71,27 +273,11 @@ REFUSED = {"normalize_before": False, "normalize_embedding": False, "add_final_l
            "layernorm_embedding": False, "static_position_embeddings": True}
 
 
-def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = False) -> dict[str, object]:
-    """Convert the MarianMTModel (or T5ForConditionalGeneration) directory ``hf_dir`` into the
-    transduce model directory ``out`` (config.yaml with decoding settings, model.safetensors,
-    tokenizer), verified against transformers' own forward pass and greedy/beam search; returns
-    the verification's measurements. Nothing is written unless every check passes."""
-    where = Path(hf_dir)
-    if not where.is_dir():
-        raise HFImportError(f"{where}: not a directory")
-    config = read_json(where / "config.json")
-    if config.get("model_type") in ("t5", "mt5"):
-        from .hf_t5_import import import_t5
-        return import_t5(where, config, out, force)
-    if config.get("model_type") == "gpt2":
-        from .hf_gpt2_import import import_gpt2
-        return import_gpt2(where, config, out, force)
-    if config.get("model_type") in ("bert", "roberta"):
-        from .hf_bert_import import import_bert
-        return import_bert(where, config, out, force)
-    if config.get("model_type") == "longformer":
-        from .hf_longformer_import import import_longformer
-        return import_longformer(where, config, out, force)
+def import_marian(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
+    """:func:`~transduce.interop.dispatch.import_hf` for a MarianMTModel directory ``where`` whose
+    config.json holds ``config``: the transduce model directory ``out`` (config.yaml with decoding
+    settings, model.safetensors, tokenizer), verified against transformers' own forward pass and
+    greedy/beam search; returns the verification's measurements."""
     cfg, src_vocab, tgt_vocab = _model_config(config, where)
     model = Transformer(cfg)
     load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
@@ -142,9 +328,6 @@ def _by_id(vocab: dict, path: Path) -> list[str]:
 def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Vocab]:
     """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
     name = where / "config.json"
-    if config.get("model_type") != "marian":
-        raise HFImportError(f"{name}: model_type is {config.get('model_type')!r}, not 'marian', 't5', 'mt5', "
-                            "'gpt2', 'bert' or 'roberta' (the kinds transduce imports)")
     refuse_unsupported(config, name, REFUSED, "transduce's Marian layout is post-LN with sinusoidal positions "
                        "and no embedding LayerNorm")
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
@@ -192,7 +375,7 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
 def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tgt_order: Tensor
                ) -> dict[str, Tensor]:
     """Marian's tensors under our names: residual axes permuted back by P's inverse, vocabulary
-    rows put in our order (:func:`~transduce.interop.hf.marian_name_map`, the table the export
+    rows put in our order (:func:`marian_name_map`, the table the export
     reads the other way)."""
     inv = torch.argsort(residual_permutation(cfg.d_model))
 

@@ -55,9 +55,9 @@ class EngineBuild:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision: must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+            raise ConfigError(f"export.precision: must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.max_batch < 1:
-            raise ConfigError(f"--max-batch: must be >= 1; got {self.max_batch}")
+            raise ConfigError(f"export.max_batch: must be >= 1; got {self.max_batch}")
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,11 @@ def export_tensorrt(model_dir: str | os.PathLike, out: Path, build: EngineBuild)
     import torch
 
     from ..model.io import load_decode_config
-    from .onnx_export import export_onnx
+    from .onnx import export_onnx
 
     trt = load_tensorrt()
     if not torch.cuda.is_available():
-        raise ExportError("--format tensorrt: building engines needs a CUDA GPU (they are built for the GPU they "
+        raise ExportError("export.format tensorrt: building engines needs a CUDA GPU (they are built for the GPU they "
                           "run on); none is available")
     checks = export_onnx(model_dir, out)
     meta = json.loads((out / ONNX_META).read_text(encoding="utf-8"))

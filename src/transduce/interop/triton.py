@@ -8,8 +8,7 @@ are the defaults a request's parameters replace. Exporting again with another ``
 model to the same repository (several language pairs, or checkpoints, in one server).
 
 The Python backend runs the interpreter found on the server's ``PATH``: transduce must be
-installed there. :func:`tritonserver_command` runs such a repository with the ``tritonserver``
-that pytriton bundles (the ``triton`` extra).
+installed there.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
-import sysconfig
 from pathlib import Path
 
 from .base import ExportError, staging_dir
@@ -92,7 +89,7 @@ def export_triton(model_dir: str | os.PathLike, repo: str | os.PathLike, name: s
     from ..checksums import verify_all
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-        raise ExportError(f"--name: a Triton model name of letters, digits, '_', '.', '-'; got {name!r}")
+        raise ExportError(f"export.name: a Triton model name of letters, digits, '_', '.', '-'; got {name!r}")
     model_dir, repo = Path(model_dir), Path(repo)
     if repo.exists() and not repo.is_dir():
         raise ExportError(f"{repo}: exists and is not a directory (a model repository)")
@@ -109,28 +106,3 @@ def export_triton(model_dir: str | os.PathLike, repo: str | os.PathLike, name: s
             shutil.copy2(f, copy / f.name)
         verify_all(copy)
     return {"model": name, "files": len(files), "max_batch_size": MAX_BATCH}
-
-
-def tritonserver_command(repo: str | os.PathLike, http_port: int, grpc_port: int, workdir: str | os.PathLike
-                         ) -> tuple[list[str], dict[str, str]]:
-    """The command and environment that run ``repo`` with pytriton's bundled ``tritonserver`` on
-    loopback: its Python backend, with the stub of this Python, assembled in ``workdir``."""
-    try:
-        import pytriton
-    except ImportError:
-        raise ExportError("running a Triton repository needs the optional package 'pytriton'; install it with: "
-                          "pip install 'transduce[triton]'") from None
-    bundled = Path(pytriton.__file__).parent / "tritonserver"
-    backends = Path(workdir) / "backends"
-    shutil.copytree(bundled / "backends", backends, dirs_exist_ok=True)
-    stub = bundled / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}"
-    shutil.copy2(stub / "triton_python_backend_stub", backends / "python" / "triton_python_backend_stub")
-    libs = [str(Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs")]
-    libdir = sysconfig.get_config_var("LIBDIR")  # the stub must load this interpreter's libpython
-    env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join([libdir, *libs, os.environ.get("LD_LIBRARY_PATH", "")]),
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    command = [str(bundled / "bin" / "tritonserver"), f"--model-repository={Path(repo).resolve()}",
-               f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={http_port}",
-               "--grpc-address=127.0.0.1", f"--grpc-port={grpc_port}", "--allow-metrics=false",
-               "--exit-timeout-secs=30"]
-    return command, env

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config.attention import AttentionConfig
+
 from .bigbird import BigBirdAttention
 from .embeddings import RotaryEmbedding
 from .linformer import LinformerAttention
@@ -91,32 +93,6 @@ class FullAttention:
 Kernel = FullAttention | LocalAttention | LinformerAttention | BigBirdAttention | LSHAttention
 
 
-@dataclass(frozen=True)
-class AttentionPattern:
-    """Which keys a query sees: "full" (the paper, :class:`FullAttention`), "local" (``window``
-    positions each side and ``n_global`` global tokens,
-    :class:`~transduce.model.local_attention.LocalAttention`) or "linformer" (keys and values
-    projected along the sequence to ``linformer_k`` rows by learned (k x ``max_len``) matrices,
-    :class:`~transduce.model.linformer.LinformerAttention`), "bigbird" (blocks of ``block``:
-    window, global and ``n_random`` random blocks, :class:`~transduce.model.bigbird.BigBirdAttention`)
-    or "lsh" (``n_hashes`` rounds into ``n_buckets`` buckets, chunks of ``block``,
-    :class:`~transduce.model.lsh.LSHAttention`); ``seed`` draws bigbird's random blocks and
-    lsh's rotations (one per layer). ``global_projections`` (local only): the global tokens' rows
-    use projections of their own, as Longformer's (:meth:`MultiHeadAttention.with_global_rows`)."""
-
-    kind: str = "full"
-    window: int = 0
-    n_global: int = 0
-    linformer_k: int = 0
-    max_len: int = 0
-    block: int = 0
-    n_random: int = 0
-    n_hashes: int = 0
-    n_buckets: int = 0
-    seed: int = 0
-    global_projections: bool = False
-
-
 @dataclass
 class LayerCache:
     """One decoder layer's cached keys and values: self-attention (B, H, T, Dh), growing by the
@@ -183,16 +159,20 @@ class MultiHeadAttention(nn.Module):
         dropout: dropout on attention weights.
         bias: whether the four projections have biases.
         rope: a rotary embedding applied to q and k (self-attention only), or None.
-        pattern: which keys each query sees (full attention by default); it picks the module's
-            ``kernel`` once, here.
+        pattern: which keys each query sees (full attention by default): one block's
+            :class:`~transduce.config.attention.AttentionConfig`, its ``kind`` and ``window`` this
+            block's and its ``seed`` this layer's (:func:`~transduce.model.layers.attention_pattern`);
+            it picks the module's ``kernel`` once, here.
         scale: the factor of Q K^T, None for the paper's 1 / sqrt(Dh); T5's 1 (full attention only).
         head_dim: Dh, the width of each head (d_k = d_v); None for D / H (the paper). The
             projections then map D to H * Dh and W^O maps H * Dh back to D.
+        max_len: the longest sequence: the span of Linformer's projections (``pattern.kind``
+            linformer only).
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: RotaryEmbedding | None = None, pattern: AttentionPattern = AttentionPattern(),
-                 scale: float | None = None, head_dim: int | None = None):
+                 rope: RotaryEmbedding | None = None, pattern: AttentionConfig = AttentionConfig(),
+                 scale: float | None = None, head_dim: int | None = None, max_len: int = 0):
         super().__init__()
         self.pattern = pattern
         self.scale = scale
@@ -204,9 +184,9 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, width, bias=bias)
         self.out_proj = nn.Linear(width, d_model, bias=bias)
         self.rope = rope
-        self.kernel = self._kernel(pattern)
+        self.kernel = self._kernel(pattern, max_len)
 
-    def _kernel(self, pattern: AttentionPattern) -> Kernel:
+    def _kernel(self, pattern: AttentionConfig, max_len: int) -> Kernel:
         """The attention this module runs, chosen once: the one place that asks the kind."""
         if pattern.kind == "local":
             if pattern.global_projections:  # Longformer's query/key/value_global, parameters of this module
@@ -215,15 +195,15 @@ class MultiHeadAttention(nn.Module):
                 self.q_global_proj = nn.Linear(d_model, width, bias=bias)
                 self.k_global_proj = nn.Linear(d_model, width, bias=bias)
                 self.v_global_proj = nn.Linear(d_model, width, bias=bias)
-            return LocalAttention(pattern.window, pattern.n_global)
+            return LocalAttention(pattern.window, pattern.global_tokens)
         if pattern.kind == "bigbird":
-            return BigBirdAttention(pattern.block, pattern.n_random, pattern.seed)
+            return BigBirdAttention(pattern.block, pattern.random_blocks, pattern.seed)
         if pattern.kind == "lsh":  # shared QK (Reformer Sec. 3): keys come from the query projection
             self.k_proj = self.q_proj
-            return LSHAttention(pattern.block, pattern.n_hashes, pattern.n_buckets, pattern.seed)
+            return LSHAttention(pattern.block, pattern.lsh_hashes, pattern.lsh_buckets, pattern.seed)
         if pattern.kind == "linformer":  # E and F of Linformer's Eq. 7, parameters of this module
-            self.e_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
-            self.f_proj = nn.Linear(pattern.max_len, pattern.linformer_k, bias=False)
+            self.e_proj = nn.Linear(max_len, pattern.linformer_k, bias=False)
+            self.f_proj = nn.Linear(max_len, pattern.linformer_k, bias=False)
             return LinformerAttention(self.e_proj, self.f_proj)
         return FullAttention(self.scale)
 
@@ -270,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         """
         if kv is None and key_value is query:  # self-attention
             q, k, v = self.project_qkv(query, start)                     # (B, H, T, Dh)
-            if self.pattern.global_projections and self.pattern.n_global and not need_weights:
+            if self.pattern.global_projections and self.pattern.global_tokens and not need_weights:
                 return self.with_global_rows(query, q, k, v, mask), None
         else:
             q = self.split_heads(self.q_proj(query))                     # (B, H, Tq, Dh)
@@ -284,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         local heads q, k, v (B, H, T, Dh): the G global tokens' rows are full attention (Eq. 1)
         of their own projections (``q_global_proj``, ...) over every position; the other rows are
         this module's local kernel over q, k, v, the global tokens among its keys. -> (B, T, D)."""
-        n = min(self.pattern.n_global, x.shape[1])
+        n = min(self.pattern.global_tokens, x.shape[1])
         qg = self.split_heads(self.q_global_proj(x[:, :n]))               # (B, H, n, Dh)
         kg, vg = self.split_heads(self.k_global_proj(x)), self.split_heads(self.v_global_proj(x))  # (B, H, T, Dh)
         rows = scaled_dot_product_attention(qg, kg, vg, mask, self.dropout if self.training else 0.0)[0]

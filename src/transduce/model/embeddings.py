@@ -27,7 +27,7 @@ def _rows(table: Tensor, start: int | Tensor, length: int) -> Tensor:
     position kept on the device, as a decoding step replayed from a CUDA graph keeps it) is read
     through ``index_select``, which needs no host read; the table must already reach that far.
     A 1-dim ``start`` (B,) gives each row of a batch its own first position (rows that joined a
-    running batch at different steps: :mod:`transduce.inference.engine`) -> (B, length, D)."""
+    running batch at different steps, as continuous batching does) -> (B, length, D)."""
     if isinstance(start, Tensor):
         steps = torch.arange(length, device=table.device)
         if start.dim() == 1:

@@ -6,11 +6,14 @@ x + Dropout(Sublayer(LayerNorm(x))) ("pre", Xiong et al., 2020, https://arxiv.or
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .attention import AttentionPattern, LayerCache, MultiHeadAttention
+from ..config.attention import AttentionConfig
+from .attention import LayerCache, MultiHeadAttention
 from .embeddings import RotaryEmbedding
 
 
@@ -67,23 +70,23 @@ def init_linear_weights(model: nn.Module, skip: tuple[nn.Module, ...] = ()) -> N
                 nn.init.zeros_(module.bias)
 
 
-def attention_pattern(cfg: ModelConfig, kind: str, layer: int = 0) -> AttentionPattern:
-    """The :class:`AttentionPattern` of one attention block of kind ``cfg.attention`` (or
-    ``cfg.cross_attention``) in layer ``layer`` of the model (its random pattern's seed, its
-    window when ``cfg.attention_windows`` gives one per layer); Linformer's projections span
-    ``cfg.max_positions`` positions."""
+def attention_pattern(cfg: ModelConfig, kind: str, layer: int = 0) -> AttentionConfig:
+    """One attention block's ``cfg.attention``: of kind ``kind`` (``cfg.attention.kind``, or
+    ``.cross``, or full) in layer ``layer`` of the model: its window the layer's when
+    ``windows`` gives one per layer, its random pattern's seed ``seed * 10000 + layer``; Longformer's
+    projections for local self-attention only."""
     if kind == "full":
-        return AttentionPattern()
-    window = cfg.attention_windows[layer] if cfg.attention_windows and kind == "local" else cfg.attention_window
-    return AttentionPattern(kind, window, cfg.global_tokens, cfg.linformer_k, cfg.max_positions,
-                            cfg.attention_block, cfg.random_blocks, cfg.lsh_hashes, cfg.lsh_buckets,
-                            cfg.attention_seed * 10_000 + layer, cfg.global_projections and kind == "local")
+        return AttentionConfig()
+    a = cfg.attention
+    window = a.windows[layer] if a.windows and kind == "local" else a.window
+    return replace(a, kind=kind, cross="full", window=window, windows=(), seed=a.seed * 10_000 + layer,
+                   global_projections=a.global_projections and kind == "local")
 
 
 def decoder_self_attention(cfg: ModelConfig) -> str:
     """The kind of the decoder's (causal) self-attention: local and lsh have a causal form;
     linformer and bigbird do not, so with them it stays full."""
-    return cfg.attention if cfg.attention in ("local", "lsh") else "full"
+    return cfg.attention.kind if cfg.attention.kind in ("local", "lsh") else "full"
 
 
 def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = None,
@@ -92,7 +95,7 @@ def attention_block(cfg: ModelConfig, kind: str, rope: RotaryEmbedding | None = 
     of pattern ``kind`` in layer ``layer`` (its random pattern's seed)."""
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cfg.bias, rope,
                               attention_pattern(cfg, kind, layer), None if cfg.scale_attention else 1.0,
-                              cfg.d_head)
+                              cfg.d_head, cfg.max_positions)
 
 
 class EncoderLayer(nn.Module):
@@ -101,7 +104,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | None = None, layer: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
-        self.self_attn = attention_block(cfg, cfg.attention, rope, layer)
+        self.self_attn = attention_block(cfg, cfg.attention.kind, rope, layer)
         self.ffn = FeedForward(cfg)
         self.norm1 = norm_layer(cfg)
         self.norm2 = norm_layer(cfg)
@@ -127,7 +130,7 @@ class DecoderLayer(nn.Module):
 
     ``cross_attention=False`` leaves the middle block out (no ``cross_attn``, no ``norm2``): the
     layer of a decoder-only language model, whose only context is the prefix (GPT).
-    Self-attention is local or lsh when ``cfg.attention`` is (causal), else full
+    Self-attention is local or lsh when ``cfg.attention.kind`` is (causal), else full
     (:func:`decoder_self_attention`): Linformer's projection and BigBird's global and random
     blocks mix future positions, so they have no causal form. ``layer`` is the layer's index
     in the model (its random pattern's seed).
@@ -138,7 +141,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = attention_block(cfg, decoder_self_attention(cfg), rope, layer)
-        self.cross_attn = attention_block(cfg, cfg.cross_attention) if cross_attention else None
+        self.cross_attn = attention_block(cfg, cfg.attention.cross) if cross_attention else None
         self.ffn = FeedForward(cfg)
         self.norm1 = norm_layer(cfg)
         self.norm2 = norm_layer(cfg) if cross_attention else None

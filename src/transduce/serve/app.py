@@ -81,9 +81,9 @@ class TranslationService:
         self.defaults = translator.settings(**(defaults or {}))
         self.batch_tokens = self.defaults.batch_tokens
         self.batcher = DynamicBatcher(self._run, max_cost=self.batch_tokens, wait_ms=cfg.batch_wait_ms,
-                                      max_jobs=256 if cfg.batching else 1, max_queued=cfg.max_queued)
+                                      max_jobs=256 if cfg.batching != "none" else 1, max_queued=cfg.max_queued)
         self.continuous = None
-        if cfg.continuous:
+        if cfg.batching == "continuous":
             try:
                 self.continuous = ContinuousRoute(translator)
             except BaseException:

@@ -29,7 +29,7 @@ class ContinuousRoute:
         if why is None and translator.speculation is not None:
             why = "a draft model runs on request batching"
         if why is not None:
-            raise ConfigError(f"serve.continuous: {why}; use --batching request")
+            raise ConfigError(f"serve.batching: not continuous here ({why}); use --batching request")
         self.engine = ContinuousTranslator(translator, Budget(max_rows=max_rows))
 
     @staticmethod

@@ -61,7 +61,7 @@ def bind(triton, model: TritonTranslate, cfg: ServeConfig) -> None:
     import numpy as np
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
-    delay_us = int(cfg.batch_wait_ms * 1000) if cfg.batching else 0
+    delay_us = int(cfg.batch_wait_ms * 1000) if cfg.batching != "none" else 0
     config = ModelConfig(max_batch_size=cfg.max_sentences,
                          batcher=DynamicBatcher(max_queue_delay_microseconds=delay_us,
                                                 preferred_batch_size=preferred_batch_sizes(cfg.max_sentences)))

@@ -14,7 +14,7 @@ import torch
 from ..config import RunConfig
 from ..data.batch import Batch, Specials
 from ..data.alignments import word_starts
-from ..data.batching import round_up, token_budget_batches
+from ..data.epoch_batches import round_up, token_budget_batches
 from ..data.corpus import sample_tokens
 from ..data.encoder_inputs import (TRAIN_STREAM, classification_batch, masked_batch, masking_generator,
                                    next_sentence_batch)

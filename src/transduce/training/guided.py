@@ -30,7 +30,7 @@ from ..data.alignments import reference, word_index
 from ..data.prepared import PreparedData
 from ..errors import ConfigError
 from ..inference.search.common import AttentionChoice
-from ..inference.alignment import alignment_choice
+from ..inference.text.alignment import alignment_choice
 
 
 def alignment_targets(links: Sequence[tuple[int, int]], src_pieces: Sequence[str], tgt_pieces: Sequence[str],

@@ -41,7 +41,7 @@ from .ema import EMA_WEIGHTS, WeightEMA
 from .distributed import DistInfo, all_reduce_sum, barrier, init_distributed, shutdown_distributed
 from .feed import StepFeed
 from .guided import guided_setup
-from .graphs import GraphedStep
+from .cuda_graphs import GraphedStep
 from .report import MetricsLog
 from .resume import Checkpointing
 from .schedule import learning_rate
@@ -383,8 +383,8 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
     if dist.enabled and device.type == "cuda":
         device = torch.device("cuda", dist.local_rank)
     try:
-        if cfg.train.num_threads:
-            torch.set_num_threads(cfg.train.num_threads)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
         latest = latest_checkpoint(run_dir / "checkpoints")
         if latest is not None and not resume:
             raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "

@@ -4,7 +4,7 @@ weights learn to live with it.
 
 Each ``nn.Linear`` becomes a :class:`FakeQuantLinear`: its weight rounded to int8 per output
 row and its input per tensor (symmetric, scale = largest magnitude / 127.5, as
-:mod:`~transduce.inference.speed.static` quantises them), through PyTorch's
+:mod:`~transduce.inference.speed.static_int8` quantises them), through PyTorch's
 ``fake_quantize_per_channel_affine`` / ``fake_quantize_per_tensor_affine``, whose gradient is
 the straight-through estimator. torchao's QAT configs fake-quantise activations per token only,
 not per tensor as the static int8 model computes. Attention projections run one layer at a time

@@ -34,8 +34,15 @@ from .vocab import grow_vocab_rows
 logger = logging.getLogger("transduce.training")
 
 DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # the model keys a fine-tuning run may change,
-GLOBALS = ("global_tokens",)  # ... which leading tokens local attention makes global (no weight depends on it)
+# ... which leading tokens local attention makes global (no weight depends on it)
+GLOBALS = ("attention.global_tokens",)
 VOCAB_SIZES = ("src_vocab_size", "tgt_vocab_size")  # ... and, with train.extend_vocab, these
+
+
+def model_keys(cfg) -> dict:
+    """A model config's keys and values, model.attention's as ``attention.KEY``."""
+    keys = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "attention"}
+    return keys | {f"attention.{f.name}": getattr(cfg.attention, f.name) for f in fields(cfg.attention)}
 
 
 def new_classifier_layer(state: dict[str, torch.Tensor], own: torch.nn.Module, directory: Path, saved,
@@ -89,10 +96,10 @@ class Checkpointing:
         self._check_init_tokenizer(directory, extend)
         free = (DROPOUTS + GLOBALS + (("n_classes", "labels", "nsp") if new_head else ())
                 + (VOCAB_SIZES if extend else ()) + (("n_classes", "labels") if new_classes else ()))
-        for f in fields(saved):
-            if f.name not in free and getattr(saved, f.name) != getattr(self.model_cfg, f.name):
-                raise ConfigError(f"train.init_from: {directory} has model.{f.name}={getattr(saved, f.name)}; "
-                                  f"this run's is {getattr(self.model_cfg, f.name)}")
+        theirs, ours = model_keys(saved), model_keys(self.model_cfg)
+        for key, value in theirs.items():
+            if key not in free and value != ours[key]:
+                raise ConfigError(f"train.init_from: {directory} has model.{key}={value}; this run's is {ours[key]}")
         state = read_weights(directory / WEIGHTS)
         # the rows and heads initialised here, read whole (gathered under train.fsdp)
         own = full_model(self.model, everywhere=True) if self.sharded and (extend or new_head or new_classes) \

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..data.batch import Batch
-from ..data.batching import BatchPlan
+from ..data.epoch_batches import BatchPlan
 from ..data.prepared import TokenPairs
 from ..errors import TransduceError
 

@@ -1,5 +1,5 @@
 """The pieces of one optimizer step, shared by the Trainer's eager/compiled step and the graphed
-step (``training/graphs.py``): micro-batch forward/backward, the optimizer, clipping and the
+step (``training/cuda_graphs.py``): micro-batch forward/backward, the optimizer, clipping and the
 non-finite skip. Nothing here reads a value back to the host: a GPU runs ahead of Python.
 """
 

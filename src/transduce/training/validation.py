@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..data.batch import Batch
-from ..data.batching import token_budget_batches
+from ..data.epoch_batches import token_budget_batches
 from ..data.encoder_inputs import classification_batch
 from ..data.multilingual import lang_tag, pair_name
 from ..data.prepared import TokenPairs

@@ -1,1 +1,1 @@
-"""Pictures: learning curves and attention maps (matplotlib, an optional extra)."""
+"""Pictures: learning curves, the ablation plot and attention heatmaps (matplotlib, an optional extra)."""

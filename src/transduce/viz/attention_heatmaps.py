@@ -1,6 +1,6 @@
-"""Attention heatmaps of one translation (:func:`~transduce.inference.attention.attention_maps`),
+"""Attention heatmaps of one translation (:func:`~transduce.inference.analysis.attention_maps.attention_maps`),
 and the health grid of every head over a file
-(:func:`~transduce.inference.attention_stats.attention_stats`)."""
+(:func:`~transduce.inference.analysis.attention_stats.attention_stats`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from ..atomic import atomic_path
-from ..inference.attention import AttentionMaps
-from ..inference.attention_stats import KINDS, AttentionStats
+from ..inference.analysis.attention_maps import AttentionMaps
+from ..inference.analysis.attention_stats import KINDS, AttentionStats
 from .curves import require_matplotlib
 
 

@@ -15,8 +15,8 @@ from toy_model import toy_pairs
 from transduce.data.tokenizer import load_tokenizer
 from transduce.errors import ConfigError
 from transduce.inference import HealthLimits, Translator, attention_stats
-from transduce.inference.alignment import hard_alignment
-from transduce.inference.attention_stats import CLASSES, OFFSETS, HeadTally, query_figures
+from transduce.inference.text.alignment import hard_alignment
+from transduce.inference.analysis.attention_stats import CLASSES, OFFSETS, HeadTally, query_figures
 from transduce.model import Transformer, load_model
 
 PAIRS = toy_pairs(60, seed=11)

@@ -1,5 +1,5 @@
 """``runtime.compile``: the static search's step compiled by torch.compile on the CPU
-(inference/search/static.py), against the eager searches; its one-line errors. Compiling needs
+(inference/search/static_shapes.py), against the eager searches; its one-line errors. Compiling needs
 a C++ compiler (Inductor's CPU kernels): those tests are skipped without one, saying so."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from transduce.config import DecodeConfig, Runtime
 from transduce.errors import ConfigError
 from transduce.inference import SearchSpec, Translator, prepare_for_decoding, restore
 from transduce.inference.placement import prepared_for
-from transduce.inference.search import static as static_module
+from transduce.inference.search import static_shapes as static_module
 from transduce.inference.speed import COMPILED_STEP, compile_step, compiles_step
 from transduce.inference.speed.cpu import OneDNNLinear, onednn_available
-from transduce.inference.speed.static import linear_names, quantize_static
+from transduce.inference.speed.static_int8 import linear_names, quantize_static
 
 needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
                                     reason="torch.compile's CPU kernels need a C++ compiler (g++, or CXX)")

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from inference_helpers import BOS, PAD, assert_same_search, random_sources, tiny_transformer
-from transduce.config import DecodeConfig
+from transduce.config import AttentionConfig, DecodeConfig
 from transduce.inference import beam_search, greedy_search
 from transduce.errors import ConfigError
 from transduce.inference import SearchSpec
 
-LONG = dict(attention="local", cross_attention="local", attention_window=2, global_tokens=1)
+LONG = dict(attention=AttentionConfig("local", cross="local", window=2, global_tokens=1))
 
 
 def _teacher_forced_log_probs(model, src, tokens, lengths):
@@ -25,9 +25,9 @@ def _teacher_forced_log_probs(model, src, tokens, lengths):
     return (logp * keep).sum(-1).view(b, k)
 
 
-@pytest.mark.parametrize("kw", [LONG, dict(attention="linformer", linformer_k=4),
-                                dict(attention="bigbird", attention_block=2, random_blocks=1),
-                                dict(attention="lsh", attention_block=2, lsh_buckets=4)])
+@pytest.mark.parametrize("kw", [LONG, dict(attention=AttentionConfig("linformer", linformer_k=4)),
+                                dict(attention=AttentionConfig("bigbird", block=2, random_blocks=1)),
+                                dict(attention=AttentionConfig("lsh", block=2, lsh_buckets=4))])
 def test_greedy_with_and_without_the_cache_agree(kw):
     model = tiny_transformer(seed=3, **kw)
     src = random_sources([9, 4, 12], seed=3)

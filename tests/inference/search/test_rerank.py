@@ -1,4 +1,4 @@
-"""MBR reranking of n-best lists (inference/rerank.py)."""
+"""MBR reranking of n-best lists (inference/search/rerank.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sacrebleu
 
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
-from transduce.inference.rerank import expected_utilities, mbr_rerank
+from transduce.inference.search.rerank import expected_utilities, mbr_rerank
 from transduce.inference.translator import Hypothesis, Translation
 
 

@@ -13,7 +13,7 @@ from transduce.cli import main
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference import SearchSpec, Translator
-from transduce.inference.shortlist import FILE, Shortlist, build_shortlist
+from transduce.inference.search.shortlist import FILE, Shortlist, build_shortlist
 
 V = 40
 

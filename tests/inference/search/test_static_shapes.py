@@ -1,4 +1,4 @@
-"""Static-shape decoding (inference/search/static.py) against the eager searches; its cache and
+"""Static-shape decoding (inference/search/static_shapes.py) against the eager searches; its cache and
 kept weights are tested in tests/inference/speed. On CPU the static step runs eagerly; capture
 and replay are checked on a GPU by bench/gpu_checks.py's ``decode_checks``."""
 
@@ -10,9 +10,9 @@ import torch
 from inference_helpers import EOS, EXACT, assert_same_search, random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import SearchSpec, greedy_search, prepare_for_decoding, restore
-from transduce.inference.search import static as static_module
+from transduce.inference.search import static_shapes as static_module
 from transduce.inference.speed import STATIC_SEARCHES
-from transduce.inference.search.static import StaticSearch, static_search
+from transduce.inference.search.static_shapes import StaticSearch, static_search
 from transduce.model.layers import DecoderLayer
 
 LENGTHS = [3, 9, 1, 14, 6, 2, 11]  # sentences that finish at different steps

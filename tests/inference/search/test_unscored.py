@@ -13,7 +13,7 @@ import torch
 from inference_helpers import random_sources, tiny_transformer
 from transduce.config import DecodeConfig
 from transduce.inference import SearchSpec, Translator, prepare_for_decoding
-from transduce.inference.search import static as static_module
+from transduce.inference.search import static_shapes as static_module
 from transduce.inference.search.common import best_tokens
 from transduce.inference.speed import compile_step
 

@@ -1,11 +1,11 @@
-"""Decode-time attention (inference.speed.attention): each equal to the plain model's math."""
+"""Decode-time attention (inference.speed.fast_layers): each equal to the plain model's math."""
 
 import pytest
 import torch
 from torch import nn
 
 from transduce.inference.speed import prepare_for_decoding
-from transduce.inference.speed.attention import fast_attention
+from transduce.inference.speed.fast_layers import fast_attention
 from transduce.model.attention import MultiHeadAttention, scaled_dot_product_attention
 from attention_helpers import B, D, DH, H, T, _key_mask, _qkv
 

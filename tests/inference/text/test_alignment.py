@@ -13,9 +13,9 @@ from transduce.cli import main
 from transduce.config import DecodeConfig
 from transduce.errors import ConfigError
 from transduce.inference import Translator, attention_maps
-from transduce.inference.alignment import (alignment_choice, format_alignment, hard_alignment, parse_alignment,
+from transduce.inference.text.alignment import (alignment_choice, format_alignment, hard_alignment, parse_alignment,
                                            word_index)
-from transduce.inference.markup import TOKEN
+from transduce.inference.text.markup import TOKEN
 
 
 @pytest.fixture(scope="module")

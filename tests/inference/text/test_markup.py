@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transduce.inference.markup import TOKEN, restore_markup, strip_markup
+from transduce.inference.text.markup import TOKEN, restore_markup, strip_markup
 
 
 def tags(text: str) -> Counter:

@@ -1,11 +1,11 @@
-"""Constraints from input lines and glossaries (inference/terms.py)."""
+"""Constraints from input lines and glossaries (inference/text/terms.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from transduce.errors import DataError
-from transduce.inference.terms import Glossary, Terms
+from transduce.inference.text.terms import Glossary, Terms
 
 
 def _glossary(tmp_path, text: str, ignore_case: bool = False) -> Glossary:

@@ -2,7 +2,7 @@
 
 The sentence is translated first, then the model is re-run once with teacher forcing on the
 best hypothesis with ``need_weights=True`` (explicit softmax path), which gives all three maps
-of a layer at once. :func:`transduce.viz.attention.plot_attention` draws them.
+of a layer at once. :func:`transduce.viz.attention_heatmaps.plot_attention` draws them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..errors import TransduceError
-from .translator import Translator, check_layer_head
+from ...config import DecodeConfig
+from ...errors import TransduceError
+from ..translator import Translator, check_layer_head
 
 
 @dataclass

@@ -23,7 +23,7 @@ argmax source token's relative position (EOS row and column left out, pooled ove
 It says the head walks the source in step with the target, not that it aligns words: a head
 that attends by position alone scores as high on a word-for-word pair. Where reference word
 alignments are given, ``aer`` is the alignment error rate of the head's hard alignment
-(:func:`~transduce.inference.alignment.hard_alignment`) against them, every link taken as sure.
+(:func:`~transduce.inference.text.alignment.hard_alignment`) against them, every link taken as sure.
 
 Legend: B sentences, L layers, H heads, Tq queries, Tk keys.
 """
@@ -37,12 +37,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..data.batch import pad
-from ..data.multilingual import tag_length, with_tag
-from ..errors import ConfigError, DataError
-from .alignment import hard_alignment
-from .batching import length_sorted_batches
+from ...config import DecodeConfig
+from ...data.batch import pad
+from ...data.multilingual import tag_length, with_tag
+from ...errors import ConfigError, DataError
+from ..text.alignment import hard_alignment
+from ..decode_batches import length_sorted_batches
 
 KINDS = ("encoder", "decoder", "cross")
 CLASSES = {"encoder": ("eos", "prev", "same", "next"), "decoder": ("bos", "prev", "same"),
@@ -364,8 +364,8 @@ def attention_stats_files(translator, src: str | os.PathLike, tgt: str | os.Path
     """:func:`attention_stats` of the lines of ``src`` (UTF-8, plain or gzip), with the
     targets of ``tgt`` and the Pharaoh ``i-j`` links of ``align`` (needs ``tgt``) when given;
     a one-line error for a missing, empty or invalid file."""
-    from ..data.corpus import read_lines
-    from .alignment import parse_alignment
+    from ...data.corpus import read_lines
+    from ..text.alignment import parse_alignment
 
     if align is not None and tgt is None:
         raise ConfigError("--align: the links are between --src and --tgt lines; give --tgt too")

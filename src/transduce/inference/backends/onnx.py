@@ -1,5 +1,5 @@
 """Search over exported graphs: the encoder and one-step decoder graphs that ``transduce export
---format onnx`` writes (:mod:`transduce.interop.onnx_export`), run by ONNX Runtime on the CPU or,
+--format onnx`` writes (:mod:`transduce.interop.onnx`), run by ONNX Runtime on the CPU or,
 built into engines by ``--format tensorrt``, by TensorRT on a GPU (:mod:`.tensorrt`).
 
 :class:`GraphModel` presents them as the interface every search uses

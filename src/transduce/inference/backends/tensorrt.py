@@ -1,5 +1,5 @@
 """TensorRT engines of the exported graphs, run on torch CUDA tensors (:class:`TrtSteps`, the
-:class:`~.graphs.Steps` of ``backend tensorrt``).
+:class:`~.onnx.Steps` of ``backend tensorrt``).
 
 ``transduce export --format tensorrt`` (:mod:`transduce.interop.tensorrt`) writes, beside the ONNX
 graphs, ``encoder.plan`` and ``decoder.plan`` and ``tensorrt.json``: the TensorRT version and GPU
@@ -105,7 +105,7 @@ class TrtEngine:
 
 
 class TrtSteps:
-    """The encoder and decoder engines of an engine directory (the :class:`~.graphs.Steps` of
+    """The encoder and decoder engines of an engine directory (the :class:`~.onnx.Steps` of
     ``backend tensorrt``)."""
 
     def __init__(self, encoder: TrtEngine, decoder: TrtEngine, meta: dict):

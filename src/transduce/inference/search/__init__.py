@@ -1,8 +1,12 @@
 """Search algorithms on id tensors, and the one dispatcher that picks among them.
 
 ``common`` (output type, length limits, scoring), ``greedy``, ``sampling``, ``beam``,
-``speculative`` (a draft model proposes), ``ensemble`` (several models as one), ``static``
-(static shapes, CUDA graphs) and ``dispatch`` (:class:`SearchSpec`: which one runs).
+``speculative`` (a draft model proposes), ``ensemble`` (several models as one), ``static_shapes``
+(static shapes: CUDA graphs, or a compiled step on the CPU), ``constraints`` (lexically constrained
+beams), ``forced`` (the score of a given output), ``lm`` (a language model's continuations),
+``repetition`` (n-gram blocking, repetition penalty) and ``dispatch`` (:class:`SearchSpec`: which
+one runs); around them ``shortlist`` (the target vocabulary a batch may use) and ``rerank`` (an
+n-best list reranked: MBR, noisy channel).
 """
 
 from .beam import beam_search
@@ -12,7 +16,7 @@ from .ensemble import Ensemble
 from .greedy import greedy_search
 from .sampling import sample
 from .speculative import DraftStats, Speculation, speculative_search
-from .static import static_search
+from .static_shapes import static_search
 
 __all__ = [
     "AttentionChoice", "SearchOutput", "length_penalty", "max_lengths", "prefix_ids", "SearchSpec",

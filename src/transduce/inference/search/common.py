@@ -201,7 +201,7 @@ class _Specials:
 
 @dataclass(frozen=True)
 class BatchVocab:
-    """A batch's target shortlist (:mod:`transduce.inference.shortlist`): the output projection's
+    """A batch's target shortlist (:mod:`transduce.inference.search.shortlist`): the output projection's
     rows of the sorted ids (U,) it may produce, which always hold PAD, BOS and EOS."""
 
     ids: Tensor            # (U,) sorted target ids

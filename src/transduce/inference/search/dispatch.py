@@ -25,10 +25,10 @@ from .constraints import ConstraintBeams, check_fits
 from .greedy import greedy_search
 from .sampling import filter_logits, sample
 from .speculative import Speculation, speculative_search
-from .static import static_search, unsupported
+from .static_shapes import static_search, unsupported
 
 if TYPE_CHECKING:
-    from ..shortlist import Shortlist
+    from .shortlist import Shortlist
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SearchSpec:
     ``decode.beam`` 1 is greedy search; ``temperature`` > 0 means sampling (``beam``,
     ``lenpen``, ``nbest`` and ``stop`` unused; 0 is greedy, as in
     :class:`~transduce.config.GenerationConfig`). ``static``: run the static-shape search
-    (:mod:`.static`; True), never (False), or by default (None) where it can on CUDA, and for
+    (:mod:`.static_shapes`; True), never (False), or by default (None) where it can on CUDA, and for
     greedy search on a model whose step is compiled (:func:`~transduce.inference.speed.compile_step`).
     ``scores`` False: greedy search gives only its output, scores 0 (each step the largest logit,
     no softmax over the vocabulary: :func:`~.common.best_tokens`); beam search and sampling score.
@@ -64,7 +64,7 @@ class SearchSpec:
         search (any beam size, eager), the phrases whole words given ``inside`` (V,) bool, the
         target pieces that continue a word (:func:`~transduce.data.alignments.word_continuations`);
         with a ``shortlist`` and ``decode.shortlist``, greedy and beam search over the batch's
-        target shortlist (:mod:`~transduce.inference.shortlist`).
+        target shortlist (:mod:`~transduce.inference.search.shortlist`).
         ``on_step`` is told each step's settled tokens (:data:`~.common.StepHook`; streaming: eager
         greedy, beam or speculative search)."""
         if on_step is not None and (self.static or (self.temperature and speculation is None)):

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from ..config import DecodeConfig
-from ..errors import ConfigError
+from ...config import DecodeConfig
+from ...errors import ConfigError
 
 def _chrf(hyp: str, ref: str) -> float:
     import sacrebleu  # (imported when reranking: it costs ~0.1 s of every translate's start-up)

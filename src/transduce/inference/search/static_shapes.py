@@ -16,7 +16,7 @@ never change and which never reads a device value on the host. The step is the m
   are read at that tensor too;
 * cross-attention keys/values projected once per batch, eagerly with the encoder, into the
   cache, one row per sentence, shared by its K beams (the prepared model's attention,
-  :func:`~transduce.inference.speed.attention.fast_attention`);
+  :func:`~transduce.inference.speed.fast_layers.fast_attention`);
 * no row leaves: finished sentences are frozen by masks (they finish nothing more), sentences
   are padded up with dummy ones that start done, and the host reads "all done" only every
   ``check_every`` steps;
@@ -25,7 +25,7 @@ never change and which never reads a device value on the host. The step is the m
   own cache cannot serve a graph, which would cast every weight every step);
 * the search rules are beam.py's (:func:`~transduce.inference.search.beam.candidates`,
   :func:`~transduce.inference.search.beam.store`, :func:`~transduce.inference.search.beam.survivors`), so
-  outputs equal the eager searches' (tests/inference/search/test_static.py).
+  outputs equal the eager searches' (tests/inference/search/test_static_shapes.py).
 
 The search runs on the model prepared for decoding (:func:`~transduce.inference.speed.prepared`).
 On CUDA one step (decoder, scoring, search update, all in place) is captured after a warm-up on
@@ -209,7 +209,7 @@ class StaticSearch:
 
     def compile(self, warm: bool = True) -> None:
         """Compile the step (CPU): with ``warm``, one eager step first makes the fused projections
-        the compiled step reads (:class:`~transduce.inference.speed.attention.FastAttention`;
+        the compiled step reads (:class:`~transduce.inference.speed.fast_layers.FastAttention`;
         not needed when another search of the model made them), then the compiled step, shared
         by every search (``torch.compile`` keys its code by the step's Python code and guards on
         the model, the search settings and the buffers' ranks).

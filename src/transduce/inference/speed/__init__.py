@@ -4,10 +4,10 @@ The model in :mod:`transduce.model` is the paper's, written to be read. Search r
 math faster by switching, in place, the classes of some of its modules (parameters, names and
 the state dict stay as they are):
 
-* :class:`~.attention.FastAttention`: Q/K/V (or K/V) projections as one matmul, the fused weights kept
-  between calls; keys/values shared by the beams of one sentence (:func:`~.attention.fast_attention`); a
+* :class:`~.fast_layers.FastAttention`: Q/K/V (or K/V) projections as one matmul, the fused weights kept
+  between calls; keys/values shared by the beams of one sentence (:func:`~.fast_layers.fast_attention`); a
   few queries per row attended as two batched matmuls on CPU, where that beats the fused kernel.
-* :class:`~.attention.FastFeedForward`: the ReLU applied inside a oneDNN matmul.
+* :class:`~.fast_layers.FastFeedForward`: the ReLU applied inside a oneDNN matmul.
 * ``nn.Linear`` -> :class:`~transduce.inference.speed.cpu.OneDNNLinear` on CPU; or dynamic int8;
   or :class:`~.cast.CastLinear`, which under autocast reads low-precision copies of its weights
   kept between calls (for the static search's CUDA graphs).
@@ -33,11 +33,11 @@ from torch import nn
 from ...errors import ConfigError
 from ...model.attention import KVCache, MultiHeadAttention
 from ...model.layers import FeedForward
-from .attention import FastAttention, FastFeedForward
+from .fast_layers import FastAttention, FastFeedForward
 from .cache import PooledKVCache
 from .cast import CastLinear
 from .cpu import OneDNNLinear, onednn_available, plain_linears, quantize_dynamic_int8
-from .static import StaticInt8Attention, is_quantized
+from .static_int8 import StaticInt8Attention, is_quantized
 
 _FAST = {MultiHeadAttention: FastAttention, StaticInt8Attention: FastAttention, FeedForward: FastFeedForward}
 _PLAIN = {FastAttention: MultiHeadAttention, FastFeedForward: FeedForward}
@@ -83,7 +83,7 @@ def refresh(model: nn.Module) -> None:
             module.refresh()
 
 
-# Where :mod:`~transduce.inference.search.static` keeps a model's captured searches (and their memory).
+# Where :mod:`~transduce.inference.search.static_shapes` keeps a model's captured searches (and their memory).
 STATIC_SEARCHES = "_static_searches"
 # The mark of a model whose CPU greedy searches run the static search with a compiled step
 # (``runtime.compile``).
@@ -94,7 +94,7 @@ def compile_step(model: nn.Module) -> nn.Module:
     """Mark ``model`` (prepared for decoding; its oneDNN linear layers run ``F.linear`` in a traced
     step, the packed-weight op does not trace) so that its CPU greedy searches (and beam searches
     asked for ``static=True``) run the static search with its step compiled
-    (:mod:`~transduce.inference.search.static`); :func:`restore` takes the mark off."""
+    (:mod:`~transduce.inference.search.static_shapes`); :func:`restore` takes the mark off."""
     model.__dict__[COMPILED_STEP] = True
     return model
 

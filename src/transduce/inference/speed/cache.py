@@ -4,7 +4,7 @@
 * :class:`PooledKVCache`, the eager searches': preallocated pools reused across steps;
 * :class:`StaticKVCache`, the static search's: buffers of a fixed size written at a position
   held on the device, so that a decoding step never changes shape nor reads a device value on
-  the host, and a CUDA graph can replay it (:mod:`~transduce.inference.search.static`).
+  the host, and a CUDA graph can replay it (:mod:`~transduce.inference.search.static_shapes`).
 
 Legend: N rows (a sentence's K beams consecutive), B sentences, H heads, T positions (room),
 S source positions, Dh head dim.
@@ -128,7 +128,7 @@ class StaticLayerCache:
     the :class:`StaticKVCache`, indexed on the device, never read by the host) and returns the
     whole buffers; ``key_mask`` then shows the newest position the keys written so far (<= it)
     and hides the room after them. Cross-attention keys/values are loaded once per batch, one
-    row per sentence, which its beams share (:func:`~transduce.inference.speed.attention.fast_attention`).
+    row per sentence, which its beams share (:func:`~transduce.inference.speed.fast_layers.fast_attention`).
     """
 
     self_k: Tensor                    # (N, H, T, Dh)

@@ -19,7 +19,7 @@ from ...model.masks import apply_mask
 from ...model.layers import FeedForward
 from .cast import CastLinear
 from .cpu import OneDNNLinear
-from .static import Int8Kernel, StaticInt8Linear, is_quantized
+from .static_int8 import Int8Kernel, StaticInt8Linear, is_quantized
 
 # Up to this many queries per row, CPU attention runs as two batched matmuls (_few_queries).
 FEW_QUERIES = 8
@@ -137,7 +137,7 @@ class FastAttention(MultiHeadAttention):
         layer is kept, and when a weight changes (storage or version counter) its weights are
         rewritten in place: a CUDA graph that read them by address reads the new ones. It has
         the kind of ``q_proj`` (so a :class:`OneDNNLinear` or :class:`CastLinear` stays one).
-        Static int8 layers sharing an input scale run as one :class:`~.static.Int8Kernel`
+        Static int8 layers sharing an input scale run as one :class:`~.static_int8.Int8Kernel`
         (their weights never change); other quantised layers are not fused.
         """
         mods = [self._modules[n] for n in names]  # (not nn.Module.__getattr__: this runs every step)

@@ -19,11 +19,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ..config import DecodeConfig
-from ..data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
-from ..data.multilingual import lang_tag, tag_length
-from ..errors import ConfigError
-from .search.common import AttentionChoice
+from ...config import DecodeConfig
+from ...data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
+from ...data.multilingual import lang_tag, tag_length
+from ...errors import ConfigError
+from ..search.common import AttentionChoice
 
 
 def hard_alignment(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> Alignment:
@@ -71,7 +71,7 @@ def forced_details(translator, results: Sequence, decode: DecodeConfig, alignmen
     """For each translation's best hypothesis, by one forced decoding under ``decode``: each
     token's log-probability (EOS last when it ended; [] for an empty source) and, with
     ``alignment``, its word alignment (None without)."""
-    from .scoring import forced_batches
+    from ..scoring import forced_batches
 
     eos = translator.config.eos_id
     tag_ids = set(getattr(translator.tokenizer, "lang_tags", {}).values())
@@ -103,7 +103,7 @@ def add_alignments(translator, results: Sequence, decode: DecodeConfig) -> None:
 def translate_markup(translator, texts: Sequence[str], decode: DecodeConfig, prefix: Sequence[str] | None = None,
                      constraints: Sequence[Sequence[str]] | None = None) -> list[str]:
     """Translate ``texts`` with their markup taken out, then put back at aligned positions
-    (:mod:`~transduce.inference.markup`); a text without markup is translated as usual."""
+    (:mod:`~transduce.inference.text.markup`); a text without markup is translated as usual."""
     stripped = strip_sources(translator, texts)
     results = translator.translate_detailed([s.text for s in stripped], decode, prefix=prefix,
                                             constraints=constraints)
@@ -114,7 +114,7 @@ def translate_markup(translator, texts: Sequence[str], decode: DecodeConfig, pre
 
 
 def strip_sources(translator, texts: Sequence[str]) -> list:
-    """Each text without its markup (:func:`~transduce.inference.markup.strip_markup`), a leading
+    """Each text without its markup (:func:`~transduce.inference.text.markup.strip_markup`), a leading
     target-language tag of ``translator``'s model kept as its tag."""
     from .markup import strip_markup
 
@@ -123,7 +123,7 @@ def strip_sources(translator, texts: Sequence[str]) -> list:
 
 
 def restore_all(results: Sequence, stripped: Sequence, links: Sequence[Alignment]) -> None:
-    """Put each :class:`~transduce.inference.markup.Stripped` markup back into its result's best
+    """Put each :class:`~transduce.inference.text.markup.Stripped` markup back into its result's best
     translation (its ``text``), by the alignment ``links`` of that translation."""
     from .markup import restore_markup
 

@@ -5,7 +5,7 @@ What counts as markup (a small regex tokenizer, no dependency): XML/HTML tags (`
 :func:`strip_markup` removes them, each standing as a word boundary, and records where they
 stood between the source words; the plain text is translated; :func:`restore_markup` puts them
 back into the translation with a word alignment (``(source word, target word)`` links, see
-:mod:`~transduce.inference.alignment`):
+:mod:`~transduce.inference.text.alignment`):
 
 - an element ``<b>...</b>`` wraps the target words aligned to the source words it wrapped
   (from the first to the last of them); nested elements stay inside it; elements side by side

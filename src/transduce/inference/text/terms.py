@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..data.corpus import read_lines
-from ..errors import DataError
+from ...data.corpus import read_lines
+from ...errors import DataError
 
 _WORD = re.compile(r"\w+")
 
