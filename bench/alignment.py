@@ -103,7 +103,7 @@ def run_config(steps: int, train_size: int, test_size: int, weight: float, seed:
                  "train_alignments": None if align_file is None else str(align_file)},
         "train": {"seed": seed, "max_steps": steps, "schedule": "constant", "lr": 2e-3, "warmup_steps": 100,
                   "clip_norm": 1.0, "guided_alignment_weight": weight, "eval_every": steps, "save_every": steps,
-                  "eval_bleu": False, "log_every": max(steps // 10, 1), "num_threads": threads},
+                  "eval_bleu": False, "log_every": max(steps // 10, 1), "threads": threads},
         "decode": {"alignment_layer": -2}})
 
 

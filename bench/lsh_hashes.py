@@ -36,7 +36,7 @@ def train_variant(args: tuple[str, dict, int, str]) -> dict:
     torch.manual_seed(0)
     cfg = demo_config(steps, task="lm")
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **model),
-                              train=dataclasses.replace(cfg.train, num_threads=1))
+                              train=dataclasses.replace(cfg.train, threads=1))
     t0 = time.monotonic()
     _, metrics = run_training(cfg, Path(out) / name)
     return {"variant": name, **model, "val_ppl": round(metrics["val_ppl"], 3),

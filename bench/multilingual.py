@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
               f"data.vocab_size={args.vocab}", f"data.max_tokens={args.max_tokens}", "data.tokenizer_sentences=20000",
               f"train.max_steps={args.steps}", f"train.eval_every={args.steps}", f"train.save_every={args.steps}",
               f"train.warmup_steps={max(1, args.steps // 4)}", f"train.seed={args.seed}",
-              f"train.num_threads={args.threads}"]
+              f"train.threads={args.threads}"]
     multi = train(out / "multi", common + ["data.pairs=[en-de, en-fr, en-cs]",
                                            f"data.pair_temperature={args.temperature}",
                                            f"data.valid_max_sentences={3 * args.valid}"])
