@@ -17,7 +17,7 @@ language identification accuracy and speed, and rule-based throughput and peak m
   language identification.
 
 Prints one JSON object. Usage:
-    python bench/clean.py all --m30 /work/shared/data/multi30k --work /tmp/clean-bench
+    python bench/clean.py all --m30 ../shared/data/multi30k --work /tmp/clean-bench   # (or TRANSDUCE_MULTI30K)
     python bench/clean.py speed --size 4.5M --work /tmp/clean-bench
     python bench/clean.py all --dry          # seconds: 3,000 pairs of noise, 20K pairs of speed
 """
@@ -178,7 +178,8 @@ def speed(m30: Path, work: Path, n: int, workers: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("noise", "score", "langid", "speed", "all"))
-    ap.add_argument("--m30", default=os.environ.get("TRANSDUCE_MULTI30K", "/work/shared/data/multi30k"))
+    ap.add_argument("--m30", default=os.environ.get(  # Multi30k's raw files: ../shared/data/multi30k beside the repo
+        "TRANSDUCE_MULTI30K", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k")))
     ap.add_argument("--work", default=None, help="working directory (default: a temporary one)")
     ap.add_argument("--rate", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
