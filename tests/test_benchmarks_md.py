@@ -27,19 +27,25 @@ def cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def table_commits(text: str) -> list[tuple[int, str]]:
-    """(line, hash) of each commit named in the ``commit`` column of a Markdown table in ``text``."""
-    found, header = [], None
-    for number, line in enumerate(text.splitlines(), 1):
+def table_rows(lines: list[str], first: int = 1):
+    """(line number, lower-cased header, cells) of each body row of the Markdown tables in
+    ``lines`` (numbered from ``first``); a line that is not a table row ends a table."""
+    header = None
+    for number, line in enumerate(lines, first):
         if not line.startswith("|"):
             header = None
             continue
         row = cells(line)
         if header is None:
             header = [c.lower() for c in row]
-        elif "commit" in header and len(row) == len(header) and not set(row[0]) <= set("-: "):
-            found += [(number, h) for h in HASH.findall(row[header.index("commit")])]
-    return found
+        elif not set(row[0]) <= set("-: "):
+            yield number, header, row
+
+
+def table_commits(text: str) -> list[tuple[int, str]]:
+    """(line, hash) of each commit named in the ``commit`` column of a Markdown table in ``text``."""
+    return [(number, h) for number, header, row in table_rows(text.splitlines())
+            if "commit" in header and len(row) == len(header) for h in HASH.findall(row[header.index("commit")])]
 
 
 def section_rows(text: str, heading: str) -> list[tuple[int, dict[str, str]]]:
@@ -48,20 +54,10 @@ def section_rows(text: str, heading: str) -> list[tuple[int, dict[str, str]]]:
     if heading not in lines:
         return []
     level = heading.split(" ")[0] + " "
-    start = lines.index(heading)
-    rows, header = [], None
-    for number, line in enumerate(lines[start + 1:], start + 2):
-        if line.startswith(level):
-            break
-        if not line.startswith("|"):
-            header = None
-            continue
-        row = cells(line)
-        if header is None:
-            header = [c.lower() for c in row]
-        elif not set(row[0]) <= set("-: "):
-            rows.append((number, dict(zip(header, row)) if len(row) == len(header) else {}))
-    return rows
+    start = lines.index(heading) + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith(level)), len(lines))
+    return [(number, dict(zip(header, row)) if len(row) == len(header) else {})
+            for number, header, row in table_rows(lines[start:end], start + 1)]
 
 
 def goal_problems(text: str) -> list[str]:
