@@ -21,7 +21,7 @@ from transduce.errors import ConfigError
     (dict(bias="yes"), "model.bias"),
     (dict(arch="bert"), "model.arch"),
     (dict(type_vocab_size=2), "model.type_vocab_size"),
-    (dict(embed_norm=True), "model.embed_norm"),
+    (dict(arch="decoder_only", embed_norm=True), "model.embed_norm"),
     (dict(n_classes=3), "model.n_classes"),
     (dict(arch="encoder_only", n_classes=-1), "model.n_classes"),
     (dict(arch="encoder_only", type_vocab_size=-1), "model.type_vocab_size"),

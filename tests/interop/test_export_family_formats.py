@@ -158,7 +158,8 @@ def test_a_failed_verification_writes_nothing(tmp_path, tokenizer_dirs, gpt2, mo
         return tuple(t + 1e-2 for t in forward(self, ids, token_types))
 
     monkeypatch.setattr(onnx.EncoderOnlyGraph, "forward", shifted)
-    with pytest.raises(ExportError, match=r"^verification failed: ONNX Runtime logits differs from the eager model"):
+    with pytest.raises(ExportError, match=r"^verification failed: ONNX Runtime class logits differs from the eager "
+                                          r"model"):
         export_model(model_dir, "onnx", tmp_path / "onnx")
     common, relu = ct2_family._common, need_extra("export", "ctranslate2").specs.common_spec.Activation.RELU
     monkeypatch.setattr(ct2_family, "_common", lambda cfg: {**common(cfg), "activation": relu})  # not GPT-2's GELU

@@ -12,8 +12,9 @@ from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.data.tokenizer import Tokenizer
 from transduce.interop import ExportError, export_model
-from transduce.interop.marian import marian_generate_ids, residual_permutation, verify_hf
-from transduce.interop.verify import search_ids
+from transduce.interop.hf import HFSeq2Seq
+from transduce.interop.marian import residual_permutation
+from transduce.interop.verify import check_against, default_probe, search_ids
 from transduce.inference.translator import Translator
 from transduce.model import Transformer, load_model, save_model
 from transduce.model.embeddings import sinusoidal_table
@@ -76,6 +77,12 @@ def test_same_translations(hf_dir, trained_dir, beam):
     assert any(w for w in want)
 
 
+def verify_hf(model, hf_dir):
+    """The export's verification: transformers' model in ``hf_dir`` against ``model`` on its probes."""
+    hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+    return check_against(model, HFSeq2Seq(hf, model.config), default_probe(model), "Marian")
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_corrupted_eager_model_fails_verification(hf_dir, trained_dir, beam):
     """The export against the trained model with one output row times 1.5: the verification
@@ -86,7 +93,7 @@ def test_a_corrupted_eager_model_fails_verification(hf_dir, trained_dir, beam):
     with pytest.raises(ExportError, match="verification failed"):
         verify_hf(broken, hf_dir)
     hf = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
-    got = marian_generate_ids(hf, src, model.config.pad_id, beam, MAX_LEN)
+    got = HFSeq2Seq(hf, model.config).search(src, beam, MAX_LEN)
     assert_each_difference_fails("Marian", broken, src, search_ids(broken, src, beam, MAX_LEN), got, beam=beam > 1)
 
 
@@ -137,12 +144,12 @@ def test_supported_variants_verify(tmp_path, trained_dir, options):
 
 
 def test_failed_verification_leaves_nothing(tmp_path, trained_dir, monkeypatch):
-    import transduce.interop.marian as hf
+    import transduce.interop.hf as hf
 
-    def broken(model, out):
+    def broken(model, reference, probe, what):
         raise ExportError("verification failed: simulated")
 
-    monkeypatch.setattr(hf, "verify_hf", broken)
+    monkeypatch.setattr(hf, "check_against", broken)
     with pytest.raises(ExportError, match="simulated"):
         export_model(trained_dir, "hf", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []

@@ -225,7 +225,8 @@ def _edited(hf_dir, tmp_path, edit):
 
 @pytest.mark.parametrize("edit, named", [
     (lambda d: d.update(model_type="bart"),
-     "model_type is 'bart', not 'marian', 't5', 'mt5', 'gpt2', 'bert', 'roberta' or 'longformer'"),
+     "model_type is 'bart', not 'marian', 't5', 'mt5', 'gpt2', 'bert', 'roberta', 'longformer', 'm2m_100' "
+     "or 'mbart'"),
     (lambda d: d.update(feed_forward_proj="gated-silu"), "feed_forward_proj='gated-silu'"),
     (lambda d: d.update(relative_attention_max_distance=3), "model.relative_max_distance"),
     (lambda d: d.update(relative_attention_num_buckets=7), "model.relative_buckets"),

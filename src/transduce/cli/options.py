@@ -61,7 +61,10 @@ def add_decode_options(p: argparse.ArgumentParser) -> None:
     config.yaml ``decode`` section), those not given keep them."""
     p.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy (default: the model's, else 4)")
     p.add_argument("--tgt-lang", default=None, metavar="LANG",
-                   help="a multilingual model's target language, e.g. de (its tag <2de> goes before each input)")
+                   help="a multilingual model's target language, e.g. de (its tag <2de> goes before each input); "
+                        "an imported NLLB or M2M-100 model's language code, e.g. fra_Latn (its first output token)")
+    p.add_argument("--src-lang", default=None, metavar="LANG",
+                   help="an imported NLLB or M2M-100 model's source language code, e.g. eng_Latn (begins each input)")
     p.add_argument("--lenpen", type=float, default=None, help="length penalty alpha (default: the model's, else 0.6)")
     p.add_argument("--max-len-a", type=float, default=None, help="max output = A * source_len + B (default A=1)")
     p.add_argument("--max-len-b", type=int, default=None, help="(default B=50)")
@@ -122,7 +125,8 @@ DECODE_FLAGS = {"beam": "beam", "lenpen": "lenpen", "max_len_a": "max_len_a", "m
                 "draft_threshold": "draft_threshold", "no_repeat_ngram_size": "no_repeat_ngram_size",
                 "repetition_penalty": "repetition_penalty", "rerank": "rerank", "mbr_utility": "mbr_utility",
                 "reverse_weight": "reverse_weight", "mbr_samples": "mbr_samples", "shortlist": "shortlist",
-                "alignment_layer": "alignment_layer", "alignment_head": "alignment_head", "tgt_lang": "tgt_lang"}
+                "alignment_layer": "alignment_layer", "alignment_head": "alignment_head", "tgt_lang": "tgt_lang",
+                "src_lang": "src_lang"}
 
 
 def _rerank_choice(text: str) -> str:
@@ -141,7 +145,7 @@ def decode_overrides(args: argparse.Namespace) -> dict:
 
 def terms_of(args: argparse.Namespace):
     """Where the command line's constraints come from (:class:`~transduce.inference.text.terms.Terms`)."""
-    from ..inference.text.terms import Glossary, Terms
+    from ..inference.text.terms import Glossary, Terms  # lazy: start-up
     glossary = None if args.glossary is None else Glossary.load(args.glossary, args.glossary_ignore_case)
     return Terms(args.constraints, glossary)
 
@@ -154,7 +158,7 @@ def check_worker_timeout(args: argparse.Namespace) -> None:
 
 def runtime_of(args: argparse.Namespace):
     """The :class:`~transduce.inference.Runtime` the command line asks for."""
-    from ..inference import Runtime
+    from ..inference import Runtime  # lazy: start-up
     extra = {} if getattr(args, "worker_timeout", None) is None else {"worker_timeout_s": args.worker_timeout}
     return Runtime(device=args.device, precision=args.precision, int8=args.int8, compile=args.compile,
                    workers=getattr(args, "workers", 0),
@@ -163,7 +167,7 @@ def runtime_of(args: argparse.Namespace):
 
 def load_translator(args: argparse.Namespace):
     """The model directories of the command line, loaded for its runtime (the one front door)."""
-    from ..inference import load
+    from ..inference import load  # lazy: start-up
     check_worker_timeout(args)
     if args.draft is not None and args.beam not in (None, 1):
         raise ConfigError(f"--draft: speculative decoding is greedy; got --beam {args.beam} (use --beam 1)")

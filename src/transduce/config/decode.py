@@ -75,7 +75,12 @@ class DecodeConfig:
     tgt_lang: str | None = None
     """A multilingual model's (``data.pairs``) target language, e.g. ``de``: its tag ``<2de>`` is
     put before each input. None: each input must begin with a tag already; a model trained
-    without tags takes none (:func:`transduce.data.multilingual.with_tag`)."""
+    without tags takes none (:func:`transduce.data.multilingual.with_tag`). An imported NLLB or
+    M2M-100 model's: a language code (``fra_Latn``, ``fr``), forced as the first output token."""
+    src_lang: str | None = None
+    """An imported NLLB or M2M-100 model's source language, e.g. ``eng_Latn`` (``en``): its code
+    begins each input (:func:`transduce.data.multilingual.code_ids`); such models need it, others
+    take none."""
 
     def __post_init__(self) -> None:
         typecheck(self, "decode")

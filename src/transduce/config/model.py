@@ -57,11 +57,14 @@ class ModelConfig:
     """``layer``: LayerNorm (Ba et al., 2016); ``rms``: RMSNorm (Zhang & Sennrich, 2019,
     https://arxiv.org/abs/1910.07467), a scale without mean subtraction or bias, as T5's."""
     positions: str = "sinusoidal"
-    """``sinusoidal`` (Sec. 3.5), ``learned`` absolute positions (BERT/GPT) or ``rope`` rotary
-    embeddings (Su et al., 2021; needs an even head dimension) or ``relative``: T5's bucketed
-    relative position bias added to the self-attention scores, bidirectional in the encoder and
-    causal in the decoder, one table per stack shared by its layers (Raffel et al., 2020, Sec.
-    2.1, https://arxiv.org/abs/1910.10683; arch=encoder_decoder, full attention)."""
+    """``sinusoidal`` (Sec. 3.5), ``fairseq``: fairseq's sinusoidal table (sines then cosines,
+    frequencies 10000^(-i/(D/2-1)), positions counted from 2), as M2M-100 and NLLB-200 have it
+    (:func:`~transduce.model.embeddings.fairseq_table`), ``learned`` absolute positions
+    (BERT/GPT) or ``rope`` rotary embeddings (Su et al., 2021; needs an even head dimension) or
+    ``relative``: T5's bucketed relative position bias added to the self-attention scores,
+    bidirectional in the encoder and causal in the decoder, one table per stack shared by its
+    layers (Raffel et al., 2020, Sec. 2.1, https://arxiv.org/abs/1910.10683; arch=encoder_decoder,
+    full attention)."""
     relative_buckets: int = 32
     """With ``positions: relative``: the number of buckets (distances below half of them, a
     quarter in the encoder's each direction, have a bucket each; longer ones share log-spaced
@@ -102,7 +105,8 @@ class ModelConfig:
     would lower every log-probability by log(1 + p(PAD)) against T5's. Training's loss still
     counts it (a class that is never a target)."""
     embed_norm: bool = False
-    """LayerNorm after the embedding sum, as BERT (encoder_only)."""
+    """LayerNorm after the embedding sum, as BERT (encoder_only) and mBART (encoder_decoder: one
+    per stack, ``layernorm_embedding``)."""
     type_vocab_size: int = 0
     """BERT's token-type (segment) embeddings; 0 = none (encoder_only)."""
     n_classes: int = 0
@@ -153,7 +157,7 @@ class ModelConfig:
         one_of(self.activation, "model.activation", ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"))
         one_of(self.norm, "model.norm", ("post", "pre"))
         one_of(self.norm_kind, "model.norm_kind", ("layer", "rms"))
-        one_of(self.positions, "model.positions", ("sinusoidal", "learned", "rope", "relative"))
+        one_of(self.positions, "model.positions", ("sinusoidal", "fairseq", "learned", "rope", "relative"))
 
     def _check_encoder_only(self) -> None:
         non_negative(self, "model", ("type_vocab_size", "n_classes"))
@@ -166,7 +170,9 @@ class ModelConfig:
                   f"needs the masked-LM head (model.n_classes=0; got {self.n_classes}) and two token types "
                   f"(model.type_vocab_size>=2; got {self.type_vocab_size})")
             return
-        for k in ("embed_norm", "type_vocab_size", "n_classes", "labels", "nsp"):
+        check(not self.embed_norm or self.arch == "encoder_decoder", "model.embed_norm",
+              f"needs model.arch=encoder_only or encoder_decoder; got arch={self.arch}")
+        for k in ("type_vocab_size", "n_classes", "labels", "nsp"):
             check(not getattr(self, k), f"model.{k}", f"needs model.arch=encoder_only; got arch={self.arch}")
 
     def _check_attention(self) -> None:
@@ -192,6 +198,8 @@ class ModelConfig:
             check(self.d_head % 2 == 0, "model.positions",
                   f"rope needs an even head dimension; got {self.d_head}")
         check(self.rope_base > 0, "model.rope_base", "must be positive")
+        check(self.positions != "fairseq" or self.d_model >= 4, "model.positions",
+              f"fairseq needs model.d_model >= 4 (two frequencies); got {self.d_model}")
         self._check_relative()
         check(not self.scale_output or self.tie_output, "model.scale_output",
               "rescales the input of a tied output projection; needs model.tie_output=true")

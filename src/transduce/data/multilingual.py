@@ -9,15 +9,22 @@ to w_i, else to n_i^(1/T) (``data.pair_temperature``; Arivazhagan et al., 2019),
 training sentences. An epoch has as many draws as the split has sentences; a pair drawn more
 often than it has sentences repeats them. The draws are a function of seed and epoch, so an
 exact resume continues them. A sentence's pair is read off its first source token, its tag.
+
+An imported NLLB-200 or M2M-100 model names its languages otherwise, with language codes
+(``fra_Latn``, ``__fr__``: control pieces, ``Tokenizer.lang_codes``): the code of the source's
+language (``decode.src_lang``) begins each source, and the code of ``decode.tgt_lang`` is forced
+as the first output token (:func:`code_ids`, :func:`source_texts`).
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import Any, Collection, Sequence
 
 import numpy as np
 
+from transduce.data import multi30k
 from transduce.data.alignments import WORD_START
 from transduce.errors import ConfigError
 
@@ -74,6 +81,45 @@ def with_tag(texts: Sequence[str], tgt_lang: str | None, tags: dict[str, int]) -
     return out
 
 
+def code_ids(codes: dict[str, int], src_lang: str | None, tgt_lang: str | None) -> tuple[list[int], list[int]]:
+    """A model with language ``codes`` (lang -> id; an imported NLLB or M2M-100): the ids each
+    source begins with (``src_lang``'s code) and each output (``tgt_lang``'s, forced); a model
+    without codes: none, and ``src_lang`` must be None. ConfigError, one line, for a missing or
+    unknown language (the closest codes named)."""
+    if not codes:
+        if src_lang is not None:
+            raise ConfigError(f"decode.src_lang: {src_lang!r} given, but this model's inputs name no source "
+                              "language (an imported NLLB or M2M-100 model's do)")
+        return [], []
+    return [_code_id(codes, src_lang, "src_lang")], [_code_id(codes, tgt_lang, "tgt_lang")]
+
+
+def _code_id(codes: dict[str, int], lang: str | None, key: str) -> int:
+    """The id of ``lang``'s code; a one-line ConfigError for ``decode.{key}`` naming close codes."""
+    if lang in codes:
+        return codes[lang]
+    some = ", ".join(sorted(codes)[:5]) + (", ..." if len(codes) > 5 else "")
+    if lang is None:
+        raise ConfigError(f"decode.{key}: this model translates between {len(codes)} languages ({some}): say "
+                          f"which (--{key.replace('_', '-')})")
+    close = ([c for c in sorted(codes) if c.lower().startswith(lang.lower())]  # fra -> fra_Latn
+             or difflib.get_close_matches(lang, list(codes), n=5, cutoff=0.5))[:5]
+    raise ConfigError(f"decode.{key}: unknown language code {lang!r}; "
+                      + (f"did you mean {', '.join(close)}?" if close else f"this model knows {some}")
+                      + f" ({len(codes)} codes)")
+
+
+def source_texts(texts: Sequence[str], decode, tokenizer) -> tuple[list[str], list[int], list[int]]:
+    """What the model reads for ``texts`` under ``decode``'s languages: the texts (tagged with
+    ``decode.tgt_lang`` for a model with target-language tags, :func:`with_tag`), and the ids
+    each source begins with and each output is forced to begin with (a model with language
+    codes, :func:`code_ids`; else none)."""
+    codes = getattr(tokenizer, "lang_codes", {})
+    lead, forced = code_ids(codes, decode.src_lang, decode.tgt_lang)
+    return (list(texts) if codes else with_tag(texts, decode.tgt_lang, getattr(tokenizer, "lang_tags", {})),
+            lead, forced)
+
+
 def tag_length(tokens: Sequence[int], pieces: Sequence[str], tag_ids: Collection[int]) -> int:
     """How many leading source tokens are a target-language tag (``tag_ids``), with the lone ``▁``
     SentencePiece may put before it: 0, 1 or 2. They are the model's input but no word of the
@@ -103,8 +149,6 @@ def reserved_tags(cfg) -> list[str]:
 def split_texts(cfg) -> dict[str, tuple[tuple[str, str], list[TaggedPair], tuple]]:
     """The train/valid/test splits of ``data.pairs`` on Multi30k, each as (its two sides' names,
     its tagged text pairs, the files read): in memory (Multi30k is small), line counts checked."""
-    from transduce.data import multi30k
-
     root = multi30k.root_of(cfg.root)
     tok = cfg.corpus == "multi30k_tok"
     out = {}

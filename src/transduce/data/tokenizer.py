@@ -31,7 +31,7 @@ import random
 import re
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -39,17 +39,17 @@ import yaml
 
 from transduce.atomic import atomic_write_bytes
 from transduce.checksums import record, verify
+from transduce.data.hf_tokenizer import HF_FILE, HFTokenizer
 from transduce.data.spm_model import (BOS_ID, EOS_ID, MODEL_TYPES, NORMALIZATION_RULE, NUM_THREADS, PAD_ID,
                                       SPECIAL_PIECES, UNK_ID as UNK_ID, add_sentinels, extend_proto, load_proto,
                                       train_proto, add_user_pieces)
 from transduce.data.wordcache import WordCache, word_separable
 from transduce.errors import ConfigError, DataError, one_line
 
-if TYPE_CHECKING:
-    from transduce.data.hf_tokenizer import HFTokenizer
-
 logger = logging.getLogger(__name__)
 _TAG = re.compile(r"<2([a-z]{2,3})>")  # a target-language tag (transduce.data.multilingual)
+# a language code: M2M-100's (__fr__ for fr), NLLB's (fra_Latn) or mBART-50's (fr_XX)
+LANG_CODE = re.compile(r"__([a-z]{2,3})__|([a-z]{3}_[A-Z][a-z]{3})|([a-z]{2}_[A-Z]{2})")
 
 SIDES = ("src", "tgt")
 META_FILE = "tokenizer.yaml"
@@ -248,6 +248,16 @@ class Tokenizer:
         return {m.group(1): i for i in range(sp.get_piece_size())
                 if (m := _TAG.fullmatch(sp.id_to_piece(i))) and _whole(sp, m.group(0))}
 
+    @functools.cached_property
+    def lang_codes(self) -> dict[str, int]:
+        """An imported NLLB, M2M-100 or mBART-50 model's languages and their codes' ids
+        (``{"fra_Latn": id}``, ``{"fr": id of __fr__}``, ``{"fr_XX": id}``): the target side's control
+        pieces spelled so (:data:`LANG_CODE`), which text never segments to and decoding writes as
+        nothing; empty for any other model (:func:`transduce.data.multilingual.code_ids`)."""
+        sp = self._sp["tgt"]
+        return {next(g for g in m.groups() if g): i for i in range(sp.get_piece_size())
+                if sp.is_control(i) and (m := LANG_CODE.fullmatch(sp.id_to_piece(i)))}
+
     @property
     def src_vocab_size(self) -> int:
         return self._sp["src"].get_piece_size()
@@ -371,8 +381,6 @@ def load_tokenizer(directory: str | os.PathLike) -> "Tokenizer | HFTokenizer":
     """The tokenizer a model directory holds, whichever kind: a Hugging Face ``tokenizer.json``
     (byte-level BPE or WordPiece, :class:`~transduce.data.hf_tokenizer.HFTokenizer`) or
     SentencePiece model(s) (:class:`Tokenizer`). Every command opens tokenizers through here."""
-    from transduce.data.hf_tokenizer import HF_FILE, HFTokenizer
-
     if (Path(directory) / HF_FILE).is_file():
         return HFTokenizer.load(directory)
     return Tokenizer.load(directory)
@@ -380,8 +388,6 @@ def load_tokenizer(directory: str | os.PathLike) -> "Tokenizer | HFTokenizer":
 
 def tokenizer_exists(directory: str | os.PathLike) -> bool:
     """Whether ``directory`` holds a saved tokenizer of either kind."""
-    from transduce.data.hf_tokenizer import HF_FILE
-
     root = Path(directory)
     return Tokenizer.exists(root) or ((root / HF_FILE).is_file() and (root / META_FILE).is_file())
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import IO, Callable, TextIO
 
 from ..config import DecodeConfig
-from ..data.multilingual import with_tag
+from ..data.multilingual import source_texts
 from ..errors import ConfigError, require
 from .files import atomic_output, iter_lines
 from .text.markup import TOKEN
@@ -156,10 +156,9 @@ def translate_document(translator, text: str, decode: DecodeConfig | None = None
     decode = translator.settings(decode, **overrides)
     limit = input_limit(translator.config, decode.max_input_len)
 
-    tags = getattr(translator.tokenizer, "lang_tags", {})
-
-    def count(piece: str) -> int:  # as the model sees it: a multilingual model's tag included
-        return len(translator.tokenizer.encode(with_tag([piece], decode.tgt_lang, tags)[0], side="src"))
+    def count(piece: str) -> int:  # as the model sees it: a multilingual model's tag (or language code) included
+        [tagged], lead, _ = source_texts([piece], decode, translator.tokenizer)
+        return len(lead) + len(translator.tokenizer.encode(tagged, side="src"))
 
     blocks = split_blocks(text)
     paragraphs = [split_paragraph(b, language, limit, count) for b in blocks if isinstance(b, list)]

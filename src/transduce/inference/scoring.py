@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 from ..config import DecodeConfig
 from ..data.batch import pad
-from ..data.multilingual import with_tag
+from ..data.multilingual import source_texts
 from ..errors import ConfigError
 from .search.common import AttentionChoice
 from .search.forced import ForcedOutput
@@ -42,13 +42,14 @@ class Scored:
 def score_pairs(translator, sources: Sequence[str], targets: Sequence[str], decode: DecodeConfig) -> list[Scored]:
     """Score ``targets`` as translations of ``sources`` with ``translator`` (one
     :class:`Scored` per pair, in order), batched by source length; a multilingual model's
-    sources tagged with ``decode.tgt_lang`` as translation tags them."""
+    sources tagged with ``decode.tgt_lang`` as translation tags them (an imported NLLB model's
+    language codes: the source's first, the target's scored as the output's first token)."""
     if len(sources) != len(targets):
         raise ConfigError(f"score: {len(sources)} sources for {len(targets)} targets (one target per source)")
     cfg, tok = translator.config, translator.tokenizer
-    sources = with_tag(sources, decode.tgt_lang, getattr(tok, "lang_tags", {}))
-    src_ids = [translator.encode_source(s, decode.max_input_len)[0] + [cfg.eos_id] for s in sources]
-    tgt_ids = [tok.encode(t, side="tgt") + [cfg.eos_id] if t else [cfg.eos_id] for t in targets]
+    sources, lead, forced = source_texts(sources, decode, tok)  # (an NLLB model's language codes: lead, forced)
+    src_ids = [lead + translator.encode_source(s, decode.max_input_len)[0] + [cfg.eos_id] for s in sources]
+    tgt_ids = [forced + tok.encode(t, side="tgt") + [cfg.eos_id] if t else forced + [cfg.eos_id] for t in targets]
     cap = getattr(cfg, "max_positions", None) if getattr(cfg, "positions", None) == "learned" else None
     for n, ids in enumerate(tgt_ids, 1):
         if cap is not None and len(ids) > cap:

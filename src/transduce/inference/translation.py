@@ -20,6 +20,7 @@ from ..data.alignments import word_continuations
 from ..data.batch import pad
 from ..errors import ConfigError
 from ..tracing import DATA, scope
+from .scoring import score_pairs
 from .text.alignment import add_alignments, translate_markup
 from .decode_batches import length_sorted_batches
 from .search.common import AttentionChoice, SearchOutput, StepHook, prefix_ids
@@ -28,7 +29,7 @@ from .search.dispatch import SearchSpec
 from .search.forced import ForcedOutput
 from .search.sampling import check_sampling
 from .search.rerank import mbr_rerank, reverse_rerank
-from ..data.multilingual import with_tag
+from ..data.multilingual import source_texts
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -216,8 +217,6 @@ class BaseTranslator:
         """Score each target as the translation of its source (forced decoding): a list of
         :class:`~transduce.inference.scoring.Scored` (log-probability, the score beam search would
         give that output, per-piece log-probabilities), in order."""
-        from .scoring import score_pairs
-
         with torch.inference_mode():
             return score_pairs(self, sources, targets, self.settings(decode, **overrides))
 
@@ -237,9 +236,9 @@ class BaseTranslator:
         for name, given in (("prefix", prefix), ("constraints", constraints)):
             if given is not None and len(given) != len(texts):
                 raise ConfigError(f"{name}: {len(given)} given for {len(texts)} texts (one per text)")
-        tagged = with_tag(texts, spec.decode.tgt_lang, getattr(self.tokenizer, "lang_tags", {}))
+        tagged, lead, forced = source_texts(texts, spec.decode, self.tokenizer)  # (language codes: lead, forced)
         with scope(DATA):
-            results = [self._source(t, s, spec.decode.max_input_len) for t, s in zip(texts, tagged)]
+            results = [self._source(t, s, spec.decode.max_input_len, lead) for t, s in zip(texts, tagged)]
             todo = [i for i, r in enumerate(results) if r.source_tokens]
             eos = self.config.eos_id
             lengths = [len(results[i].source_tokens) + 1 for i in todo]
@@ -247,9 +246,9 @@ class BaseTranslator:
             sources = [pad([results[i].source_tokens + [eos] for i in index], self.config.pad_id)  # (B, S) each
                        for index in batches]
         prefixes = None
-        if prefix is not None:
-            ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix]
-            prefixes = [prefix_ids([ids[i] for i in index]) for index in batches]
+        if prefix is not None or forced:
+            ids = [self.tokenizer.encode(p, side="tgt") if p else [] for p in prefix or [""] * len(texts)]
+            prefixes = [prefix_ids([forced + ids[i] for i in index]) for index in batches]
         phrases = None
         if constraints is not None:
             ids = [[self.tokenizer.encode(p, side="tgt") for p in c if p.strip()] for c in constraints]
@@ -258,7 +257,8 @@ class BaseTranslator:
         for index, out in zip(batches, self._search(sources, spec, prefixes, phrases, inside)):
             rows = out.rows()
             for row, i in enumerate(index):
-                results[i].hypotheses = self._hypotheses(rows[row], out, row, len(results[i].source_tokens) + 1)
+                results[i].hypotheses = self._hypotheses(rows[row], out, row, len(results[i].source_tokens) + 1,
+                                                         len(forced))
             logger.debug("translated a batch of %d sentences", len(index))
             if self.progress is not None:
                 self.progress.update(len(index))
@@ -269,16 +269,19 @@ class BaseTranslator:
             reverse_rerank(results, self.reverse, spec.decode)
         return results
 
-    def _source(self, text: str, tagged: str, max_input_len: int) -> Translation:
-        ids, truncated = self.encode_source(tagged, max_input_len)  # the model's input; source: the user's text
+    def _source(self, text: str, tagged: str, max_input_len: int, lead: list[int]) -> Translation:
+        """``text`` read as the model reads it: ``tagged``, after the ``lead`` ids (a language code)."""
+        ids, truncated = self.encode_source(tagged, max_input_len - len(lead))  # the model's input; source: the text
+        ids = lead + ids if ids else ids
         pieces = self.tokenizer.pieces(ids, side="src")
         empty = [Hypothesis("", [], [], 0.0, 0.0)] if not ids else []
         return Translation(text, ids, pieces, empty, truncated)
 
     def _hypotheses(self, row_lists: tuple[list, list, list, list], out: SearchOutput, row: int,
-                    src_len: int) -> list[Hypothesis]:
+                    src_len: int, skip: int = 0) -> list[Hypothesis]:
         """Hypothesis objects of batch row ``row`` (``row_lists``: its tokens, lengths, scores
-        and log-probs as lists, :meth:`SearchOutput.rows`), skipping empty (-inf) slots."""
+        and log-probs as lists, :meth:`SearchOutput.rows`), skipping empty (-inf) slots; the
+        first ``skip`` tokens (a forced language code) are the model's, not the translation's."""
         hyps = []
         eos = self.config.eos_id
         for k, (tokens, length, score, log_prob) in enumerate(zip(*row_lists)):
@@ -286,10 +289,10 @@ class BaseTranslator:
                 continue
             ids = tokens[:length]
             ended = bool(ids) and ids[-1] == eos
-            content = ids[:-1] if ended else ids
+            content = (ids[:-1] if ended else ids)[skip:]
             attention = None
             if out.attention is not None:
-                attention = out.attention[row, k, : len(ids), :src_len].float()
+                attention = out.attention[row, k, skip: len(ids), :src_len].float()
             hyps.append(Hypothesis(self.tokenizer.decode(content, side="tgt"),
                                    content, self.tokenizer.pieces(content, side="tgt"),
                                    score, log_prob, ended, attention))

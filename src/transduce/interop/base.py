@@ -11,6 +11,8 @@ from typing import Any, Iterator
 
 from ..atomic import atomic_dir
 from ..errors import TransduceError
+from ..data.tokenizer import load_tokenizer, tokenizer_exists
+from ..model import full_attention_only, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +91,6 @@ def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
 
 def load_for_export(model_dir: str | os.PathLike, need_tokenizer: bool):
     """The eager model (eval, CPU, float32) and its tokenizer (None if absent and not needed)."""
-    from ..data.tokenizer import load_tokenizer, tokenizer_exists
-    from ..model import full_attention_only, load_model
 
     model = load_model(model_dir).float().eval()
     if not full_attention_only(model):

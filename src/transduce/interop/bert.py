@@ -2,8 +2,8 @@
 options and ``BertForMaskedLM``, ``BertForPreTraining`` (``model.nsp``),
 ``BertForSequenceClassification`` (``model.n_classes``), ``RobertaForMaskedLM`` and
 ``RobertaForSequenceClassification``; one parameter table (:func:`bert_names`) read by the export
-(:func:`export_hf_bert`, written as BERT), the import (:func:`import_bert`, a ``model_type`` bert
-or roberta directory: config.json, weights, tokenizer.json with tokenizer_config.json or
+(:data:`EXPORT`, written as BERT), the import (:data:`IMPORT`, a ``model_type`` bert or roberta
+directory: config.json, weights, tokenizer.json with tokenizer_config.json or
 special_tokens_map.json) and Longformer's (:mod:`~transduce.interop.longformer`); the vocabulary
 order both ways in :mod:`~transduce.interop.bert_vocab`.
 
@@ -48,7 +48,7 @@ embeddings, a decoder (``is_decoder``), an attention width that does not divide 
 from __future__ import annotations
 
 import logging
-import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,13 +57,12 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..data.batch import pad
 from ..data.hf_tokenizer import HFOrigin, HFTokenizer
-from ..errors import ConfigError, one_line, require
-from ..model import EncoderOnly, save_model
-from ..model.io import load_state_checked
-from .base import ExportError, head_width_problems, load_for_export, no_progress_bars, staging_dir, torch_threads
+from ..errors import require
+from ..model import EncoderOnly
+from .base import ExportError, head_width_problems
 from .bert_vocab import ORDER_ROLES, export_order, original_tokenizer_files, renumbered_tokenizer, special_order
-from .hf import SAMPLE_TEXT, HFImportError, copy_tokenizer, load_hf_model, read_weights, refuse_unsupported
-from .verify import check_close, probe_batch
+from .hf import SAMPLE_TEXT, HFEncoder, HFExport, HFImport, HFImportError, copy_tokenizer
+from .verify import check_against, encoder_probe
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +72,6 @@ def bert_incompatibilities(cfg: ModelConfig) -> list[str]:
                 embed_norm=True, scale_embeddings=False)
     return ([f"model.{k}={getattr(cfg, k)} (BERT has {k}={v})" for k, v in want.items() if getattr(cfg, k) != v]
             + head_width_problems(cfg, "BERT"))
-
-
-def check_bert_compatible(cfg: ModelConfig) -> None:
-    """Raise ExportError naming every option BERT cannot express."""
-    problems = bert_incompatibilities(cfg)
-    if problems:
-        raise ExportError(f"cannot export to Hugging Face BERT: {'; '.join(problems)}")
 
 
 def bert_config(cfg: ModelConfig, order: Tensor | None = None):
@@ -171,39 +163,20 @@ def bert_state_dict(model: EncoderOnly, order: Tensor | None = None) -> dict[str
     return {k: v.detach().float().contiguous() for k, v in state.items()}
 
 
-def bert_class(transformers, cfg: ModelConfig):
+def bert_class(cfg: ModelConfig) -> str:
+    """The transformers class an encoder_only model of ``cfg`` exports as."""
     if cfg.n_classes:
-        return transformers.BertForSequenceClassification
-    return transformers.BertForPreTraining if cfg.nsp else transformers.BertForMaskedLM
+        return "BertForSequenceClassification"
+    return "BertForPreTraining" if cfg.nsp else "BertForMaskedLM"
 
 
-def export_hf_bert(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a BertForMaskedLM / BertForPreTraining / BertForSequenceClassification directory for ``model_dir``
-    into ``out`` and verify it: on probes, and on sample texts through its AutoTokenizer."""
-    transformers = require("transformers", "export")
-    model, tok = load_for_export(model_dir, need_tokenizer=False)
-    cfg = model.config
-    check_bert_compatible(cfg)
-    order = export_order(tok, cfg.src_vocab_size)                        # (V,) the exported id of each of ours
-    hf = bert_class(transformers, cfg)(bert_config(cfg, order))
-    missing, unexpected = hf.load_state_dict(bert_state_dict(model, order), strict=False)
-    if missing or unexpected:
-        raise ExportError(f"BERT weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    with no_progress_bars(transformers):
-        hf.save_pretrained(out)
-        back = load_hf_model(bert_class(transformers, cfg), out)
-        checks = verify_bert(model, back, order, "BERT")
-        if isinstance(tok, HFTokenizer):  # an imported tokenizer: AutoTokenizer reads it beside the model
-            write_hf_tokenizer(Path(model_dir), out, tok, order)
-            checks.update(verify_bert_on_text(model, tok, back, out, order))
-        return checks
-
-
-def write_hf_tokenizer(model_dir: Path, out: Path, tok: HFTokenizer, order: Tensor) -> None:
-    """The files AutoTokenizer reads: the original's (in its ids, ``order``) for an imported
-    tokenizer; for one imported before its origin was kept, ours, read verbatim from
-    ``tokenizer.json`` (``PreTrainedTokenizerFast``: BertTokenizer would rebuild the normaliser from
-    defaults, lower-casing a cased WordPiece)."""
+def write_hf_tokenizer(model_dir: Path, tok, out: Path, cfg: ModelConfig, order: Tensor) -> None:
+    """The files AutoTokenizer reads, for an imported tokenizer (none for a SentencePiece one): the
+    original's (in its ids, ``order``); for one imported before its origin was kept, ours, read
+    verbatim from ``tokenizer.json`` (``PreTrainedTokenizerFast``: BertTokenizer would rebuild the
+    normaliser from defaults, lower-casing a cased WordPiece)."""
+    if not isinstance(tok, HFTokenizer):
+        return
     if tok.origin is None:
         copy_tokenizer(model_dir, out, tok, "PreTrainedTokenizerFast")
         return
@@ -211,37 +184,13 @@ def write_hf_tokenizer(model_dir: Path, out: Path, tok: HFTokenizer, order: Tens
         (out / name).write_bytes(data)
 
 
-def probe_inputs(cfg: ModelConfig, seed: int = 0, lengths: tuple[int, ...] = (7, 3, 11, 1, 5, 9)
-                 ) -> tuple[Tensor, Tensor | None]:
-    """BOS + random tokens + EOS of several ``lengths``, right-padded, some tokens [MASK]; random
-    token types (None without them). -> (B, T) ids, (B, T) types."""
-    lengths = tuple(min(n, cfg.max_positions - 2) for n in lengths)  # BOS and EOS fit too
-    ids = probe_batch(cfg.src_vocab_size - 1, cfg.pad_id, cfg.eos_id, lengths, seed)
-    ids = torch.cat([torch.full((ids.shape[0], 1), cfg.bos_id), ids], dim=1)  # (B, T)
-    g = torch.Generator().manual_seed(seed + 1)
-    masked = (torch.rand(ids.shape, generator=g) < 0.2) & (ids > cfg.eos_id)
-    ids = ids.masked_fill(masked, cfg.src_vocab_size - 1)
-    if not cfg.type_vocab_size:
-        return ids, None
-    return ids, torch.randint(cfg.type_vocab_size, ids.shape, generator=g)
-
-
-@torch.no_grad()
-def verify_bert(model: EncoderOnly, hf, order: Tensor, what: str, atol: float = 1e-4) -> dict[str, object]:
-    """Our model against the transformers model ``hf`` (``order[i]``: its id of our id i) on padded
-    probes with token types: the heads' logits within ``atol``. The import's check and the export's."""
-    ids, types = probe_inputs(model.config)                              # (B, T) our ids
-    keep = ids != model.config.pad_id                                    # (B, T)
-    theirs = hf(input_ids=order[ids], attention_mask=keep.long(), token_type_ids=types)
-    return compare_heads(model, model(ids, types), theirs, keep, order, what, atol)
-
-
-@torch.no_grad()
-def verify_bert_on_text(model: EncoderOnly, tok: HFTokenizer, hf, out: Path, order: Tensor,
-                        atol: float = 1e-4) -> dict[str, object]:
-    """What a user of ``out`` sees: AutoTokenizer on ``out`` reads sample texts into our ids with
-    [CLS] / <s> first and [SEP] / </s> last (as ``order`` numbers them), and the model ``hf`` gives our
-    logits on its encoding. ``tokenizer_differences`` (0, or an ExportError) and ``max_text_*``."""
+def text_checks(model: EncoderOnly, tok, out: Path, hf, order: Tensor) -> dict[str, object]:
+    """What a user of ``out`` with an imported tokenizer sees: AutoTokenizer on ``out`` reads
+    sample texts into our ids with [CLS] / <s> first and [SEP] / </s> last (as ``order`` numbers
+    them), and the model ``hf`` gives our logits on them. ``tokenizer_differences`` (0, or an
+    ExportError) and ``max_text_*``."""
+    if not isinstance(tok, HFTokenizer):
+        return {}
     transformers = require("transformers", "export")
     cfg = model.config
     texts = [t for t in SAMPLE_TEXT if len(tok.encode(t)) + 2 <= cfg.max_positions]
@@ -250,27 +199,13 @@ def verify_bert_on_text(model: EncoderOnly, tok: HFTokenizer, hf, out: Path, ord
     bad = [t for t, want, got in zip(texts, order[ids].tolist(), enc["input_ids"].tolist()) if want != got]
     if bad:
         raise ExportError(f"verification failed: AutoTokenizer on {out} reads {bad[0]!r} into other ids than ours")
-    states = model(ids, torch.zeros_like(ids) if cfg.type_vocab_size else None)
-    checks = compare_heads(model, states, hf(**enc), ids != cfg.pad_id, order, "BERT (text through AutoTokenizer)",
-                           atol)
+    probe = encoder_probe(ids, torch.zeros_like(ids) if cfg.type_vocab_size else None, cfg.pad_id)
+    checks = check_against(model, HFEncoder(hf, cfg, order), probe, "BERT (text through AutoTokenizer)")
     return {"tokenizer_differences": 0, **{k.replace("max_", "max_text_", 1): v for k, v in checks.items()}}
 
 
-def compare_heads(model: EncoderOnly, states: Tensor, theirs, keep: Tensor, order: Tensor, what: str,
-                  atol: float) -> dict[str, object]:
-    """Our heads' logits on ``states`` (B, T, D) against transformers' output ``theirs``: the class
-    logits, the masked-LM ones (in our id order, at the ``keep`` (B, T) positions), the next-sentence ones."""
-    cfg = model.config
-    if cfg.n_classes:
-        return {"max_class_logit_diff": check_close(f"{what} class logits", model.classify(states), theirs.logits,
-                                                    atol)}
-    mlm = theirs.prediction_logits if cfg.nsp else theirs.logits         # (B, T, V) in the exported ids
-    checks: dict[str, object] = {"max_logit_diff": check_close(
-        f"{what} masked-LM logits", model.mlm_logits(states)[keep], mlm[..., order][keep], atol)}
-    if cfg.nsp:
-        checks["max_nsp_logit_diff"] = check_close(f"{what} next-sentence logits", model.next_sentence_logits(states),
-                                                   theirs.seq_relationship_logits, atol)
-    return checks
+EXPORT = HFExport("BERT", bert_class, bert_incompatibilities, bert_config, bert_state_dict, write_hf_tokenizer,
+                  order=lambda cfg, tok: export_order(tok, cfg.src_vocab_size), checks=text_checks)
 
 
 # architecture -> (family, head): what an importable config.json names
@@ -303,33 +238,53 @@ def vocab_order(tokenizer: HFTokenizer, n_rows: int, where: Path) -> Tensor:
     return special_order(specials, n_rows)
 
 
-def bert_model_config(config: dict, where: Path, family: str, head: str, tied: bool) -> tuple[ModelConfig, int]:
+@dataclass(frozen=True)
+class EncoderCheckpoint:
+    """What a BERT, RoBERTa or Longformer import reads before the weights: transformers' class of
+    it (``arch``), the parameter names' ``family`` and its ``head``, the first position row
+    (``offset``: RoBERTa's pad + 1), its tokenizer (``original``), the same renumbered to our ids
+    (``tokenizer``) and ``order`` (:func:`vocab_order`)."""
+
+    arch: str
+    family: str
+    head: str
+    offset: int
+    original: HFTokenizer
+    tokenizer: HFTokenizer
+    order: Tensor
+
+
+def read_checkpoint(where: Path, config: dict, arch: str, family: str, head: str) -> EncoderCheckpoint:
+    """The :class:`EncoderCheckpoint` of ``where`` whose config.json holds ``config``: the
+    directory's tokenizer renumbered to our ids keeps where it came from (its origin)."""
+    original = HFTokenizer.from_hf_dir(where)
+    order = vocab_order(original, int(config["vocab_size"]), where)
+    ours = HFTokenizer(renumbered_tokenizer(original.data, order), original.tokens, str(where / "tokenizer.json"),
+                       original.add_bos_token, HFOrigin.read(where, original.ids))
+    offset = int(config["pad_token_id"]) + 1 if family in ROBERTA_HEADS else 0
+    return EncoderCheckpoint(arch, family, head, offset, original, ours, order)
+
+
+def bert_model_config(config: dict, where: Path, state: dict[str, Tensor], ckpt: EncoderCheckpoint,
+                      tied: bool | None = None) -> ModelConfig:
     """Our ModelConfig for a BertConfig / RobertaConfig / LongformerConfig (as a dict), full
-    attention, and the first position row."""
-    name = where / "config.json"
-    refuse_unsupported(config, name, {"hidden_act": "gelu", "position_embedding_type": "absolute",
-                                      "is_decoder": False}, "transduce maps")
-    try:
-        offset = int(config["pad_token_id"]) + 1 if family in ROBERTA_HEADS else 0
-        labels = ()
-        if head == "classify":
-            id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
-            labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
-        return ModelConfig(
-            arch="encoder_only", src_vocab_size=int(config["vocab_size"]), tgt_vocab_size=int(config["vocab_size"]),
-            d_model=int(config["hidden_size"]), n_heads=int(config["num_attention_heads"]),
-            n_encoder_layers=int(config["num_hidden_layers"]), n_decoder_layers=0,
-            d_ff=int(config["intermediate_size"]), dropout=float(config.get("hidden_dropout_prob", 0.1)),
-            attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
-            max_positions=int(config["max_position_embeddings"]) - offset, norm="post", positions="learned",
-            activation="gelu", embed_norm=True, scale_embeddings=False,
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-            type_vocab_size=int(config.get("type_vocab_size", 2)), n_classes=len(labels), labels=labels,
-            nsp=head == "nsp", tie_output=tied, share_embeddings=True), offset
-    except KeyError as e:
-        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
-    except (ConfigError, TypeError, ValueError) as e:
-        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
+    attention; ``tied``: the masked-LM decoder is the token embedding (None: as in ``state``)."""
+    labels = ()
+    if ckpt.head == "classify":
+        id2label = config.get("id2label") or {str(i): f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
+        labels = tuple(str(id2label[k]) for k in sorted(id2label, key=int))
+    return ModelConfig(
+        arch="encoder_only", src_vocab_size=int(config["vocab_size"]), tgt_vocab_size=int(config["vocab_size"]),
+        d_model=int(config["hidden_size"]), n_heads=int(config["num_attention_heads"]),
+        n_encoder_layers=int(config["num_hidden_layers"]), n_decoder_layers=0,
+        d_ff=int(config["intermediate_size"]), dropout=float(config.get("hidden_dropout_prob", 0.1)),
+        attention_dropout=float(config.get("attention_probs_dropout_prob", 0.1)),
+        max_positions=int(config["max_position_embeddings"]) - ckpt.offset, norm="post", positions="learned",
+        activation="gelu", embed_norm=True, scale_embeddings=False,
+        layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+        type_vocab_size=int(config.get("type_vocab_size", 2)), n_classes=len(labels), labels=labels,
+        nsp=ckpt.head == "nsp", share_embeddings=True,
+        tie_output=is_tied(state, ckpt.family, ckpt.head) if tied is None else tied)
 
 
 def is_tied(state: dict[str, Tensor], family: str, head: str) -> bool:
@@ -341,10 +296,11 @@ def is_tied(state: dict[str, Tensor], family: str, head: str) -> bool:
     return decoder is None or (embedding is not None and torch.equal(decoder, embedding))
 
 
-def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, order: Tensor,
-                   offset: int) -> dict[str, Tensor]:
+def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, ckpt: EncoderCheckpoint, where: Path
+                   ) -> dict[str, Tensor]:
     """The original's tensors under our names: vocabulary rows in our order, positions from row
-    ``offset``; a tied decoder is the embedding (not loaded twice)."""
+    ``ckpt.offset``; a tied decoder is the embedding (not loaded twice)."""
+    family, order = ckpt.family, ckpt.order
     ours = {}
     for name, theirs in bert_names(cfg, family).items():
         if name == "mlm_head.decoder.weight" and cfg.tie_output:
@@ -360,29 +316,9 @@ def our_bert_state(state: dict[str, Tensor], cfg: ModelConfig, family: str, orde
                                     f"vocab_size is {len(order)}")
             t = t[order]
         elif name == "embed.positions.weight":
-            t = t[offset:]
+            t = t[ckpt.offset:]
         ours[name] = t.contiguous()
     return ours
-
-
-def import_bert(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.dispatch.import_hf` for a BERT or RoBERTa directory ``where``
-    whose config.json holds ``config``."""
-    arch, family, head = bert_architecture(config, where)
-    state = read_weights(where)
-    cfg, offset = bert_model_config(config, where, family, head, is_tied(state, family, head))
-    return write_encoder_import(where, arch, out, force, our_bert_state, state, cfg, family, offset,
-                                verify_bert_import)
-
-
-def imported_tokenizer(where: Path, n_rows: int) -> tuple[HFTokenizer, HFTokenizer, Tensor]:
-    """The directory's tokenizer, the same renumbered to our ids (keeping where it came from), and
-    :func:`vocab_order`."""
-    original = HFTokenizer.from_hf_dir(where)
-    order = vocab_order(original, n_rows, where)
-    ours = HFTokenizer(renumbered_tokenizer(original.data, order), original.tokens, str(where / "tokenizer.json"),
-                       original.add_bos_token, HFOrigin.read(where, original.ids))
-    return original, ours, order
 
 
 PROBE_TEXTS = ("A man in an orange hat starring at something.", "Zwei Männer stehen am Herd.", "",
@@ -399,25 +335,16 @@ def check_same_ids(original: HFTokenizer, ours: HFTokenizer, order: Tensor) -> i
     return 0
 
 
-def verify_bert_import(model: EncoderOnly, hf, order: Tensor, atol: float = 1e-4) -> dict[str, object]:
-    """The imported model against the transformers model it came from (:func:`verify_bert`)."""
-    return verify_bert(model, hf, order, "imported", atol)
+def bert_checkpoint(where: Path, config: dict) -> EncoderCheckpoint:
+    """The :class:`EncoderCheckpoint` of a BERT or RoBERTa directory (:data:`ARCHITECTURES`)."""
+    return read_checkpoint(where, config, *bert_architecture(config, where))
 
 
-def write_encoder_import(where: Path, arch: str, out, force: bool, mapping, state: dict, cfg, family: str,
-                         offset: int, verify) -> dict[str, object]:
-    """The end of an encoder import (BERT, RoBERTa, Longformer): ``state`` mapped by ``mapping`` into
-    an :class:`EncoderOnly` of ``cfg`` with the renumbered tokenizer, checked by ``verify`` against
-    transformers' ``arch`` model of ``where`` and the original tokenizer, then written to ``out``."""
-    original, tokenizer, order = imported_tokenizer(where, cfg.src_vocab_size)
-    model = EncoderOnly(cfg)
-    load_state_checked(model, mapping(state, cfg, family, order, offset), f"{where} (mapped to transduce)")
-    model.eval()
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        transformers = require("transformers", "export", "transduce import")
-        checks = verify(model, load_hf_model(getattr(transformers, arch), where), order)
-        checks["tokenizer_differences"] = check_same_ids(original, tokenizer, order)
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-    logger.info("imported %s (%s) into %s (%s)", where, arch, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
+def tokenizer_checks(where: Path, ckpt: EncoderCheckpoint, tokenizer: HFTokenizer) -> dict[str, object]:
+    return {"tokenizer_differences": check_same_ids(ckpt.original, ckpt.tokenizer, ckpt.order)}
+
+
+IMPORT = HFImport(bert_checkpoint, bert_model_config, our_bert_state, lambda where, ckpt: (ckpt.tokenizer, {}),
+                  lambda ckpt: ckpt.arch, lambda ckpt: (ckpt.order, ckpt.order),
+                  {"hidden_act": "gelu", "position_embedding_type": "absolute", "is_decoder": False}, "transduce maps",
+                  checks=tokenizer_checks)

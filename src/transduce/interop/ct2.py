@@ -30,9 +30,8 @@ from ..config import ModelConfig
 from ..model import Transformer
 from ..model.layers import GATED
 from ..errors import require
-from ..progress import progress_bar
 from .base import ExportError, load_for_export
-from .verify import check_close, check_same_outputs, search_ids, probe_sources
+from .verify import Probe, Reference, check_against, probe_sources, search_ids
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +185,9 @@ def export_ctranslate2(model_dir: str | os.PathLike, out: Path, quantization: st
     for key in ("n_encoder_layers", "n_decoder_layers"):
         if getattr(model.config, key) == 0:
             raise ExportError(f"cannot export to CTranslate2: model.{key}=0 (it needs at least one layer)")
+    if model.config.embed_norm:  # an imported mBART's layernorm_embedding: not written into the spec yet
+        raise ExportError("model.embed_norm: the CTranslate2 export of an encoder-decoder with an embedding "
+                          "LayerNorm (mBART) is not written yet")
     spec = transformer_spec(model)
     _configure(spec, tok, model.config)
     try:
@@ -220,35 +222,36 @@ def ct2_log_probs(translator, tok, src, tgt_ids: list[list[int]]) -> list[float]
     return [sum(r.log_probs[: len(t)]) for r, t in zip(results, tgt_ids)]
 
 
+class CT2Translator(Reference):
+    """The exported model in ``ctranslate2.Translator``: the sequence log-probs of a probe's targets
+    (it gives no logits) and its searches, which end a sentence once its best extension ended (our
+    "best_finished") and leave PAD and BOS out of the softmax (``suppress_sequences``)."""
+
+    stop, renormalized = "best_finished", True
+
+    def __init__(self, translator, tok, beams: tuple[int, ...]):
+        self.translator, self.tok, self.beams = translator, tok, beams
+
+    def outputs(self, probe: Probe) -> dict[str, torch.Tensor]:
+        return {"sequence_logprobs": torch.tensor(ct2_log_probs(self.translator, self.tok, probe.inputs[0],
+                                                                probe.targets))}
+
+    def search(self, src, beam: int, max_len: int) -> list[list[int]]:
+        return ct2_translate_ids(self.translator, self.tok, src, beam, max_len)
+
+
 @torch.no_grad()
 def verify_ctranslate2(model: Transformer, tok, out: Path, quantization: str | None) -> dict[str, object]:
-    """Load ``out``; compare sequence log-probs and greedy/beam outputs with the eager model."""
-    from .verify import sequence_log_prob
-
+    """Load ``out``; compare the log-probs of our greedy outputs and greedy/beam outputs with the
+    eager model (int8: the log-probs loosely, and how often the greedy outputs agree)."""
     ctranslate2 = require("ctranslate2", "export")
     translator = ctranslate2.Translator(str(out), device="cpu", compute_type="default", intra_threads=1)
     src = probe_sources(model)
-    with progress_bar(2 if quantization else 3, unit="checks", desc="verifying") as bar:
-        checks: dict[str, object] = {}
-        greedy = search_ids(model, src, 1, 12)
-        want = torch.tensor([sequence_log_prob(model, src[i], g) for i, g in enumerate(greedy)])
-        got = torch.tensor(ct2_log_probs(translator, tok, src, greedy))
-        tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
-        checks["max_logprob_diff"] = check_close("CTranslate2 sequence log-probs", got, want, tol)
-        bar.update()
-        if quantization:  # int8 outputs may legitimately differ; report how often they agree
-            got_ids = ct2_translate_ids(translator, tok, src, 1, 12)
-            checks["greedy_agreement"] = sum(a == b for a, b in zip(greedy, got_ids)) / len(greedy)
-            bar.update()
-            return checks
-        for beam in (1, 4):
-            # CTranslate2 ends a sentence once its best extension ended (at length penalty 0): our
-            # "best_finished" rule, so outputs must be equal, not merely as good. Its
-            # suppress_sequences leaves PAD and BOS out of the softmax: ``renormalized``.
-            want_ids = greedy if beam == 1 else search_ids(model, src, beam, 12, stop="best_finished")
-            got_ids = ct2_translate_ids(translator, tok, src, beam, 12)
-            name = "greedy" if beam == 1 else "beam"
-            checks[f"{name}_differences"] = check_same_outputs(f"CTranslate2 {name}", model, src, want_ids,
-                                                               got_ids, beam=beam > 1, renormalized=True)
-            bar.update()
+    greedy = search_ids(model, src, 1, 12)
+    tol = INT8_LOGPROB_TOL * max(1, len(max(greedy, key=len))) if quantization else 1e-3
+    reference = CT2Translator(translator, tok, () if quantization else (1, 4))
+    checks = check_against(model, reference, Probe((src,), targets=greedy), "CTranslate2", tol)
+    if quantization:  # int8 outputs may legitimately differ; report how often they agree
+        got_ids = ct2_translate_ids(translator, tok, src, 1, 12)
+        checks["greedy_agreement"] = sum(a == b for a, b in zip(greedy, got_ids)) / len(greedy)
     return checks

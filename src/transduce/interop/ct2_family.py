@@ -31,15 +31,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import GenerationConfig
 from ..data.tokenizer import UNK_ID
 from ..errors import require
 from ..model.layers import GATED
-from ..progress import progress_bar
 from .base import ExportError, load_for_export
 from .ct2 import ct2_activation, as_numpy, set_attention_options, set_encoder_layer, set_ffn, set_inputs, \
     set_linear, set_norm, set_self_attention
-from .verify import check_close
+from .verify import Probe, Reference, check_against, default_probe
 
 logger = logging.getLogger(__name__)
 
@@ -139,64 +137,51 @@ def export_ct2_family(model_dir: str | os.PathLike, out: Path) -> dict[str, obje
     if tok is not None:
         tok.save(out)
     if lm:
-        return verify_ct2_lm(model, out, vocab)
+        return check_against(model, CT2Generator(out, cfg, vocab), default_probe(model), "CTranslate2")
     heads = "classification head is" if cfg.n_classes else \
         "masked-LM and next-sentence heads are" if cfg.nsp else "masked-LM head is"
     logger.warning("CTranslate2's Encoder returns the final states%s: the %s not in the export",
                    " and the pooled output" if (cfg.n_classes or cfg.nsp) else "", heads)
-    return verify_ct2_encoder(model, out)
+    reference = CT2Encoder(out, cfg, pooled=(model.cls_head or model.nsp_head) is not None)
+    return check_against(model, reference, default_probe(model), "CTranslate2")
 
 
-@torch.no_grad()
-def verify_ct2_lm(model: nn.Module, out: Path, vocab: list[str], atol: float = 1e-4) -> dict[str, object]:
-    """``Generator`` logits on probe prompts within ``atol`` of ours; greedy continuations identical."""
-    from ..inference.search.lm import generate_ids
-    from .gpt2 import probe_prompts
+class CT2Generator(Reference):
+    """The exported language model in ``ctranslate2.Generator``: logits (``forward_batch``), greedy
+    continuations (``generate_batch``, never what ours never generates)."""
 
-    ctranslate2 = require("ctranslate2", "export")
-    cfg = model.config
-    generator = ctranslate2.Generator(str(out), device="cpu", compute_type="float32", intra_threads=1)
-    prompts = probe_prompts(cfg, length=min(7, cfg.max_positions - 1))
-    with progress_bar(2, unit="checks", desc="verifying") as bar:
-        got = np.array(generator.forward_batch(prompts.tolist()))                   # (B, T, V)
-        checks: dict[str, object] = {"max_logit_diff": check_close("CTranslate2 logits", torch.from_numpy(got),
-                                                                   model(prompts), atol)}
-        bar.update()
-        new = min(12, cfg.max_positions - prompts.shape[1])
-        want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
-        results = generator.generate_batch(
+    def __init__(self, out: Path, cfg, vocab: list[str]):
+        ctranslate2 = require("ctranslate2", "export")
+        self.generator = ctranslate2.Generator(str(out), device="cpu", compute_type="float32", intra_threads=1)
+        self.cfg, self.vocab = cfg, vocab
+
+    def outputs(self, probe: Probe) -> dict[str, torch.Tensor]:
+        return {"logits": torch.from_numpy(np.array(self.generator.forward_batch(probe.inputs[0].tolist())))}
+
+    def generate(self, prompts: torch.Tensor, new: int) -> list[list[int]]:
+        cfg, vocab = self.cfg, self.vocab
+        results = self.generator.generate_batch(
             [[vocab[i] for i in row] for row in prompts.tolist()], max_length=new, min_length=0, sampling_topk=1,
             include_prompt_in_result=False, end_token=[cfg.eos_id],
             suppress_sequences=[[vocab[i]] for i in cfg.never_generated] or None)
-        differences = sum(r.sequences_ids[0] != w for r, w in zip(results, want))
-        if differences:
-            raise ExportError(f"verification failed: CTranslate2 greedy output differs from ours in {differences} "
-                              f"of {len(want)} probes")
-        checks["greedy_differences"] = differences
-        bar.update()
-    return checks
+        return [r.sequences_ids[0] for r in results]
 
 
-@torch.no_grad()
-def verify_ct2_encoder(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """``Encoder`` final states (at every unpadded position) and pooled output within ``atol`` of ours."""
-    from .bert import probe_inputs
+class CT2Encoder(Reference):
+    """The exported encoder in ``ctranslate2.Encoder``: final states at every unpadded position
+    and, where the model has a pooler, the pooled output."""
 
-    ctranslate2 = require("ctranslate2", "export")
-    cfg = model.config
-    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="float32", intra_threads=1)
-    ids, types = probe_inputs(cfg)
-    keep = ids != cfg.pad_id                                                          # (B, T)
-    rows = [row[k].tolist() for row, k in zip(ids, keep)]
-    given = [row[k].tolist() for row, k in zip(types, keep)] if cfg.type_vocab_size >= 2 else None
-    result = encoder.forward_batch(rows, token_type_ids=given)
-    states = model(ids, types)                                                        # (B, T, D)
-    got = torch.from_numpy(np.array(result.last_hidden_state))[:, : ids.shape[1]]
-    checks: dict[str, object] = {"max_state_diff": check_close("CTranslate2 final states", got[keep],
-                                                               states[keep], atol)}
-    head = model.cls_head or model.nsp_head
-    if head is not None:
-        pooled = torch.tanh(head.pooler(states[:, 0]))
-        checks["max_pooled_diff"] = check_close("CTranslate2 pooled output",
-                                                torch.from_numpy(np.array(result.pooler_output)), pooled, atol)
-    return checks
+    def __init__(self, out: Path, cfg, pooled: bool):
+        ctranslate2 = require("ctranslate2", "export")
+        self.encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="float32", intra_threads=1)
+        self.types, self.pooled = cfg.type_vocab_size >= 2, pooled
+
+    def outputs(self, probe: Probe) -> dict[str, torch.Tensor]:
+        (ids, types), keep = probe.inputs, probe.keep
+        rows = [row[k].tolist() for row, k in zip(ids, keep)]
+        given = [row[k].tolist() for row, k in zip(types, keep)] if self.types else None
+        result = self.encoder.forward_batch(rows, token_type_ids=given)
+        named = {"states": torch.from_numpy(np.array(result.last_hidden_state))[:, : ids.shape[1]]}
+        if self.pooled:
+            named["pooled"] = torch.from_numpy(np.array(result.pooler_output))
+        return named

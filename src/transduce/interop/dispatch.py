@@ -8,23 +8,26 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..model.io import load_model_config
 from .base import ExportError, ExportReport, staging_dir, torch_threads
-
-if TYPE_CHECKING:
-    from .tensorrt import EngineBuild
+from .ct2 import export_ctranslate2
+from .ct2_family import export_ct2_family
+from .hf import HFImportError, export_family, import_family, read_json
+from .onnx import export_onnx, export_onnx_family
+from .tensorrt import EngineBuild, export_tensorrt
+from .triton import export_triton
 
 logger = logging.getLogger(__name__)
 
 FORMATS = ("hf", "ctranslate2", "onnx", "triton", "tensorrt")
 QUANTIZATIONS = ("int8",)
-# config.json's model_type -> (the family module that imports it, its function); the import's error
-# lists these keys, so what it names is what it dispatches
-IMPORTS = {"marian": ("marian", "import_marian"), "t5": ("t5", "import_t5"), "mt5": ("t5", "import_t5"),
-           "gpt2": ("gpt2", "import_gpt2"), "bert": ("bert", "import_bert"), "roberta": ("bert", "import_bert"),
-           "longformer": ("longformer", "import_longformer")}
+# config.json's model_type -> (the family module that imports it, its description: an HFImport that
+# hf.import_family runs); the import's error lists these keys, so what it names is what it dispatches
+IMPORTS = {"marian": ("marian", "IMPORT"), "t5": ("t5", "IMPORT"), "mt5": ("t5", "IMPORT"),
+           "gpt2": ("gpt2", "IMPORT"), "bert": ("bert", "IMPORT"), "roberta": ("bert", "IMPORT"),
+           "longformer": ("longformer", "IMPORT"), "m2m_100": ("m2m100", "IMPORT"),
+           "mbart": ("mbart", "IMPORT")}
 
 
 def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
@@ -64,11 +67,9 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
     if not translates and quantization is not None:
         raise ExportError(f"export.quantization {quantization}: exports encoder_decoder models; this one is {arch}")
     if fmt == "triton":
-        from .triton import export_triton
         return ExportReport(fmt, Path(out) / name, export_triton(model_dir, out, name, force))
     with staging_dir(out, force) as tmp, torch_threads(1):
         if fmt == "tensorrt":
-            from .tensorrt import EngineBuild, export_tensorrt
             checks = export_tensorrt(model_dir, tmp, build or EngineBuild())
         else:
             checks = _export_to(fmt, cfg, model_dir, tmp, quantization)
@@ -79,30 +80,18 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 
 def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) -> dict:
     """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
-    fam, t5 = cfg.family, cfg.positions == "relative"
-    if fmt == "hf" and fam.generates:
-        from .gpt2 import export_hf_gpt2
-        checks = export_hf_gpt2(model_dir, tmp)
-    elif fmt == "hf" and fam.masked_lm:
-        from .bert import export_hf_bert
-        checks = export_hf_bert(model_dir, tmp)
-    elif fmt == "hf" and t5:
-        from .t5 import export_hf_t5
-        checks = export_hf_t5(model_dir, tmp)
-    elif fmt == "hf":
-        from .marian import export_hf
-        checks = export_hf(model_dir, tmp)
+    fam = cfg.family
+    if fmt == "hf":  # the family's description (an HFExport), written by hf.export_family
+        module = ("gpt2" if fam.generates else "bert" if fam.masked_lm else "t5" if cfg.positions == "relative"
+                  else "marian")
+        checks = export_family(model_dir, tmp, importlib.import_module(f".{module}", __package__).EXPORT)
     elif fmt == "onnx" and not fam.translates:
-        from .onnx import export_onnx_family
         checks = export_onnx_family(model_dir, tmp)
     elif fmt == "ctranslate2" and not fam.translates:
-        from .ct2_family import export_ct2_family
         checks = export_ct2_family(model_dir, tmp)
     elif fmt == "ctranslate2":
-        from .ct2 import export_ctranslate2
         checks = export_ctranslate2(model_dir, tmp, quantization)
     else:
-        from .onnx import export_onnx
         checks = export_onnx(model_dir, tmp)
     return checks
 
@@ -112,7 +101,6 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
     GPT-2; BERT, RoBERTa or Longformer: :data:`IMPORTS`) into the transduce model directory ``out``
     (config.yaml, model.safetensors, tokenizer), verified against transformers on the family's
     probes; returns the verification's measurements. Nothing is written unless every check passes."""
-    from .hf import HFImportError, read_json
 
     where = Path(hf_dir)
     if not where.is_dir():
@@ -123,5 +111,5 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
         names = [repr(k) for k in IMPORTS]
         raise HFImportError(f"{where / 'config.json'}: model_type is {kind!r}, not {', '.join(names[:-1])} or "
                             f"{names[-1]} (the kinds transduce imports)")
-    module, function = IMPORTS[kind]
-    return getattr(importlib.import_module(f".{module}", __package__), function)(where, config, out, force)
+    module, name = IMPORTS[kind]
+    return import_family(where, config, out, force, getattr(importlib.import_module(f".{module}", __package__), name))

@@ -1,8 +1,8 @@
 """GPT-2 (Radford et al., 2019) as Hugging Face writes it, both ways: our
 :class:`~transduce.model.DecoderOnlyLM` with GPT-2's options and ``GPT2LMHeadModel``, one
 parameter table (:data:`GPT2_NORMS`, :data:`GPT2_CONV1D`) read by the export
-(:func:`export_hf_gpt2`: config, safetensors) and the import (:func:`import_gpt2`, a
-``model_type: gpt2`` directory).
+(:data:`EXPORT`: config, safetensors) and the import (:data:`IMPORT`, a ``model_type: gpt2``
+directory).
 
 GPT-2 is our decoder-only model with pre-LN blocks, learned positions, the tanh GELU, biases, a
 tied output projection and unscaled embeddings; a model with exactly those options maps onto it
@@ -22,9 +22,9 @@ does not put it before a text (``add_bos_token`` false), so ``tokenizer.yaml`` r
 :class:`~transduce.inference.Generator` prompts the import without it, as transformers does.
 
 Verified before anything is written: logits within 1e-4 of transformers' on a probe batch, greedy
-continuations identical on 100 prompts (through :func:`~transduce.inference.search.lm.generate_ids`,
-the code ``transduce generate`` runs), ids identical to ``AutoTokenizer``'s on sample text, and
-BOS first or not as ``AutoTokenizer`` puts it.
+continuations identical on 100 prompts (:data:`IMPORT_PROMPTS`, through
+:func:`~transduce.inference.search.lm.generate_ids`, the code ``transduce generate`` runs), ids
+identical to ``AutoTokenizer``'s on sample text, and BOS first or not as ``AutoTokenizer`` puts it.
 
 Legend: D d_model, V vocabulary, P max_positions.
 """
@@ -32,22 +32,17 @@ Legend: D d_model, V vocabulary, P max_positions.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from ..config import GenerationConfig, ModelConfig
+from ..config import ModelConfig
 from ..data.hf_tokenizer import HFTokenizer
-from ..errors import ConfigError, DataError, require
-from ..inference.search.lm import generate_ids
-from ..model import DecoderOnlyLM, save_model
-from ..model.io import load_state_checked
-from .base import ExportError, head_width_problems, load_for_export, no_progress_bars, staging_dir, torch_threads
-from .hf import HFImportError, copy_tokenizer, hf_tokenizer_differences, load_hf_model, read_weights, \
-    refuse_unsupported
-from .verify import N_SPECIAL, check_close
+from ..errors import require
+from .base import head_width_problems
+from .hf import HFExport, HFImport, HFImportError, copy_tokenizer, hf_tokenizer_differences
+from .verify import Probe, probe_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +50,9 @@ def gpt2_incompatibilities(cfg: ModelConfig) -> list[str]:
     """The options of ``cfg`` that GPT2LMHeadModel cannot express, one phrase each."""
     wants = {"norm": "pre", "positions": "learned", "activation": "gelu_tanh", "bias": True, "tie_output": True,
              "scale_embeddings": False}
+    dropout = [f"model.activation_dropout={cfg.activation_dropout} (GPT-2 has no dropout inside its MLP)"]
     return ([f"model.{k}={getattr(cfg, k)} (GPT-2 has {k}={v})" for k, v in wants.items() if getattr(cfg, k) != v]
-            + head_width_problems(cfg, "GPT-2"))
+            + head_width_problems(cfg, "GPT-2") + (dropout if cfg.activation_dropout else []))
 
 
 # The GPT-2 mapping, read both ways (export: gpt2_state_dict; import: our_gpt2_state):
@@ -96,67 +92,24 @@ def gpt2_config(cfg: ModelConfig):
     )
 
 
-def export_hf_gpt2(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a GPT2LMHeadModel directory for the decoder-only ``model_dir`` into ``out``, verified."""
-    transformers = require("transformers", "export")
-    model, tok = load_for_export(model_dir, need_tokenizer=False)
-    cfg = model.config
-    problems = gpt2_incompatibilities(cfg)
-    if problems:
-        raise ExportError(f"cannot export to Hugging Face GPT-2: {'; '.join(problems)}")
-    if cfg.activation_dropout:
-        raise ExportError(f"cannot export to Hugging Face GPT-2: model.activation_dropout={cfg.activation_dropout} "
-                          "(GPT-2 has no dropout inside its MLP)")
-    hf = transformers.GPT2LMHeadModel(gpt2_config(cfg))
-    missing, unexpected = hf.load_state_dict(gpt2_state_dict(model), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]  # tied to transformer.wte.weight
-    if missing or unexpected:
-        raise ExportError(f"GPT-2 weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    hf.tie_weights()
-    hf.generation_config = transformers.GenerationConfig(
+def write_tokenizer(model_dir: Path, tok, out: Path, cfg: ModelConfig, order) -> None:
+    """Our tokenizer files beside the export, if the model has a tokenizer."""
+    if tok is not None:
+        copy_tokenizer(model_dir, out, tok)
+
+
+def export_checks(model, tok, out: Path, hf, order) -> dict[str, object]:
+    """An imported tokenizer (transformers reads it too) splits sample text as ours."""
+    return {"tokenizer_differences": hf_tokenizer_differences(tok, out)} if isinstance(tok, HFTokenizer) else {}
+
+
+EXPORT = HFExport(
+    "GPT-2", lambda cfg: "GPT2LMHeadModel", gpt2_incompatibilities, lambda cfg, order: gpt2_config(cfg),
+    lambda model, order: gpt2_state_dict(model), write_tokenizer,
+    generation=lambda cfg: require("transformers", "export").GenerationConfig(
         bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
-        suppress_tokens=list(cfg.never_generated), do_sample=False)  # as our generate: never PAD or BOS
-    with no_progress_bars(transformers):
-        hf.save_pretrained(out)
-        if tok is not None:
-            copy_tokenizer(Path(model_dir), out, tok)
-        checks = verify_hf_gpt2(model, out)
-        if tok is not None and isinstance(tok, HFTokenizer):  # an imported tokenizer: transformers reads it too
-            checks["tokenizer_differences"] = hf_tokenizer_differences(tok, out)
-        return checks
-
-
-def probe_prompts(cfg: ModelConfig, batch: int = 6, length: int = 7, seed: int = 0) -> Tensor:
-    """BOS + random ordinary tokens, all of one length. (B, length)."""
-    g = torch.Generator().manual_seed(seed)
-    body = torch.randint(N_SPECIAL, cfg.tgt_vocab_size, (batch, length - 1), generator=g)
-    return torch.cat([torch.full((batch, 1), cfg.bos_id), body], dim=1)
-
-
-@torch.no_grad()
-def verify_hf_gpt2(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """Reload ``out`` with transformers; compare logits and greedy continuations with ours."""
-    transformers = require("transformers", "export")
-    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
-    cfg = model.config
-    prompts = probe_prompts(cfg, length=min(7, cfg.max_positions - 1))
-    got = hf(input_ids=prompts, attention_mask=torch.ones_like(prompts)).logits   # (B, T, V)
-    checks: dict[str, object] = {"max_logit_diff": check_close("GPT-2 logits", got, model(prompts), atol)}
-    new = min(12, cfg.max_positions - prompts.shape[1])
-    want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
-    gen = hf.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
-                      do_sample=False)
-    got = [_until_eos(row[prompts.shape[1]:].tolist(), cfg.eos_id) for row in gen]
-    differences = sum(a != b for a, b in zip(got, want))
-    if differences:
-        raise ExportError(f"verification failed: GPT-2 greedy output differs from ours in {differences} of "
-                          f"{len(want)} probes")
-    checks["greedy_differences"] = differences
-    return checks
-
-
-def _until_eos(row: list[int], eos: int) -> list[int]:
-    return row[:row.index(eos)] if eos in row else row
+        suppress_tokens=list(cfg.never_generated), do_sample=False),  # as our generate: never PAD or BOS
+    tied=("lm_head.weight",), checks=export_checks)  # (lm_head.weight: tied to transformer.wte.weight)
 
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
@@ -166,60 +119,26 @@ REFUSED = {"scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True,
            "add_cross_attention": False}
 
 
-def import_gpt2(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.dispatch.import_hf` for a GPT2LMHeadModel directory ``where``
-    whose config.json holds ``config``."""
-    try:
-        tokenizer = HFTokenizer.from_hf_dir(where)
-    except DataError as e:
-        raise HFImportError(str(e)) from None
-    state = read_weights(where)
-    cfg = gpt2_model_config(config, where, tokenizer)
-    model = DecoderOnlyLM(cfg)
-    load_state_checked(model, our_gpt2_state(state, cfg, where), f"{where} (mapped to transduce)")
-    model.eval()
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        save_model(model, tmp)
-        tokenizer.save(tmp)
-        checks = verify_gpt2_import(model, where, tokenizer)
-    logger.info("imported %s into %s (%s)", where, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
-
-
-def _key(config: dict, where: Path, name: str):
-    if name not in config:
-        raise HFImportError(f"{where / 'config.json'}: missing key {name!r}")
-    return config[name]
-
-
-def gpt2_model_config(config: dict, where: Path, tokenizer: HFTokenizer) -> ModelConfig:
+def gpt2_model_config(config: dict, where: Path, state, tokenizer: HFTokenizer) -> ModelConfig:
     """The :class:`ModelConfig` of a GPT2Config dict; a one-line error for what we cannot express."""
-    refuse_unsupported(config, where / "config.json", REFUSED, "transduce's GPT has")
     act = config.get("activation_function", "gelu_new")
     if act not in ACTIVATIONS:
         raise HFImportError(f"{where / 'config.json'}: activation_function={act!r} is not supported "
                             f"(one of {sorted(ACTIVATIONS)})")
-    vocab, d = int(_key(config, where, "vocab_size")), int(_key(config, where, "n_embd"))
+    vocab, d = int(config["vocab_size"]), int(config["n_embd"])
     if tokenizer.vocab_size > vocab:
         raise HFImportError(f"{where}: tokenizer.json has {tokenizer.vocab_size} tokens, more than the model's "
                             f"vocab_size={vocab}")
-    eos = config.get("eos_token_id")
-    eos = tokenizer.eos_id if eos is None else int(eos)
-    bos = config.get("bos_token_id")
-    pad = config.get("pad_token_id")
-    try:
-        return ModelConfig(
-            arch="decoder_only", src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d,
-            n_heads=int(_key(config, where, "n_head")), n_encoder_layers=0,
-            n_decoder_layers=int(_key(config, where, "n_layer")), d_ff=int(config.get("n_inner") or 4 * d),
-            max_positions=int(_key(config, where, "n_positions")), norm="pre", positions="learned",
-            activation=ACTIVATIONS[act], scale_embeddings=False, tie_output=True, bias=True,
-            dropout=float(config.get("resid_pdrop", 0.1)), attention_dropout=float(config.get("attn_pdrop", 0.1)),
-            layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
-            bos_id=tokenizer.bos_id if bos is None else int(bos), eos_id=eos,
-            pad_id=tokenizer.pad_id if pad is None else int(pad))
-    except ConfigError as e:
-        raise HFImportError(f"{where / 'config.json'}: not a shape transduce can build ({e})") from None
+    eos, bos, pad = (config.get(f"{role}_token_id") for role in ("eos", "bos", "pad"))
+    return ModelConfig(
+        arch="decoder_only", src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d, n_heads=int(config["n_head"]),
+        n_encoder_layers=0, n_decoder_layers=int(config["n_layer"]), d_ff=int(config.get("n_inner") or 4 * d),
+        max_positions=int(config["n_positions"]), norm="pre", positions="learned",
+        activation=ACTIVATIONS[act], scale_embeddings=False, tie_output=True, bias=True,
+        dropout=float(config.get("resid_pdrop", 0.1)), attention_dropout=float(config.get("attn_pdrop", 0.1)),
+        layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-5)),
+        bos_id=tokenizer.bos_id if bos is None else int(bos), eos_id=tokenizer.eos_id if eos is None else int(eos),
+        pad_id=tokenizer.pad_id if pad is None else int(pad))
 
 
 def _linear(state: dict[str, Tensor], name: str, ours: list[str], where: Path) -> dict[str, Tensor]:
@@ -237,7 +156,7 @@ def _linear(state: dict[str, Tensor], name: str, ours: list[str], where: Path) -
     return out
 
 
-def our_gpt2_state(state: dict[str, Tensor], cfg: ModelConfig, where: Path) -> dict[str, Tensor]:
+def our_gpt2_state(state: dict[str, Tensor], cfg: ModelConfig, tokenizer, where: Path) -> dict[str, Tensor]:
     """GPT2LMHeadModel (or GPT2Model) weights under our parameter names."""
     state = {k.removeprefix("transformer."): v for k, v in state.items()}
     head = state.pop("lm_head.weight", None)
@@ -265,35 +184,21 @@ def our_gpt2_state(state: dict[str, Tensor], cfg: ModelConfig, where: Path) -> d
     return ours
 
 
-@torch.no_grad()
-def verify_gpt2_import(model: DecoderOnlyLM, where: Path, tokenizer: HFTokenizer, atol: float = 1e-4,
-                       n_prompts: int = 100) -> dict[str, object]:
-    """Our model against transformers' on ``where``: logits within ``atol`` on a probe batch,
-    identical greedy continuations of ``n_prompts`` prompts, and identical tokenization (BOS first
-    or not included)."""
-    transformers = require("transformers", "export", "transduce import")
-    hf = load_hf_model(transformers.GPT2LMHeadModel, where)
+IMPORT_PROMPTS = 100  # greedy continuations compared with transformers' on an import
+
+
+def import_probe(model) -> Probe:
+    """Logits on 6 prompts of 7 tokens, greedy continuations of :data:`IMPORT_PROMPTS` of 5."""
     cfg = model.config
-    length = max(2, min(7, cfg.max_positions - 1))
-    probe = probe_prompts(cfg, length=length)                                      # (B, T)
-    got = hf(input_ids=probe, attention_mask=torch.ones_like(probe)).logits        # (B, T, V)
-    checks: dict[str, object] = {"max_logit_diff": check_close("GPT-2 logits", got, model(probe), atol)}
-    prompts = probe_prompts(cfg, batch=n_prompts, length=max(2, min(5, cfg.max_positions - 1)), seed=1)
-    new = min(12, cfg.max_positions - prompts.shape[1])
-    want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
-    gen = hf.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
-                      do_sample=False, num_beams=1, eos_token_id=cfg.eos_id, pad_token_id=cfg.pad_id,
-                      suppress_tokens=list(cfg.never_generated) or None)
-    rows = [row[prompts.shape[1]:].tolist() for row in gen]
-    theirs = [r[:r.index(cfg.eos_id)] if cfg.eos_id in r else r for r in rows]
-    differences = sum(a != b for a, b in zip(theirs, want))
-    if differences:
-        raise HFImportError(f"verification failed: greedy output differs from transformers' in {differences} of "
-                            f"{len(want)} prompts")
-    checks["greedy_differences"], checks["greedy_prompts"] = differences, len(want)
-    checks["tokenizer_differences"] = hf_tokenizer_differences(tokenizer, where, HFImportError)
-    checks["add_bos_token"] = check_bos_first(tokenizer, where)
-    return checks
+    return Probe((probe_prompts(cfg, length=max(2, min(7, cfg.max_positions - 1))),),
+                 prompts=probe_prompts(cfg, batch=IMPORT_PROMPTS, length=max(2, min(5, cfg.max_positions - 1)), seed=1))
+
+
+def import_checks(where: Path, tokenizer: HFTokenizer, ours) -> dict[str, object]:
+    """Identical tokenization, BOS first or not included (and how many prompts were continued)."""
+    return {"greedy_prompts": IMPORT_PROMPTS,
+            "tokenizer_differences": hf_tokenizer_differences(tokenizer, where, HFImportError),
+            "add_bos_token": check_bos_first(tokenizer, where)}
 
 
 def check_bos_first(tokenizer: HFTokenizer, where: Path) -> bool:
@@ -306,3 +211,8 @@ def check_bos_first(tokenizer: HFTokenizer, where: Path) -> bool:
                             f"BOS before a text, unlike ours (add_bos_token={tokenizer.add_bos_token})")
     return theirs
 
+
+
+IMPORT = HFImport(lambda where, config: HFTokenizer.from_hf_dir(where), gpt2_model_config, our_gpt2_state,
+                  lambda where, tok: (tok, {}), lambda tok: "GPT2LMHeadModel", lambda tok: None, REFUSED,
+                  "transduce's GPT has", probe=import_probe, checks=import_checks)

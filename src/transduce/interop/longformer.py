@@ -41,11 +41,11 @@ import torch
 from torch import Tensor
 
 from ..config import AttentionConfig, ModelConfig
-from ..errors import ConfigError, one_line
 from ..model import EncoderOnly
-from .bert import bert_model_config, bert_names, is_tied, our_bert_state, probe_inputs, write_encoder_import
-from .hf import HFImportError, read_weights
-from .verify import check_close
+from .bert import IMPORT as BERT_IMPORT, EncoderCheckpoint, bert_model_config, bert_names, our_bert_state, \
+    read_checkpoint
+from .hf import HFEncoder, HFImportError
+from .verify import check_against, encoder_probe, probe_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -77,44 +77,34 @@ def local_windows(config: dict, where: Path) -> tuple[int, ...]:
     return tuple(w // 2 for w in windows)
 
 
-def longformer_model_config(config: dict, where: Path, tied: bool) -> tuple[ModelConfig, int]:
+def longformer_checkpoint(where: Path, config: dict) -> EncoderCheckpoint:
+    """The :class:`~.bert.EncoderCheckpoint` of a Longformer directory (RoBERTa's heads)."""
+    return read_checkpoint(where, config, longformer_architecture(config, where), "longformer", "mlm")
+
+
+def longformer_model_config(config: dict, where: Path, state: dict[str, Tensor], ckpt: EncoderCheckpoint
+                            ) -> ModelConfig:
     """Our ModelConfig for a LongformerConfig (as a dict): RoBERTa's, with local attention,
-    global projections and the windows; and the first position row."""
-    cfg, offset = bert_model_config(config, where, "longformer", "mlm", tied)
+    global projections and the windows (a LongformerModel's new head tied)."""
+    cfg = bert_model_config(config, where, state, ckpt, True if ckpt.arch == "LongformerModel" else None)
     windows = local_windows(config, where)
     same = len(set(windows)) == 1
-    try:
-        attention = AttentionConfig("local", window=windows[0], windows=() if same else windows, global_tokens=0,
-                                    global_projections=True)
-        return replace(cfg, attention=attention), offset
-    except ConfigError as e:
-        raise HFImportError(f"{where / 'config.json'}: does not map to a valid transduce config ({one_line(e)})") \
-            from None
+    return replace(cfg, attention=AttentionConfig("local", window=windows[0], windows=() if same else windows,
+                                                  global_tokens=0, global_projections=True))
 
 
-def _with_new_head(state: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
-    """A LongformerModel's weights under LongformerForMaskedLM's names, with a new masked-LM head
-    (a freshly initialised model's, under transformers' names)."""
-    state = {k if k.startswith("longformer.") else f"longformer.{k}": v for k, v in state.items()}
-    fresh = EncoderOnly(cfg).state_dict()
-    for ours, theirs in bert_names(cfg, "longformer").items():
-        if ours.startswith("mlm_head.") and not (cfg.tie_output and ours == "mlm_head.decoder.weight"):
-            state[theirs] = fresh[ours]
-    return state
-
-
-def import_longformer(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.dispatch.import_hf` for a Longformer directory ``where`` whose
-    config.json holds ``config``."""
-    arch = longformer_architecture(config, where)
-    state = read_weights(where)
-    cfg, offset = longformer_model_config(config, where, arch == "LongformerModel" or
-                                          is_tied(state, "longformer", "mlm"))
-    if arch == "LongformerModel":
-        state = _with_new_head(state, cfg)
+def our_longformer_state(state: dict[str, Tensor], cfg: ModelConfig, ckpt: EncoderCheckpoint, where: Path
+                         ) -> dict[str, Tensor]:
+    """RoBERTa's mapping (:func:`~.bert.our_bert_state`); a LongformerModel's weights with a new
+    masked-LM head (a freshly initialised model's, under transformers' names)."""
+    if ckpt.arch == "LongformerModel":
+        state = {k if k.startswith("longformer.") else f"longformer.{k}": v for k, v in state.items()}
+        fresh = EncoderOnly(cfg).state_dict()
+        for ours, theirs in bert_names(cfg, "longformer").items():
+            if ours.startswith("mlm_head.") and not (cfg.tie_output and ours == "mlm_head.decoder.weight"):
+                state[theirs] = fresh[ours]
         logger.warning("%s: LongformerModel has no head; the masked-LM head is new (train it)", where)
-    return write_encoder_import(where, arch, out, force, our_bert_state, state, cfg, "longformer", offset,
-                                verify_longformer_import)
+    return our_bert_state(state, cfg, ckpt, where)
 
 
 def probe_lengths(cfg: ModelConfig) -> tuple[int, ...]:
@@ -124,14 +114,12 @@ def probe_lengths(cfg: ModelConfig) -> tuple[int, ...]:
     return (top, top - 3, top // 2 + 1, 3, 1)
 
 
-@torch.no_grad()
-def verify_longformer_import(model: EncoderOnly, hf, order: Tensor, atol: float = 1e-4) -> dict[str, object]:
+def verify_longformer(model: EncoderOnly, hf, ckpt: EncoderCheckpoint) -> dict[str, object]:
     """The imported model against the transformers model on padded probes longer than the
-    windows, with no global tokens and with the first two global (``global_attention_mask``):
-    the masked-LM logits (in our id order), or a LongformerModel's final states, at the non-pad
-    positions within ``atol``."""
+    windows (no token types), with no global tokens and with the first two global
+    (``global_attention_mask``): the masked-LM logits (in our id order), or a LongformerModel's
+    final states, at the non-pad positions."""
     ids, _ = probe_inputs(model.config, lengths=probe_lengths(model.config))  # (B, T) our ids
-    keep = ids != model.config.pad_id                                     # (B, T)
     checks: dict[str, object] = {}
     for g in GLOBALS_CHECKED:
         ours = model
@@ -140,13 +128,12 @@ def verify_longformer_import(model: EncoderOnly, hf, order: Tensor, atol: float 
             ours.load_state_dict(model.state_dict())
         marks = torch.zeros_like(ids)
         marks[:, :g] = 1
-        out = hf(input_ids=order[ids], attention_mask=keep.long(), global_attention_mask=marks)
-        states = ours(ids)
-        if hasattr(out, "logits"):
-            checks[f"max_logit_diff_global_{g}"] = check_close(
-                f"imported masked-LM logits ({g} global tokens)", ours.mlm_logits(states)[keep],
-                out.logits[..., order][keep], atol)
-        else:
-            checks[f"max_state_diff_global_{g}"] = check_close(
-                f"imported final states ({g} global tokens)", states[keep], out.last_hidden_state[keep], atol)
+        reference = HFEncoder(hf, model.config, ckpt.order, global_attention_mask=marks)
+        found = check_against(ours, reference, encoder_probe(ids, None, model.config.pad_id),
+                              f"imported ({g} global tokens)")
+        checks.update({f"{k}_global_{g}": v for k, v in found.items()})
     return checks
+
+
+IMPORT = replace(BERT_IMPORT, vocabulary=longformer_checkpoint, model_config=longformer_model_config,
+                 our_state=our_longformer_state, verify=verify_longformer)

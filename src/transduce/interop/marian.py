@@ -1,7 +1,8 @@
 """Marian (OPUS-MT) as Hugging Face writes it, both ways: our post-LN Transformer with sinusoidal
 positions and ``MarianMTModel``, one parameter table (:func:`marian_name_map`) read by the export
-(:func:`export_hf`: config, safetensors, tokenizer files) and the import (:func:`import_marian`, a
-``model_type: marian`` directory such as one of the OPUS-MT models).
+(:data:`EXPORT`: config, safetensors, tokenizer files) and the import (:data:`IMPORT`, a
+``model_type: marian`` directory such as one of the OPUS-MT models), the descriptions
+:func:`~transduce.interop.hf.export_family` and :func:`~transduce.interop.hf.import_family` run.
 
 Marian is the paper's post-LN Transformer with sinusoidal positions, so a transduce model with
 those options maps onto it weight for weight, with one twist: our position table interleaves
@@ -67,15 +68,11 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..data.tokenizer import Tokenizer
-from ..errors import ConfigError, one_line, require
-from ..model import Transformer, save_model
-from ..model.io import load_state_checked
-from ..progress import progress_bar
-from .base import ExportError, head_width_problems, load_for_export, no_progress_bars, staging_dir, torch_threads
-from .hf import (HFImportError, check_against_hf, decode_config, generation_config, load_hf_model, read_json,
-                 read_weights, refuse_unsupported, rewrite_spm)
-from .verify import (LOGIT_TOL, check_close, check_same_outputs, eager_logits, search_ids, probe_sources,
-                     probe_targets)
+from ..errors import require
+from ..model import Transformer
+from .base import head_width_problems
+from .hf import HFExport, HFImport, HFImportError, generation_config, read_json, rewrite_spm
+from ..data.tokenizer import JOINT_MODEL, SIDE_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -102,19 +99,12 @@ def marian_incompatibilities(cfg: ModelConfig) -> list[str]:
     return problems + head_width_problems(cfg, "Marian")
 
 
-def check_marian_compatible(cfg: ModelConfig) -> None:
-    """Raise ExportError naming the first option Marian cannot express."""
-    problems = marian_incompatibilities(cfg)
-    if problems:
-        raise ExportError(f"cannot export to Hugging Face Marian: {'; '.join(problems)}")
-
-
 def residual_permutation(d_model: int) -> Tensor:
     """P such that Marian channel c holds our channel P[c]: evens (sines), then odds (cosines)."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-# The Marian mapping, read both ways (export: marian_state_dict; import: _our_state):
+# The Marian mapping, read both ways (export: marian_state_dict; import: our_state):
 # each layer parameter of ours -> (Marian's name, the side of it that faces the residual stream,
 # whose channels P permutes: "in" the columns, "out" the rows or a vector's entries, None neither).
 _ATTENTION_SIDES = {"q_proj.weight": "in", "q_proj.bias": None, "k_proj.weight": "in", "k_proj.bias": None,
@@ -192,12 +182,11 @@ def marian_config(cfg: ModelConfig):
     )
 
 
-def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, max_len: int) -> None:
+def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, cfg: ModelConfig, order=None) -> None:
     """source.spm, target.spm, vocab.json (+ target_vocab.json) and tokenizer_config.json.
 
     Our SentencePiece ids are the model ids, so vocab.json maps each piece to its own id.
     """
-    from ..data.tokenizer import JOINT_MODEL, SIDE_MODELS
 
     root = Path(model_dir)
     for side, name in (("src", "source.spm"), ("tgt", "target.spm")):
@@ -209,88 +198,28 @@ def write_tokenizer_files(model_dir: str | os.PathLike, tok, out: Path, max_len:
         tvocab = {p: i for i, p in enumerate(tok.pieces(range(tok.tgt_vocab_size), "tgt"))}
         (out / "target_vocab.json").write_text(json.dumps(tvocab, ensure_ascii=False, indent=1), encoding="utf-8")
     config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not tok.joint,
-              "model_max_length": max_len, "bos_token": "<s>", "eos_token": "</s>",
+              "model_max_length": min(512, cfg.max_positions), "bos_token": "<s>", "eos_token": "</s>",
               "unk_token": "<unk>", "pad_token": "<pad>"}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
 
 
-def export_hf(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a MarianMTModel directory for ``model_dir`` into ``out`` and verify it."""
-    transformers = require("transformers", "export")
-    model, tok = load_for_export(model_dir, need_tokenizer=True)
-    cfg = model.config
-    check_marian_compatible(cfg)
+def tokenizer_problem(tok, cfg: ModelConfig) -> str | None:
+    """Why ``tok`` cannot be the export's tokenizer (its vocabularies are not the model's), or None."""
     if (tok.src_vocab_size, tok.tgt_vocab_size) != (cfg.src_vocab_size, cfg.tgt_vocab_size):
-        raise ExportError(f"{model_dir}: tokenizer vocabularies ({tok.src_vocab_size}, {tok.tgt_vocab_size}) "
-                          f"do not match the model's ({cfg.src_vocab_size}, {cfg.tgt_vocab_size})")
-    hf = transformers.MarianMTModel(marian_config(cfg))
-    missing, unexpected = hf.load_state_dict(marian_state_dict(model), strict=False)
-    if missing or unexpected:
-        raise ExportError(f"Marian weight mapping is incomplete: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    hf.generation_config = generation_config(cfg)
-    with no_progress_bars(transformers):
-        hf.save_pretrained(out)
-        write_tokenizer_files(model_dir, tok, out, min(512, cfg.max_positions))
-        return verify_hf(model, out)
+        return (f"tokenizer vocabularies ({tok.src_vocab_size}, {tok.tgt_vocab_size}) do not match the model's "
+                f"({cfg.src_vocab_size}, {cfg.tgt_vocab_size})")
+    return None
 
 
-@torch.no_grad()
-def verify_hf(model: Transformer, out: Path, atol: float = LOGIT_TOL) -> dict[str, object]:
-    """Reload ``out`` with transformers; compare logits, greedy and beam outputs to eager."""
-    transformers = require("transformers", "export")
-    hf = transformers.MarianMTModel.from_pretrained(out).eval()
-    src = probe_sources(model)
-    tgt = probe_targets(model, src.shape[0])
-    mask = src != model.config.pad_id
-    with progress_bar(3, unit="checks", desc="verifying") as bar:
-        got = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
-        want = eager_logits(model, src, tgt)
-        checks: dict[str, object] = {"max_logit_diff": check_close("Marian logits", got, want, atol)}
-        bar.update()
-        max_len = 12
-        for beam in (1, 4):
-            want = search_ids(model, src, beam, max_len)
-            got_ids = marian_generate_ids(hf, src, model.config.pad_id, beam, max_len)
-            name = "greedy" if beam == 1 else "beam"
-            checks[f"{name}_differences"] = check_same_outputs(f"Marian {name}", model, src, want, got_ids,
-                                                               beam=beam > 1)
-            bar.update()
-    return checks
-
-
-def marian_generate_ids(hf, src: Tensor, pad_id: int, beam: int, max_len: int) -> list[list[int]]:
-    """``hf.generate``'s greedy (beam 1) or beam output ids for id rows ``src`` (B, S), as our
-    search decodes: length penalty 0, stopping at ``beam`` finished, ``max_len`` tokens at most."""
-    options = dict(length_penalty=0.0, early_stopping=True) if beam > 1 else {}
-    gen = hf.generate(input_ids=src, attention_mask=(src != pad_id).long(), num_beams=beam,
-                      max_length=max_len + 1, do_sample=False, **options)  # max_length counts the decoder start
-    return [row[1:].tolist() for row in gen]  # without the decoder start token
+EXPORT = HFExport("Marian", lambda cfg: "MarianMTModel", marian_incompatibilities,
+                  lambda cfg, order: marian_config(cfg), lambda model, order: marian_state_dict(model),
+                  write_tokenizer_files, tokenizer_problem, generation=generation_config)
 
 
 ACTIVATIONS = {marian: ours for ours, marian in MARIAN_ACTIVATIONS.items()}
 # MarianConfig keys whose non-default values transduce cannot express, and the default.
 REFUSED = {"normalize_before": False, "normalize_embedding": False, "add_final_layer_norm": False,
            "layernorm_embedding": False, "static_position_embeddings": True}
-
-
-def import_marian(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.dispatch.import_hf` for a MarianMTModel directory ``where`` whose
-    config.json holds ``config``: the transduce model directory ``out`` (config.yaml with decoding
-    settings, model.safetensors, tokenizer), verified against transformers' own forward pass and
-    greedy/beam search; returns the verification's measurements."""
-    cfg, src_vocab, tgt_vocab = _model_config(config, where)
-    model = Transformer(cfg)
-    load_state_checked(model, _our_state(read_weights(where), cfg, src_vocab.order, tgt_vocab.order),
-                       f"{where} (mapped to transduce)")
-    model.eval()
-    tokenizer, dropped = _tokenizer(where, src_vocab, tgt_vocab)
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        save_model(model, tmp, decode_config(where))
-        tokenizer.save(tmp)
-        checks = verify_import(model, where, src_vocab, tgt_vocab)
-    checks["dropped_pieces"] = dropped
-    logger.info("imported %s into %s (%s)", where, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
 
 
 class _Vocab:
@@ -325,11 +254,20 @@ def _by_id(vocab: dict, path: Path) -> list[str]:
     return pieces
 
 
-def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Vocab]:
-    """Our ModelConfig for a MarianConfig (as a dict), and each side's vocabulary."""
+def vocabularies(where: Path, config: dict) -> tuple[_Vocab, _Vocab]:
+    """Each side's vocabulary: vocab.json, and target_vocab.json where they are separate."""
+    src_vocab = _Vocab(read_json(where / "vocab.json"), where / "vocab.json")
+    separate = (where / "target_vocab.json").is_file()
+    if config.get("separate_vocabs") and not separate:
+        raise HFImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
+    path = where / ("target_vocab.json" if separate else "vocab.json")
+    return src_vocab, _Vocab(read_json(path), path, config.get("decoder_start_token_id"))
+
+
+def marian_model_config(config: dict, where: Path, state, vocabs: tuple[_Vocab, _Vocab]) -> ModelConfig:
+    """Our ModelConfig for a MarianConfig (as a dict) with these vocabularies."""
     name = where / "config.json"
-    refuse_unsupported(config, name, REFUSED, "transduce's Marian layout is post-LN with sinusoidal positions "
-                       "and no embedding LayerNorm")
+    src_vocab, tgt_vocab = vocabs
     for ours, (enc, dec) in {"n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
                              "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim")}.items():
         if config.get(enc) != config.get(dec):
@@ -339,44 +277,32 @@ def _model_config(config: dict, where: Path) -> tuple[ModelConfig, _Vocab, _Voca
     if activation not in ACTIVATIONS:
         raise HFImportError(f"{name}: activation_function={activation!r} is not supported "
                                 f"(one of {', '.join(ACTIVATIONS)})")
-    src_vocab = _Vocab(read_json(where / "vocab.json"), where / "vocab.json")
-    separate = (where / "target_vocab.json").is_file()
-    if config.get("separate_vocabs") and not separate:
-        raise HFImportError(f"{where}: separate_vocabs is set but there is no target_vocab.json")
-    start = config.get("decoder_start_token_id")
-    tgt_vocab = (_Vocab(read_json(where / "target_vocab.json"), where / "target_vocab.json", start)
-                 if separate else _Vocab(read_json(where / "vocab.json"), where / "vocab.json", start))
     for key, want in (("pad_token_id", tgt_vocab.pad), ("eos_token_id", tgt_vocab.eos),
                       ("vocab_size", len(src_vocab.pieces)),
                       ("decoder_vocab_size", len(tgt_vocab.pieces))):
         if config.get(key) not in (None, want):
             raise HFImportError(f"{name}: {key}={config[key]} but the vocabulary says {want}")
-    shared = not separate and config.get("share_encoder_decoder_embeddings", True)
-    try:
-        cfg = ModelConfig(
-            src_vocab_size=len(src_vocab.order), tgt_vocab_size=len(tgt_vocab.order),
-            d_model=config["d_model"], n_heads=config["encoder_attention_heads"],
-            n_encoder_layers=config["encoder_layers"], n_decoder_layers=config["decoder_layers"],
-            d_ff=config["encoder_ffn_dim"], dropout=float(config.get("dropout", 0.1)),
-            attention_dropout=float(config.get("attention_dropout", 0.0)),
-            activation_dropout=float(config.get("activation_dropout", 0.0)),
-            activation=ACTIVATIONS[activation], norm="post", positions="sinusoidal",
-            max_positions=int(config.get("max_position_embeddings", 512)),
-            share_embeddings=bool(shared), tie_output=bool(config.get("tie_word_embeddings", True)),
-            scale_embeddings=bool(config.get("scale_embedding", False)),
-            layer_norm_eps=MARIAN_LN_EPS, output_bias=True)
-    except KeyError as e:
-        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
-    except (ConfigError, TypeError, ValueError) as e:
-        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
-    return cfg, src_vocab, tgt_vocab
+    shared = not (where / "target_vocab.json").is_file() and config.get("share_encoder_decoder_embeddings", True)
+    return ModelConfig(
+        src_vocab_size=len(src_vocab.order), tgt_vocab_size=len(tgt_vocab.order),
+        d_model=config["d_model"], n_heads=config["encoder_attention_heads"],
+        n_encoder_layers=config["encoder_layers"], n_decoder_layers=config["decoder_layers"],
+        d_ff=config["encoder_ffn_dim"], dropout=float(config.get("dropout", 0.1)),
+        attention_dropout=float(config.get("attention_dropout", 0.0)),
+        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        activation=ACTIVATIONS[activation], norm="post", positions="sinusoidal",
+        max_positions=int(config.get("max_position_embeddings", 512)),
+        share_embeddings=bool(shared), tie_output=bool(config.get("tie_word_embeddings", True)),
+        scale_embeddings=bool(config.get("scale_embedding", False)),
+        layer_norm_eps=MARIAN_LN_EPS, output_bias=True)
 
 
-def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tgt_order: Tensor
-               ) -> dict[str, Tensor]:
+def our_state(state: dict[str, Tensor], cfg: ModelConfig, vocabs: tuple[_Vocab, _Vocab], where: Path
+              ) -> dict[str, Tensor]:
     """Marian's tensors under our names: residual axes permuted back by P's inverse, vocabulary
     rows put in our order (:func:`marian_name_map`, the table the export
     reads the other way)."""
+    src_order, tgt_order = vocabs[0].order, vocabs[1].order
     inv = torch.argsort(residual_permutation(cfg.d_model))
 
     def get(*names: str) -> Tensor:
@@ -397,24 +323,17 @@ def _our_state(state: dict[str, Tensor], cfg: ModelConfig, src_order: Tensor, tg
     return {k: v.contiguous() for k, v in ours.items()}
 
 
-def _tokenizer(where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab) -> tuple[Tokenizer, int]:
+def marian_tokenizer(where: Path, vocabs: tuple[_Vocab, _Vocab]) -> tuple[Tokenizer, dict[str, object]]:
     """Each side's SentencePiece model rewritten so that its piece ids are our ids; and how many
-    pieces of the .spm files vocab.json lacks."""
+    pieces of the .spm files vocab.json lacks (``dropped_pieces``)."""
     protos, dropped = [], 0
-    for spm_file, vocab in (("source.spm", src_vocab), ("target.spm", tgt_vocab)):
+    for spm_file, vocab in zip(("source.spm", "target.spm"), vocabs):
         proto, n = rewrite_spm(where / spm_file, vocab)
         protos.append(proto)
         dropped += n
-    return Tokenizer(protos[0], protos[1], name=str(where)), dropped
+    return Tokenizer(protos[0], protos[1], name=str(where)), {"dropped_pieces": dropped}
 
 
-@torch.no_grad()
-def verify_import(model: Transformer, where: Path, src_vocab: _Vocab, tgt_vocab: _Vocab,
-                  atol: float = LOGIT_TOL) -> dict[str, object]:
-    """transformers' MarianMTModel from ``where`` against the imported model on the probe set:
-    logits (in our id order) within ``atol``, and the same greedy and beam-4 outputs."""
-    transformers = require("transformers", "export", "transduce import")
-    hf = load_hf_model(transformers.MarianMTModel, where)
-    return check_against_hf(model, hf, src_vocab.order, tgt_vocab.order, atol)
-
-
+IMPORT = HFImport(vocabularies, marian_model_config, our_state, marian_tokenizer, lambda vocabs: "MarianMTModel",
+                  lambda vocabs: (vocabs[0].order, vocabs[1].order), REFUSED,
+                  "transduce's Marian layout is post-LN with sinusoidal positions and no embedding LayerNorm")

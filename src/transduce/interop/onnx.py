@@ -61,9 +61,10 @@ from ..errors import one_line, require
 from ..config import GenerationConfig, Runtime
 from ..inference.backends.onnx import (DECODER_ONNX, ENCODER_ONNX, LM_ONNX, ONNX_META, GraphModel, OnnxEncoder, OnnxLM,
                                        io_names, open_graphs)
-from ..progress import progress_bar
+from ..inference.search.lm import generate_ids
 from .base import ExportError, load_for_export, quiet_loggers
-from .verify import LOGIT_TOL, check_close, check_same_outputs, eager_logits, probe_sources, probe_targets, search_ids
+from .verify import Probe, Reference, check_against, default_probe, search_ids
+from ..data.tokenizer import JOINT_MODEL, META_FILE, SIDE_MODELS
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,6 @@ def _write_meta(model: Transformer, out: Path) -> None:
 
 
 def _copy_tokenizer(model_dir: str | os.PathLike, out: Path) -> None:
-    from ..data.tokenizer import JOINT_MODEL, META_FILE, SIDE_MODELS
 
     for name in (META_FILE, JOINT_MODEL, *SIDE_MODELS.values()):
         if (Path(model_dir) / name).is_file():
@@ -189,23 +189,40 @@ def graph_step_logits(graphs: GraphModel, src: Tensor, tgt: Tensor) -> Tensor:
     return torch.cat([graphs.decode(tgt[:, t: t + 1], enc, cache).logits for t in range(tgt.shape[1])], dim=1)
 
 
-@torch.no_grad()
-def verify_onnx(model: Transformer, out: Path, atol: float = LOGIT_TOL) -> dict[str, object]:
-    """Step-by-step teacher-forced logits and greedy outputs in ONNX Runtime vs the eager model
-    (greedy over the graphs is the project's own search, as ``--backend onnx`` runs it)."""
-    graphs = onnx_graphs(model, out)
-    src = probe_sources(model)
-    tgt = probe_targets(model, src.shape[0])
-    with progress_bar(2, unit="checks", desc="verifying") as bar:
-        want = eager_logits(model, src, tgt)                               # (B, T, V)
-        checks: dict[str, object] = {
-            "max_logit_diff": check_close("ONNX Runtime logits", graph_step_logits(graphs, src, tgt), want, atol)}
-        bar.update()
-        greedy = search_ids(model, src, 1, 12)
-        checks["greedy_differences"] = check_same_outputs("ONNX greedy", model, src, greedy,
-                                                          search_ids(graphs, src, 1, 12))
-        bar.update()
-    return checks
+class OnnxGraphs(Reference):
+    """The graphs ``model`` was exported to in ``out``, in ONNX Runtime, as the reference of
+    :func:`~.verify.check_against`: a translation model's step-by-step teacher-forced logits and
+    greedy outputs (the project's own search over the graphs, as ``--backend onnx`` runs it); a
+    language model's logits and greedy continuations (:func:`~transduce.inference.search.lm.generate_ids`
+    over them); an encoder's head logits."""
+
+    beams = (1,)
+
+    def __init__(self, model: nn.Module, out: Path):
+        self.family = fam = model.config.family
+        self.runner = onnx_graphs(model, out) if fam.translates else OnnxLM(out) if fam.generates else OnnxEncoder(out)
+
+    def outputs(self, probe: Probe) -> dict[str, Tensor]:
+        if self.family.translates:
+            return {"logits": graph_step_logits(self.runner, *probe.inputs)}
+        if self.family.generates:
+            return {"logits": self.runner.decode(probe.inputs[0]).logits}
+        ids, types = probe.inputs
+        got = self.runner.run(ids.numpy(), None if types is None else types.numpy())
+        logits = torch.from_numpy(got["logits"])
+        named = {"mlm_logits" if logits.dim() == 3 else "class_logits": logits}
+        return {**named, **({"nsp_logits": torch.from_numpy(got["nsp_logits"])} if "nsp_logits" in got else {})}
+
+    def search(self, src: Tensor, beam: int, max_len: int) -> list[list[int]]:
+        return search_ids(self.runner, src, beam, max_len)
+
+    def generate(self, prompts: Tensor, new: int) -> list[list[int]]:
+        return generate_ids(self.runner, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
+
+
+def verify_onnx(model: nn.Module, out: Path) -> dict[str, object]:
+    """The graphs in ``out`` in ONNX Runtime against the eager ``model`` on its probes."""
+    return check_against(model, OnnxGraphs(model, out), default_probe(model), "ONNX Runtime")
 
 
 class LMStepGraph(nn.Module):
@@ -275,45 +292,6 @@ def export_onnx_family(model_dir: str | os.PathLike, out: Path) -> dict[str, obj
         tok.save(out)
     if model.config.family.generates:
         export_lm_graph(model, out)
-        return verify_onnx_lm(model, out)
-    export_encoder_graph(model, out)
-    return verify_onnx_encoder(model, out)
-
-
-@torch.no_grad()
-def verify_onnx_lm(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """Teacher-forced logits on probe prompts within ``atol`` of ours; greedy continuations identical."""
-    from ..inference.search.lm import generate_ids
-    from .gpt2 import probe_prompts
-
-    cfg, runner = model.config, OnnxLM(out)
-    prompts = probe_prompts(cfg, length=min(7, cfg.max_positions - 1))
-    got = runner.decode(prompts).logits
-    checks: dict[str, object] = {"max_logit_diff": check_close("ONNX Runtime logits", got, model(prompts), atol)}
-    gen = GenerationConfig(max_new_tokens=min(12, cfg.max_positions - prompts.shape[1]), temperature=0)
-    want = generate_ids(model, prompts, gen)
-    differences = sum(a != b for a, b in zip(generate_ids(runner, prompts, gen), want))
-    if differences:
-        raise ExportError(f"verification failed: ONNX greedy output differs from ours in {differences} of "
-                          f"{len(want)} probes")
-    checks["greedy_differences"] = differences
-    return checks
-
-
-@torch.no_grad()
-def verify_onnx_encoder(model: nn.Module, out: Path, atol: float = 1e-4) -> dict[str, object]:
-    """The head's logits (and the next-sentence logits) on padded probes within ``atol`` of ours."""
-    from .bert import probe_inputs
-
-    cfg = model.config
-    ids, types = probe_inputs(cfg)
-    got = OnnxEncoder(out).run(ids.numpy(), None if types is None else types.numpy())
-    states = model(ids, types)
-    head = model.classify(states) if cfg.n_classes else model.mlm_logits(states)
-    name = "max_class_logit_diff" if cfg.n_classes else "max_logit_diff"
-    checks: dict[str, object] = {name: check_close("ONNX Runtime logits", torch.from_numpy(got["logits"]), head, atol)}
-    if cfg.nsp:
-        checks["max_nsp_logit_diff"] = check_close("ONNX Runtime next-sentence logits",
-                                                   torch.from_numpy(got["nsp_logits"]),
-                                                   model.next_sentence_logits(states), atol)
-    return checks
+    else:
+        export_encoder_graph(model, out)
+    return verify_onnx(model, out)

@@ -1,8 +1,8 @@
 """T5 (Raffel et al., 2020, https://arxiv.org/abs/1910.10683) and mT5 as Hugging Face writes them,
 both ways: the config and weight mapping between our :class:`~transduce.model.Transformer` with
 T5's options and ``T5ForConditionalGeneration`` (one table, :func:`name_map`), read by the export
-(:func:`export_hf_t5`) and the import (:func:`import_t5`, from a ``model_type`` t5 or mt5
-directory: config.json, model.safetensors or pytorch_model.bin, spiece.model).
+(:data:`EXPORT`) and the import (:data:`IMPORT`, from a ``model_type`` t5 or mt5 directory:
+config.json, model.safetensors or pytorch_model.bin, spiece.model).
 
 T5 is our pre-norm encoder-decoder with RMSNorm (``norm_kind: rms``), no biases, no scaling of
 the scores (``scale_attention: false``) or of the embeddings, relative position bias
@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -52,12 +51,11 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..data.tokenizer import Tokenizer
-from ..errors import ConfigError, one_line, require
-from ..model import Transformer, save_model
-from ..model.io import load_state_checked
-from .base import ExportError, load_for_export, no_progress_bars, staging_dir, torch_threads
-from .hf import (HFImportError, check_against_hf, decode_config, generation_config, load_hf_model, read_json,
-                 read_weights, rewrite_spm)
+from ..errors import one_line, require
+from ..model import Transformer
+from .hf import HFExport, HFImport, HFImportError, generation_config, read_json, rewrite_spm
+from .verify import probe_sources
+from ..data.spm_model import model_type
 
 logger = logging.getLogger(__name__)
 
@@ -173,12 +171,12 @@ def t5_view(cfg: ModelConfig) -> ModelConfig:
                                bos_id=int(order[cfg.pad_id]), eos_id=int(order[cfg.eos_id]), bos_in_softmax=True)
 
 
-def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor) -> dict[str, Tensor]:
-    """T5's tensors under our names, vocabulary rows put in our order; raises KeyError naming a
-    missing tensor."""
+def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor, where: Path | None = None
+                 ) -> dict[str, Tensor]:
+    """T5's tensors (of the directory ``where``) under our names, vocabulary rows put in our order."""
     def get(name: str) -> Tensor:
         if name not in state:
-            raise KeyError(name)
+            raise HFImportError(f"{where}: T5 weights lack tensor {name}")
         return state[name]
 
     ours = {k: get(hf) for k, hf in name_map(cfg).items()}
@@ -189,40 +187,42 @@ def our_t5_state(state: dict[str, Tensor], cfg: ModelConfig, order: Tensor) -> d
     return {k: v.float().contiguous() for k, v in ours.items()}
 
 
-def export_hf_t5(model_dir: str | os.PathLike, out: Path) -> dict[str, object]:
-    """Write a T5ForConditionalGeneration directory (config.json, generation_config.json,
-    model.safetensors, spiece.model, tokenizer_config.json) for ``model_dir`` into ``out`` and
-    verify it: transformers' logits, greedy and beam-4 outputs, and its tokenizer's ids."""
-    transformers = require("transformers", "export")
-    from safetensors.torch import save_file
+def tokenizer_problem(tok, cfg: ModelConfig) -> str | None:
+    """Why ``tok`` cannot be T5's tokenizer (one SentencePiece unigram model of the model's ids), or None."""
 
-    from ..data.spm_model import model_type
-
-    model, tok = load_for_export(model_dir, need_tokenizer=True)
-    cfg = model.config
-    problems = t5_incompatibilities(cfg)
-    if problems:
-        raise ExportError(f"cannot export to Hugging Face T5: {'; '.join(problems)}")
     proto = tok.protos[0]
     if not tok.joint or model_type(proto) != "unigram" or tok.src_vocab_size != cfg.tgt_vocab_size:
-        raise ExportError(f"{model_dir}: T5's tokenizer is one SentencePiece unigram model of the model's "
-                          f"{cfg.tgt_vocab_size} ids; this one is {'joint' if tok.joint else 'separate'}, "
-                          f"{model_type(proto)}, {tok.src_vocab_size} ids")
-    save_file(hf_t5_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_t5_config(t5_view(cfg)), indent=1), encoding="utf-8")
-    generation_config(t5_view(cfg)).save_pretrained(out)
+        return (f"T5's tokenizer is one SentencePiece unigram model of the model's {cfg.tgt_vocab_size} ids; this "
+                f"one is {'joint' if tok.joint else 'separate'}, {model_type(proto)}, {tok.src_vocab_size} ids")
+    return None
+
+
+def write_tokenizer(model_dir: Path, tok, out: Path, cfg: ModelConfig, order: Tensor) -> None:
+    """spiece.model (in the exported ids) and tokenizer_config.json naming the sentinels."""
+    proto = tok.protos[0]
     (out / "spiece.model").write_bytes(proto if cfg.bos_in_softmax else _without_bos(proto, cfg))
     sentinels = [p for p in tok.pieces(range(cfg.tgt_vocab_size)) if p.startswith("<extra_id_")]
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "T5Tokenizer", "extra_ids": 0, "additional_special_tokens": sentinels,
          "model_max_length": cfg.max_positions}, indent=1), encoding="utf-8")
-    with no_progress_bars(transformers):
-        hf = load_hf_model(transformers.T5ForConditionalGeneration, out)
-        order = t5_order(cfg)
-        checks = check_against_hf(model, hf, order, order)
-        checks["tokenizer_differences"] = _tokenizer_differences(transformers.AutoTokenizer.from_pretrained(out),
-                                                                 tok, model, order)
-    return checks
+
+
+def tokenizer_checks(model: Transformer, tok, out: Path, hf, order: Tensor) -> dict[str, object]:
+    """``tokenizer_differences``: texts (our decoding of the probe sources) that transformers'
+    tokenizer on ``out`` reads into other ids than ours (+ EOS; ``order``: the exported id of each of ours)."""
+    hf_tok = require("transformers", "export").AutoTokenizer.from_pretrained(out)
+    differ = 0
+    for row in probe_sources(model).tolist():
+        text = tok.decode(row, "src")
+        differ += hf_tok(text)["input_ids"] != order[tok.encode(text, "src") + [model.config.eos_id]].tolist()
+    return {"tokenizer_differences": differ}
+
+
+# (T5's config is written as it is: transformers would tie its lm_head to the embedding)
+EXPORT = HFExport("T5", lambda cfg: "T5ForConditionalGeneration", t5_incompatibilities,
+                  lambda cfg, order: hf_t5_config(t5_view(cfg)), lambda model, order: hf_t5_state_dict(model),
+                  write_tokenizer, tokenizer_problem, lambda cfg, tok: t5_order(cfg),
+                  lambda cfg: generation_config(t5_view(cfg)), checks=tokenizer_checks)
 
 
 def _without_bos(proto: bytes, cfg: ModelConfig) -> bytes:
@@ -238,29 +238,20 @@ def _without_bos(proto: bytes, cfg: ModelConfig) -> bytes:
     return model.SerializeToString()
 
 
-def _tokenizer_differences(hf_tok, tok, model: Transformer, order: Tensor) -> int:
-    """Texts (our decoding of the probe sources) that transformers' tokenizer reads into other ids
-    than ours (+ EOS; ``order``: the exported id of each of ours)."""
-    from .verify import probe_sources
-
-    differ = 0
-    for row in probe_sources(model).tolist():
-        text = tok.decode(row, "src")
-        if hf_tok(text)["input_ids"] != order[tok.encode(text, "src") + [model.config.eos_id]].tolist():
-            differ += 1
-    return differ
-
-
 SPIECE = "spiece.model"
 
 
-class _T5Vocab:
-    """T5's ids: its pieces in id order (SentencePiece's, then the sentinels, then unused rows
-    up to the embedding's size) and ``order``, the T5 id of each of our ids."""
+class T5Vocab:
+    """T5's ids (config.json's ``vocab_size`` rows of its embedding): its pieces in id order
+    (SentencePiece's, then the sentinels, then unused rows up to the embedding's size) and
+    ``order``, the T5 id of each of our ids."""
 
-    def __init__(self, config: dict, where: Path, n_rows: int):
+    def __init__(self, where: Path, config: dict):
         sp = require("sentencepiece", "export", "transduce import")
         path = where / SPIECE
+        if not path.is_file():
+            raise HFImportError(f"{path}: not found (a T5 directory's SentencePiece tokenizer)")
+        n_rows = int(config["vocab_size"])
         try:
             proc = sp.SentencePieceProcessor(model_file=str(path))
         except (OSError, RuntimeError) as e:
@@ -281,35 +272,31 @@ class _T5Vocab:
                                   + [i for i in range(n_rows) if i not in specials])
 
 
-def _model_config(config: dict, where: Path, tied: bool, n_ids: int, start_is_pad: bool) -> ModelConfig:
-    """Our ModelConfig for a T5Config / MT5Config (as a dict); ``start_is_pad``: the decoder
-    starts from PAD, so our BOS is PAD's row again and no class of T5's output."""
+def t5_model_config(config: dict, where: Path, state: dict[str, Tensor], vocab: T5Vocab) -> ModelConfig:
+    """Our ModelConfig for a T5Config / MT5Config (as a dict); a decoder that starts from PAD
+    makes our BOS PAD's row again and no class of T5's output."""
     name = where / "config.json"
+    tied, n_ids, start_is_pad = _is_tied(state), len(vocab.order), vocab.start == vocab.pad
     proj = config.get("feed_forward_proj", "relu" if config["model_type"] == "t5" else "gated-gelu")
     if proj not in ACTIVATIONS:
         raise HFImportError(f"{name}: feed_forward_proj={proj!r} is not supported (one of {', '.join(ACTIVATIONS)})")
-    try:
-        d_model, heads, d_kv = int(config["d_model"]), int(config["num_heads"]), int(config["d_kv"])
-        # transformers rescales a tied output unless told not to (scale_decoder_outputs, or before
-        # v5 tie_word_embeddings=false); mT5's code never does
-        scale = tied and config["model_type"] == "t5" and bool(
-            config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True)))
-        return ModelConfig(
-            src_vocab_size=n_ids, tgt_vocab_size=n_ids, d_model=d_model, n_heads=heads,
-            head_dim=None if heads * d_kv == d_model else d_kv,
-            n_encoder_layers=int(config["num_layers"]),
-            n_decoder_layers=int(config.get("num_decoder_layers") or config["num_layers"]), d_ff=int(config["d_ff"]),
-            dropout=float(config.get("dropout_rate", 0.1)), activation=ACTIVATIONS[proj], norm="pre",
-            norm_kind="rms", positions="relative",
-            relative_buckets=int(config.get("relative_attention_num_buckets", 32)),
-            relative_max_distance=int(config.get("relative_attention_max_distance", 128)), max_positions=512,
-            bias=False, share_embeddings=True, tie_output=tied, scale_embeddings=False, scale_attention=False,
-            scale_output=scale, bos_in_softmax=not start_is_pad,
-            layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-6)))
-    except KeyError as e:
-        raise HFImportError(f"{name}: missing key {e.args[0]!r}") from None
-    except (ConfigError, TypeError, ValueError) as e:
-        raise HFImportError(f"{name}: does not map to a valid transduce config ({one_line(e)})") from None
+    d_model, heads, d_kv = int(config["d_model"]), int(config["num_heads"]), int(config["d_kv"])
+    # transformers rescales a tied output unless told not to (scale_decoder_outputs, or before
+    # v5 tie_word_embeddings=false); mT5's code never does
+    scale = tied and config["model_type"] == "t5" and bool(
+        config.get("scale_decoder_outputs", config.get("tie_word_embeddings", True)))
+    return ModelConfig(
+        src_vocab_size=n_ids, tgt_vocab_size=n_ids, d_model=d_model, n_heads=heads,
+        head_dim=None if heads * d_kv == d_model else d_kv,
+        n_encoder_layers=int(config["num_layers"]),
+        n_decoder_layers=int(config.get("num_decoder_layers") or config["num_layers"]), d_ff=int(config["d_ff"]),
+        dropout=float(config.get("dropout_rate", 0.1)), activation=ACTIVATIONS[proj], norm="pre",
+        norm_kind="rms", positions="relative",
+        relative_buckets=int(config.get("relative_attention_num_buckets", 32)),
+        relative_max_distance=int(config.get("relative_attention_max_distance", 128)), max_positions=512,
+        bias=False, share_embeddings=True, tie_output=tied, scale_embeddings=False, scale_attention=False,
+        scale_output=scale, bos_in_softmax=not start_is_pad,
+        layer_norm_eps=float(config.get("layer_norm_epsilon", 1e-6)))
 
 
 def _is_tied(state: dict[str, Tensor]) -> bool:
@@ -318,7 +305,7 @@ def _is_tied(state: dict[str, Tensor]) -> bool:
     return head is None or (shared is not None and torch.equal(head, shared))
 
 
-def _tokenizer(where: Path, vocab: _T5Vocab) -> Tokenizer:
+def t5_tokenizer(where: Path, vocab: T5Vocab) -> tuple[Tokenizer, dict]:
     """spiece.model rewritten so that its ids are ours, the sentinels segmented whole."""
     pb = require("sentencepiece.sentencepiece_model_pb2", "export", "transduce import")
     rewritten, _ = rewrite_spm(where / SPIECE, vocab)
@@ -327,32 +314,9 @@ def _tokenizer(where: Path, vocab: _T5Vocab) -> Tokenizer:
     for piece in proto.pieces:
         if piece.piece.startswith("<extra_id_"):
             piece.type = pb.ModelProto.SentencePiece.USER_DEFINED
-    return Tokenizer(proto.SerializeToString(), name=str(where))
+    return Tokenizer(proto.SerializeToString(), name=str(where)), {}
 
 
-def import_t5(where: Path, config: dict, out, force: bool = False) -> dict[str, object]:
-    """:func:`~transduce.interop.dispatch.import_hf` for a T5 or mT5 directory ``where`` whose
-    config.json holds ``config``."""
-    if not (where / SPIECE).is_file():
-        raise HFImportError(f"{where / SPIECE}: not found (a T5 directory's SentencePiece tokenizer)")
-    state = read_weights(where)
-    if "vocab_size" not in config:
-        raise HFImportError(f"{where / 'config.json'}: missing key 'vocab_size'")
-    vocab = _T5Vocab(config, where, int(config["vocab_size"]))
-    cfg = _model_config(config, where, _is_tied(state), len(vocab.order), vocab.start == vocab.pad)
-    model = Transformer(cfg)
-    try:
-        ours = our_t5_state(state, cfg, vocab.order)
-    except KeyError as e:
-        raise HFImportError(f"{where}: T5 weights lack tensor {e.args[0]}") from None
-    load_state_checked(model, ours, f"{where} (mapped to transduce)")
-    model.eval()
-    tokenizer = _tokenizer(where, vocab)
-    with staging_dir(out, force) as tmp, torch_threads(1):
-        save_model(model, tmp, decode_config(where))
-        tokenizer.save(tmp)
-        transformers = require("transformers", "export", "transduce import")
-        hf = load_hf_model(transformers.AutoModelForSeq2SeqLM, where)
-        checks = check_against_hf(model, hf, vocab.order, vocab.order)
-    logger.info("imported %s into %s (%s)", where, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
-    return checks
+IMPORT = HFImport(T5Vocab, t5_model_config,
+                  lambda state, cfg, vocab, where: our_t5_state(state, cfg, vocab.order, where), t5_tokenizer,
+                  lambda vocab: "AutoModelForSeq2SeqLM", lambda vocab: (vocab.order, vocab.order))

@@ -32,6 +32,8 @@ from ..errors import ConfigError, one_line, require
 from ..inference.backends.onnx import DECODER_ONNX, ENCODER_ONNX, ONNX_META, io_names
 from ..inference.backends.tensorrt import DECODER_PLAN, ENCODER_PLAN, PLAN_META, gpu_identity, load_tensorrt
 from .base import ExportError
+from ..model.io import load_decode_config
+from .onnx import export_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +177,6 @@ def export_tensorrt(model_dir: str | os.PathLike, out: Path, build: EngineBuild)
     staging directory the caller renames): the ONNX checks and the engines' description."""
     import torch
 
-    from ..model.io import load_decode_config
-    from .onnx import export_onnx
 
     trt = load_tensorrt()
     if not torch.cuda.is_available():

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 from .base import ExportError, staging_dir
+from ..checksums import verify_all
 
 MAX_BATCH = 64  # rows per batch at most, as the HTTP server's max_sentences
 MAX_QUEUE_DELAY_US = 5000  # as the HTTP server's batch_wait_ms
@@ -86,7 +87,6 @@ def export_triton(model_dir: str | os.PathLike, repo: str | os.PathLike, name: s
                   force: bool = False) -> dict[str, object]:
     """Write ``repo/name`` (config.pbtxt, 1/model.py, 1/model_dir: the model directory's files,
     checked against its recorded checksums); other models in ``repo`` stay. Returns the checks."""
-    from ..checksums import verify_all
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
         raise ExportError(f"export.name: a Triton model name of letters, digits, '_', '.', '-'; got {name!r}")

@@ -1,10 +1,14 @@
-"""Check an exported model against the eager one on a fixed probe set.
+"""Check our model against a reference (an export in its runtime, or the transformers model an
+import came from) on fixed probes: :func:`check_against`, the one check every export and import runs.
 
-The probe set is a few seeded random source/target id sequences of different lengths
-(padding included), so it exists for any model, trained or not. Logits are compared with an
-absolute tolerance (``LOGIT_TOL``); searched outputs must be identical, except for a difference
-that a runtime within that tolerance may make: a tie the eager model shows (see
-:func:`check_same_outputs` and ``TOKEN_TOL``).
+The probes are a few seeded random id sequences of different lengths (padding included), so they
+exist for any model, trained or not, one kind per model kind (:func:`default_probe`): sources and
+teacher-forced targets for a translation model, BOS-first prompts for a language model, padded
+ids with some [MASK] and token types for an encoder. A :class:`Reference` runs them behind the
+same calls in our ids. Outputs are compared with an absolute tolerance (``LOGIT_TOL``); a
+translation model's searched outputs must be identical, except for a difference that a runtime
+within that tolerance may make: a tie the eager model shows (see :func:`check_same_outputs` and
+``TOKEN_TOL``); a language model's greedy continuations must be identical.
 
 Legend: B probe sentences, S source length, T target length, V target vocabulary.
 """
@@ -12,13 +16,20 @@ Legend: B probe sentences, S source length, T target length, V target vocabulary
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..config import GenerationConfig, ModelConfig
 from ..inference.search.common import Seq2Seq, step_log_probs
+from ..inference.search.lm import generate_ids
 from ..model import Transformer
+from ..progress import progress_bar
 from .base import ExportError
+from ..config import DecodeConfig
+from ..inference.search import beam_search
+from ..inference.search import greedy_search
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +74,133 @@ def probe_targets(model: Transformer, batch: int, seed: int = 1) -> Tensor:
     return probe_batch(cfg.tgt_vocab_size, cfg.pad_id, cfg.eos_id, (6,) * batch, seed, start_id=cfg.bos_id)
 
 
+def probe_prompts(cfg: ModelConfig, batch: int = 6, length: int = 7, seed: int = 0) -> Tensor:
+    """A language model's prompts: BOS + random ordinary tokens, all of one length. (B, length)."""
+    g = torch.Generator().manual_seed(seed)
+    body = torch.randint(N_SPECIAL, cfg.tgt_vocab_size, (batch, length - 1), generator=g)
+    return torch.cat([torch.full((batch, 1), cfg.bos_id), body], dim=1)
+
+
+def probe_inputs(cfg: ModelConfig, seed: int = 0, lengths: tuple[int, ...] = (7, 3, 11, 1, 5, 9)
+                 ) -> tuple[Tensor, Tensor | None]:
+    """An encoder's: BOS + random tokens + EOS of several ``lengths``, right-padded, some tokens
+    [MASK] (the last id); random token types (None without them). -> (B, T) ids, (B, T) types."""
+    lengths = tuple(min(n, cfg.max_positions - 2) for n in lengths)  # BOS and EOS fit too
+    ids = probe_batch(cfg.src_vocab_size - 1, cfg.pad_id, cfg.eos_id, lengths, seed)
+    ids = torch.cat([torch.full((ids.shape[0], 1), cfg.bos_id), ids], dim=1)  # (B, T)
+    g = torch.Generator().manual_seed(seed + 1)
+    masked = (torch.rand(ids.shape, generator=g) < 0.2) & (ids > cfg.eos_id)
+    ids = ids.masked_fill(masked, cfg.src_vocab_size - 1)
+    if not cfg.type_vocab_size:
+        return ids, None
+    return ids, torch.randint(cfg.type_vocab_size, ids.shape, generator=g)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What our model and a reference run: ``inputs`` of one forward pass (src and tgt; prompts;
+    ids and types), ``keep`` the (B, T) positions where per-token outputs are compared (an
+    encoder's unpadded ones), ``prompts`` what a language model continues greedily (None: its
+    inputs), ``targets`` outputs whose sequence log-probs are compared (one per source)."""
+
+    inputs: tuple[Tensor | None, ...]
+    keep: Tensor | None = None
+    prompts: Tensor | None = None
+    targets: list[list[int]] | None = None
+
+
+def encoder_probe(ids: Tensor, types: Tensor | None, pad_id: int) -> Probe:
+    """An encoder's probe of padded ``ids`` (B, T), compared at the unpadded positions."""
+    return Probe((ids, types), keep=ids != pad_id)
+
+
+def default_probe(model) -> Probe:
+    """The probe of ``model``'s kind: 6 sources and targets, 6 prompts of 7 tokens, or 6 padded
+    encoder rows (:func:`probe_sources`, :func:`probe_prompts`, :func:`probe_inputs`)."""
+    cfg = model.config
+    if cfg.family.translates:
+        src = probe_sources(model)
+        return Probe((src, probe_targets(model, src.shape[0])))
+    if cfg.family.generates:
+        return Probe((probe_prompts(cfg, length=min(7, cfg.max_positions - 1)),))
+    return encoder_probe(*probe_inputs(cfg), cfg.pad_id)
+
+
+# The outputs a reference gives: name -> (the check's key, what an error calls it). Per-token ones
+# are compared at a probe's ``keep`` positions.
+OUTPUTS = {"logits": ("max_logit_diff", "logits"), "mlm_logits": ("max_logit_diff", "masked-LM logits"),
+           "class_logits": ("max_class_logit_diff", "class logits"),
+           "nsp_logits": ("max_nsp_logit_diff", "next-sentence logits"),
+           "states": ("max_state_diff", "final states"), "pooled": ("max_pooled_diff", "pooled output"),
+           "sequence_logprobs": ("max_logprob_diff", "sequence log-probs")}
+PER_TOKEN = ("mlm_logits", "states")
+
+
+class Reference:
+    """What our model is checked against (transformers' model, ONNX Runtime, CTranslate2), in our
+    ids: ``outputs(probe)``, its outputs on a probe by name (:data:`OUTPUTS`); a translation
+    model's ``search(src, beam, max_len)``, greedy (beam 1) or beam outputs with EOS, ``beams`` the
+    searches compared, ``stop`` its beam search's stopping rule in our terms and ``renormalized``
+    whether its softmax leaves out PAD and BOS (:func:`check_same_outputs`); a language model's
+    ``generate(prompts, new)``, greedy continuations without EOS."""
+
+    beams, stop, renormalized = (1, 4), "k_finished", False
+
+
+def eager_outputs(model, probe: Probe, names) -> dict[str, Tensor]:
+    """Our model's outputs ``names`` on ``probe``: of its forward pass (logits, or an encoder's
+    final states, which the heads read), or the log-probs of ``probe.targets``."""
+    if "sequence_logprobs" in names:
+        return {"sequence_logprobs": torch.tensor([sequence_log_prob(model, probe.inputs[0][i], t)
+                                                   for i, t in enumerate(probe.targets)])}
+    out = model(*probe.inputs)
+    head = getattr(model, "cls_head", None) or getattr(model, "nsp_head", None)
+    make = {"logits": lambda: out, "states": lambda: out, "mlm_logits": lambda: model.mlm_logits(out),
+            "class_logits": lambda: model.classify(out), "nsp_logits": lambda: model.next_sentence_logits(out),
+            "pooled": lambda: torch.tanh(head.pooler(out[:, 0]))}
+    return {name: make[name]() for name in names}
+
+
 @torch.no_grad()
-def eager_logits(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
-    """Teacher-forced logits of the eager model. (B, S), (B, T) -> (B, T, V)."""
-    return model(src, tgt).float()
+def check_against(model, reference: Reference, probe: Probe, what: str, atol: float = LOGIT_TOL,
+                  max_len: int = 12) -> dict[str, object]:
+    """``model`` against ``reference`` on ``probe``, named ``what`` in errors: each output the
+    reference gives within ``atol`` of ours; a translation model's greedy and beam outputs
+    (``reference.beams``) the same up to near ties (:func:`check_same_outputs`); a language
+    model's greedy continuations of at most ``max_len`` tokens identical. Returns the
+    measurements; raises ExportError at the first failure."""
+    cfg = model.config
+    searches = reference.beams if cfg.family.translates else (1,) if cfg.family.generates else ()
+    with progress_bar(1 + len(searches), unit="checks", desc="verifying") as bar:
+        theirs = reference.outputs(probe)
+        ours = eager_outputs(model, probe, theirs)
+        checks: dict[str, object] = {}
+        for name, got in theirs.items():
+            want = ours[name]
+            if name in PER_TOKEN and probe.keep is not None:
+                got, want = got[probe.keep], want[probe.keep]
+            key, label = OUTPUTS[name]
+            checks[key] = check_close(f"{what} {label}", got, want, atol)
+        bar.update()
+        if cfg.family.generates:
+            prompts = probe.inputs[0] if probe.prompts is None else probe.prompts
+            new = min(max_len, cfg.max_positions - prompts.shape[1])
+            want = generate_ids(model, prompts, GenerationConfig(max_new_tokens=new, temperature=0))
+            differences = sum(a != b for a, b in zip(reference.generate(prompts, new), want))
+            if differences:
+                raise ExportError(f"verification failed: {what} greedy output differs from ours in {differences} "
+                                  f"of {len(want)} prompts")
+            checks["greedy_differences"] = differences
+            bar.update()
+        for beam in searches if cfg.family.translates else ():
+            src = probe.inputs[0]
+            want = search_ids(model, src, beam, max_len, stop=reference.stop)
+            name = "greedy" if beam == 1 else "beam"
+            checks[f"{name}_differences"] = check_same_outputs(
+                f"{what} {name}", model, src, want, reference.search(src, beam, max_len), beam=beam > 1,
+                renormalized=reference.renormalized)
+            bar.update()
+    return checks
 
 
 def check_close(name: str, got: Tensor, want: Tensor, atol: float) -> float:
@@ -175,9 +309,6 @@ def search_ids(model: Seq2Seq, src: Tensor, beam: int, max_len: int, lenpen: flo
                stop: str = "k_finished") -> list[list[int]]:
     """Our greedy (beam=1) or beam search outputs for the probe set, best hypothesis each: of the
     eager model, or of anything the searches run over (the exported graphs' GraphModel)."""
-    from ..config import DecodeConfig
-    from ..inference.search import beam_search
-    from ..inference.search import greedy_search
 
     decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=0.0, max_len_b=max_len, stop=stop)
     with torch.no_grad():

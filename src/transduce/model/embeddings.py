@@ -22,6 +22,27 @@ def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
     return table.float()
 
 
+# fairseq numbers positions from padding_idx + 1 = 2 (M2M-100, NLLB): our position p is its row p + 2
+FAIRSEQ_OFFSET = 2
+
+
+def fairseq_table(n_positions: int, dim: int) -> Tensor:
+    """fairseq's sinusoidal positions (``model.positions: fairseq``; M2M-100 and NLLB-200 in
+    transformers): every frequency's sine, then every frequency's cosine (not interleaved as
+    :func:`sinusoidal_table`), frequencies 10000^(-i / (D/2 - 1)) (not 10000^(-2i / D)), row p
+    for position p + 2 (:data:`FAIRSEQ_OFFSET`), an odd D's last column zero. Computed in float32
+    as fairseq does, so the table is bit for bit theirs.
+
+    Shape: (n_positions, dim).
+    """
+    half = dim // 2
+    freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))  # (D/2,)
+    angle = (torch.arange(n_positions, dtype=torch.int64) + FAIRSEQ_OFFSET).float()[:, None] * freq[None]
+    table = torch.zeros(n_positions, dim)
+    table[:, :2 * half] = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)  # (P, 2 * (D/2))
+    return table
+
+
 def _rows(table: Tensor, start: int | Tensor, length: int) -> Tensor:
     """Rows start..start+length-1 of a (P, D) position table. A 0-dim tensor ``start`` (a
     position kept on the device, as a decoding step replayed from a CUDA graph keeps it) is read
@@ -37,17 +58,19 @@ def _rows(table: Tensor, start: int | Tensor, length: int) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """Fixed sinusoidal positions; the table grows on demand, so any length works."""
+    """Fixed sinusoidal positions; the table grows on demand, so any length works. ``layout``:
+    the paper's table (:func:`sinusoidal_table`) or fairseq's (:func:`fairseq_table`)."""
 
-    def __init__(self, dim: int, n_positions: int = 1024):
+    def __init__(self, dim: int, n_positions: int = 1024, layout: str = "sinusoidal"):
         super().__init__()
         self.dim = dim
-        self.register_buffer("table", sinusoidal_table(n_positions, dim), persistent=False)
+        self.make_table = fairseq_table if layout == "fairseq" else sinusoidal_table
+        self.register_buffer("table", self.make_table(n_positions, dim), persistent=False)
 
     def forward(self, start: int | Tensor, length: int) -> Tensor:
         """Positions start..start+length-1 (``start`` an int or a 0-dim tensor). Shape: (length, D)."""
         if not isinstance(start, Tensor) and start + length > self.table.shape[0]:
-            self.table = sinusoidal_table(max(start + length, 2 * self.table.shape[0]), self.dim).to(self.table.device)
+            self.table = self.make_table(max(start + length, 2 * self.table.shape[0]), self.dim).to(self.table.device)
         return _rows(self.table, start, length)
 
 

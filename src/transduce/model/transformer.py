@@ -53,14 +53,14 @@ class Embedder(nn.Module):
     """Token embedding * sqrt(D) + positions, then dropout (Sec. 3.4, 3.5, 5.4).
 
     BERT's options (encoder_only configs): + token-type embeddings (``type_vocab_size`` > 0),
-    and a LayerNorm of the sum before the dropout (``embed_norm``).
+    and a LayerNorm of the sum before the dropout (``embed_norm``; also mBART's, each stack its own).
     """
 
     def __init__(self, cfg: ModelConfig, tokens: TokenEmbedding):
         super().__init__()
         self.tokens = tokens
-        if cfg.positions == "sinusoidal":
-            self.positions = SinusoidalPositions(cfg.d_model, cfg.max_positions)
+        if cfg.positions in ("sinusoidal", "fairseq"):
+            self.positions = SinusoidalPositions(cfg.d_model, cfg.max_positions, cfg.positions)
         elif cfg.positions == "learned":
             self.positions = LearnedPositions(cfg.d_model, cfg.max_positions)
         else:  # rope, relative: positions enter inside attention

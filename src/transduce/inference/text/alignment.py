@@ -21,9 +21,11 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ...data.alignments import WORD_START, Alignment, parse_links, word_index  # noqa: F401 (re-exported)
-from ...data.multilingual import lang_tag, tag_length
+from ...data.multilingual import code_ids, lang_tag, tag_length
 from ...errors import ConfigError
+from ..scoring import forced_batches
 from ..search.common import AttentionChoice
+from .markup import restore_markup, strip_markup
 
 
 def hard_alignment(attention: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> Alignment:
@@ -71,24 +73,25 @@ def forced_details(translator, results: Sequence, decode: DecodeConfig, alignmen
     """For each translation's best hypothesis, by one forced decoding under ``decode``: each
     token's log-probability (EOS last when it ended; [] for an empty source) and, with
     ``alignment``, its word alignment (None without)."""
-    from ..scoring import forced_batches
-
-    eos = translator.config.eos_id
-    tag_ids = set(getattr(translator.tokenizer, "lang_tags", {}).values())
+    eos, tok = translator.config.eos_id, translator.tokenizer
+    codes = getattr(tok, "lang_codes", {})  # (an imported NLLB model's: the source's first, the target's forced)
+    tag_ids = set(getattr(tok, "lang_tags", {}).values()) | set(codes.values())
+    first = code_ids(codes, decode.src_lang, decode.tgt_lang)[1]  # (scored, not the translation's)
+    lead = len(first)
     choice = alignment_choice(translator.config, decode) if alignment else None
     todo = [i for i, r in enumerate(results) if r.source_tokens and (r.best.tokens or r.best.ended)]
     src_ids = [results[i].source_tokens + [eos] for i in todo]
-    tgt_ids = [results[i].best.tokens + [eos] * results[i].best.ended for i in todo]
+    tgt_ids = [first + results[i].best.tokens + [eos] * results[i].best.ended for i in todo]
     log_probs: list[list[float]] = [[] for _ in results]
     links: list[Alignment | None] = [[] if alignment else None for _ in results]
     with torch.inference_mode():
         for index, forced in forced_batches(translator, src_ids, tgt_ids, decode, choice):
             for row, j in enumerate(index):
                 r = results[todo[j]]
-                log_probs[todo[j]] = forced.token_log_probs[row, : len(tgt_ids[j])].tolist()
+                log_probs[todo[j]] = forced.token_log_probs[row, lead: len(tgt_ids[j])].tolist()
                 if alignment:  # the words of the user's text: a multilingual model's tag is none of them
                     skip = tag_length(r.source_tokens, r.source_pieces, tag_ids)
-                    links[todo[j]] = hard_alignment(forced.cross_attention[row][:, skip:], r.source_pieces[skip:],
+                    links[todo[j]] = hard_alignment(forced.cross_attention[row][lead:, skip:], r.source_pieces[skip:],
                                                     r.best.pieces)
     return log_probs, links
 
@@ -116,8 +119,6 @@ def translate_markup(translator, texts: Sequence[str], decode: DecodeConfig, pre
 def strip_sources(translator, texts: Sequence[str]) -> list:
     """Each text without its markup (:func:`~transduce.inference.text.markup.strip_markup`), a leading
     target-language tag of ``translator``'s model kept as its tag."""
-    from .markup import strip_markup
-
     lead = {lang_tag(lang) for lang in getattr(translator.tokenizer, "lang_tags", {})}
     return [strip_markup(t, lead) for t in texts]
 
@@ -125,7 +126,5 @@ def strip_sources(translator, texts: Sequence[str]) -> list:
 def restore_all(results: Sequence, stripped: Sequence, links: Sequence[Alignment]) -> None:
     """Put each :class:`~transduce.inference.text.markup.Stripped` markup back into its result's best
     translation (its ``text``), by the alignment ``links`` of that translation."""
-    from .markup import restore_markup
-
     for r, s, a in zip(results, stripped, links):
         r.best.text = restore_markup(s, r.best.text, a)
