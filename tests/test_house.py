@@ -1,10 +1,12 @@
 """The house keeps its shape (issue 29): no function in src/ or bench/ over 60 lines, no module
 over 450 lines except data tables. A data-table module holds data only (no function or class),
-so code cannot hide in one."""
+so code cannot hide in one. Imports of the package's own modules sit at the top of a module
+(issue 53), all in one place; one inside a function says why on its line."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import transduce
@@ -14,6 +16,11 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"  # the benchmarks: the sam
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 450
 DATA_TABLES = {"data/toy_tables.py"}  # the toy pair's lexicon and morphology
+# Why an import of the package's own modules may sit inside a function, said on its line (a multi-line
+# import: on the line of its `from`): "# lazy: start-up" (the CLI's --help and argument errors, or a
+# torch-free path, stay fast), "# lazy: optional extra", "# lazy: cycle with MODULE", or
+# "# lazy: contract NAME" (a layer contract of pyproject.toml's [tool.importlinter] it would break).
+LAZY_REASON = re.compile(r"#\s*lazy: (start-up|optional extra|cycle with \S|contract \S)")
 
 
 def _modules() -> dict[str, str]:
@@ -82,3 +89,30 @@ def test_no_module_imports_another_modules_private_names():
     assert _private_imports("from .ct2 import _set_linear, set_norm\nfrom ..x import __version__") == ["1: _set_linear"]
     found = {name: hits for name, source in _modules().items() if (hits := _private_imports(source))}
     assert not found, f"imports of another module's private names: {found}"
+
+
+def _unexplained_lazy_imports(source: str) -> list[str]:
+    """``LINE: text`` of each import of a transduce module inside a function of ``source`` whose
+    line (its first) carries no ``# lazy:`` reason (:data:`LAZY_REASON`)."""
+    lines = source.splitlines()
+    found = set()
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            ours = (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("transduce"))
+                    or isinstance(node, ast.Import) and any(a.name.split(".")[0] == "transduce" for a in node.names))
+            if ours and not LAZY_REASON.search(lines[node.lineno - 1]):
+                found.add((node.lineno, lines[node.lineno - 1].strip()))
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_function_local_imports_of_the_package_say_why():
+    # issue 53: a module's dependencies at its top, where an import cycle fails at import, not at a first call
+    sample = ("import os\nfrom .a import b\ndef f():\n    import json\n    from .x import y\n"
+              "    from transduce.z import (w,  # lazy: start-up\n                             v)\n"
+              "    def g():\n        import transduce.q\n        from ..r import s  # lazy: cycle with r\n")
+    assert _unexplained_lazy_imports(sample) == ["5: from .x import y", "9: import transduce.q"]
+    found = {name: hits for name, source in _modules().items()
+             if (hits := _unexplained_lazy_imports(source))}
+    assert not found, f"imports of the package inside functions, with no '# lazy: REASON' on the line: {found}"

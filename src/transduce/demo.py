@@ -19,16 +19,34 @@ import json
 import logging
 import os
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+import torch
 import yaml
 
-from .config import TASKS, RunConfig
+from .atomic import atomic_write_text
+from .config import TASKS, GenerationConfig, RunConfig
+from .data.corpus import read_lines
+from .data.prepare import split_sources
+from .data.prepared import TokenPairs, length_dtype, token_dtype
+from .data.tokenizer import load_tokenizer
+from .data.toy import TENSE_LABELS, make_tense_splits, write_splits
+from .errors import TransduceError
+from .evaluation.heldout import next_sentence_accuracy
+from .evaluation.metrics import classification_scores, evaluate
+from .inference.analysis.attention_maps import attention_maps
+from .inference.classify import Classifier
+from .inference.generate import Generator
+from .inference.translator import Translator
+from .model.io import load_model, saved_model_settings
+from .training.checkpoint import latest_checkpoint
+from .training.loop import run_training
+from .viz.attention_heatmaps import plot_attention
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -130,8 +148,6 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
     and sentences are cut to fit its positions. ``mlm`` with ``nsp``: BERT's
     next-sentence head and two token types too, trained on the ``data`` files (:func:`nsp_documents`).
     """
-    from .model.io import saved_model_settings
-
     d = shipped_config(DEMO_CONFIGS[task])
     if nsp:
         d["model"].update(nsp=True, type_vocab_size=2)
@@ -152,14 +168,6 @@ def demo_config(steps: int | None = None, task: str = "translation", data: dict 
 
 def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> DemoResult:
     """Train (or, if ``out`` already holds the finished run, reuse) and evaluate the demo model."""
-    from .data.prepare import split_sources
-    from .data.toy import write_splits
-    from .evaluation.metrics import evaluate
-    from .inference.translator import Translator
-    from .atomic import atomic_write_text
-    from .training.checkpoint import latest_checkpoint
-    from .training.loop import run_training
-
     t0 = time.monotonic()
     run_dir = Path(out)
     cfg = demo_config(steps)
@@ -186,13 +194,6 @@ def run_demo(out: str | os.PathLike = "runs/demo", steps: int | None = None) -> 
 def run_lm_demo(out: str | os.PathLike = "runs/demo_lm", steps: int | None = None) -> LMDemoResult:
     """Train (or reuse a finished run in ``out``) a small GPT on the toy German sentences; report
     validation perplexity and a few continuations of test-sentence openings."""
-    from .atomic import atomic_write_text
-    from .data.prepare import split_sources
-    from .config import GenerationConfig
-    from .inference.generate import Generator
-    from .training.checkpoint import latest_checkpoint
-    from .training.loop import run_training
-
     t0 = time.monotonic()
     run_dir = Path(out)
     cfg = demo_config(steps, task="lm")
@@ -214,9 +215,6 @@ def nsp_documents(run_dir: Path) -> dict[str, str]:
     ``run_dir/data``: each split's sentences grouped by the tense of their main clause (stable),
     so that a line's successor shares its tense and a random line does so a quarter of the time;
     the ``data.*_tgt`` keys of the files."""
-    from .atomic import atomic_write_text
-    from .data.toy import TENSE_LABELS, make_tense_splits
-
     toy = demo_config(task="mlm").data
     rank = {label: i for i, label in enumerate(dict.fromkeys(TENSE_LABELS.values()))}
     files = {}
@@ -235,15 +233,6 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
     validation perplexity and its guess for the middle token of a few test sentences. With
     ``nsp`` also BERT's next-sentence prediction, on the sentences as documents of one tense
     (:func:`nsp_documents`), reporting its accuracy on the test split."""
-    from .atomic import atomic_write_text
-    from .data.prepare import split_sources
-    from .data.tokenizer import load_tokenizer
-    from .model.io import load_model
-    from .training.checkpoint import latest_checkpoint
-    from .training.loop import run_training
-
-    import torch
-
     t0 = time.monotonic()
     run_dir = Path(out)
     cfg = demo_config(steps, task="mlm", data=nsp_documents(run_dir) if nsp else None, nsp=nsp)
@@ -269,10 +258,6 @@ def run_mlm_demo(out: str | os.PathLike = "runs/demo_mlm", steps: int | None = N
 
 def _nsp_accuracy(model, tok, cfg: RunConfig) -> float:
     """Next-sentence accuracy on the test split's documents."""
-    from .data.corpus import read_lines
-    from .data.prepared import TokenPairs, length_dtype, token_dtype
-    from .evaluation.heldout import next_sentence_accuracy
-
     rows = [tok.encode(line, "src")[:cfg.data.max_len] for line in read_lines(cfg.data.test_tgt)]
     pairs = TokenPairs.from_rows(rows, rows, token_dtype(model.config.src_vocab_size), length_dtype(cfg.data.max_len))
     return next_sentence_accuracy(model, pairs, cfg.train.seed)
@@ -285,13 +270,6 @@ def run_classify_demo(out: str | os.PathLike = "runs/demo_classify", steps: int 
     directory) and train the same classifier from scratch, the same steps on the same
     :data:`LABELLED_SENTENCES`; report both test accuracies. ``steps`` caps every run (the
     masked LM's too). Finished runs in ``out`` are reused."""
-    from .atomic import atomic_write_text
-    from .data.toy import make_tense_splits
-    from .evaluation.metrics import classification_scores
-    from .inference.classify import Classifier
-    from .training.checkpoint import latest_checkpoint
-    from .training.loop import run_training
-
     t0 = time.monotonic()
     run_dir = Path(out)
     mlm = Path(init_from) if init_from is not None else run_mlm_demo(run_dir / "mlm", steps).run_dir / "model"
@@ -324,8 +302,6 @@ def position_baselines(train: list[tuple[str, str]], test: list[tuple[str, str]]
     """Test accuracy of two label-reading shortcuts learnt from ``train``: the majority class, and
     the best of "the most frequent label of the word at position i" over word positions i (no
     word past the end counts as a word). How far a task is from being read off one place."""
-    from collections import Counter, defaultdict
-
     majority = Counter(label for _, label in train).most_common(1)[0][0]
     best = 0.0
     for i in range(max(len(text.split()) for text, _ in train)):
@@ -344,9 +320,6 @@ def _word(text: str, i: int) -> str | None:
 
 def _attention_picture(translator, sentence: str, path: Path) -> Path | None:
     """Cross/self-attention heatmaps of one sentence, if matplotlib is installed."""
-    from .errors import TransduceError
-    from .inference.analysis.attention_maps import attention_maps
-    from .viz.attention_heatmaps import plot_attention
     try:
         return plot_attention(attention_maps(translator, sentence), path)
     except TransduceError as e:  # matplotlib missing: the demo still succeeds

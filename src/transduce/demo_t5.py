@@ -23,8 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import atomic_write_text
 from .config import RunConfig
+from .data.corpus import read_tsv_chunks
+from .data.toy import make_splits, make_tense_splits
 from .demo import shipped_config
+from .evaluation.text2text import task_scores
+from .inference.translator import Translator
+from .training.checkpoint import latest_checkpoint
+from .training.loop import run_training
 
 TRANSLATE, TENSE = "translate English to German: ", "classify tense: "  # the tasks' prefixes
 TENSE_SENTENCES = 10000  # labelled training sentences of the tense task (the first of the toy training split)
@@ -71,9 +78,6 @@ def write_t5_data(run_dir: Path) -> None:
     ``valid.txt`` (each English sentence, then its German: the pretraining text) and
     ``{train,valid,test}.tsv`` (the two tasks' ``input<TAB>target`` lines; validation and test
     alternate the tasks line by line)."""
-    from .atomic import atomic_write_text
-    from .data.toy import make_splits, make_tense_splits
-
     pairs, tenses = make_splits(**TOY_SPLITS), make_tense_splits(**TOY_SPLITS)
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     for name in ("train", "valid"):
@@ -91,13 +95,6 @@ def write_t5_data(run_dir: Path) -> None:
 
 def run_t5_demo(out: str | os.PathLike = "runs/demo_t5", steps: int | None = None) -> T5DemoResult:
     """Pretrain by span corruption, fine-tune text-to-text on two toy tasks, score each task's test."""
-    from .atomic import atomic_write_text
-    from .data.corpus import read_tsv_chunks
-    from .evaluation.text2text import task_scores
-    from .inference.translator import Translator
-    from .training.checkpoint import latest_checkpoint
-    from .training.loop import run_training
-
     t0 = time.monotonic()
     run_dir = Path(out)
     pretrain, finetune = t5_demo_configs(run_dir, steps)

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 from .config import ModelConfig, model_task, read_yaml
+from .data.spm_model import model_type
+from .data.tokenizer import load_tokenizer, tokenizer_exists
 from .errors import CheckpointError, one_line
 from .model.io import CONFIG, WEIGHTS, load_decode_config, load_model_config
 
@@ -126,9 +128,6 @@ def attention_settings(cfg: ModelConfig) -> dict:
 
 
 def _tokenizer(root: Path) -> dict:
-    from .data.spm_model import model_type
-    from .data.tokenizer import load_tokenizer, tokenizer_exists
-
     if not tokenizer_exists(root):
         return {"present": False}
     tok = load_tokenizer(root)

@@ -27,8 +27,17 @@ import torch
 from torch import nn
 
 from .atomic import atomic_path
+from .config import load_run_config
+from .data.corpus import read_lines
+from .device import resolve_device
 from .errors import ConfigError
+from .inference import load
+from .model.attention import MultiHeadAttention
+from .model.io import saved_model_settings
+from .model.layers import FeedForward
 from .tracing import ATTENTION, DATA, FFN, LOSS, SOFTMAX
+from .training.distributed import DistInfo
+from .training.loop import Trainer, run_data
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +95,6 @@ def time_split(events, wall_us: float) -> dict[str, float]:
 def scope_hooks(model: nn.Module) -> Callable[[], None]:
     """Open a ``record_function`` scope around every attention and feed-forward module's forward
     (a pre-hook enters it, a hook leaves it); returns the function that removes the hooks."""
-    from .model.attention import MultiHeadAttention
-    from .model.layers import FeedForward
     handles = []
     for module in model.modules():
         name = ATTENTION if isinstance(module, MultiHeadAttention) else FFN if isinstance(module, FeedForward) else None
@@ -136,11 +143,6 @@ def record(work: Callable[[], None], steps: int, out: Path, model: nn.Module, de
 def profile_training(config: str | None, overrides: list[str], steps: int, out: Path, rows: int = 15) -> Profile:
     """``steps`` optimizer steps of the run config's model on its data (prepared into
     ``OUT/run`` unless ``data.prepared`` names a directory), after one warm-up step."""
-    from .config import load_run_config
-    from .device import resolve_device
-    from .model.io import saved_model_settings
-    from .training.distributed import DistInfo
-    from .training.loop import Trainer, run_data
     cfg = load_run_config(config, overrides, saved_model_settings).with_init_tokenizer()
     cfg = replace(cfg, train=replace(cfg.train, max_steps=steps + 1))
     device = resolve_device(cfg.train.device, "train.device")
@@ -154,8 +156,6 @@ def profile_decoding(model_dir: str, input_path: str, steps: int, batch_size: in
                      overrides: dict, rows: int = 15) -> Profile:
     """``steps`` batches of ``batch_size`` lines of ``input_path`` translated with the model's
     decoding settings (``overrides`` of them: beam, ...), after one warm-up batch."""
-    from .inference import load
-    from .data.corpus import read_lines
     lines = [line for line in read_lines(input_path) if line.strip()][: batch_size]
     if not lines:
         raise ConfigError(f"--input: {input_path} has no non-empty line to translate")

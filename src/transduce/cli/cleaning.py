@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import load_run_config
+from ..config.clean import check_language, clean_settings
+from ..errors import ConfigError
 from .options import add_config
 
 
@@ -23,11 +26,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_clean(args: argparse.Namespace) -> int:
-    from ..config import load_run_config
-    from ..config.clean import check_language, clean_settings
-    from ..data.clean import clean_files, output_names
-    from ..data.prepare import default_workers
-    from ..errors import ConfigError
+    from ..data.clean import clean_files, output_names  # lazy: start-up
+    from ..data.prepare import default_workers  # lazy: start-up
     data = load_run_config(args.config, args.overrides).data
     src_lang, tgt_lang = args.src_lang or data.src_lang, args.tgt_lang or data.tgt_lang
     check_language(src_lang, "--src-lang")

@@ -48,7 +48,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from ..inference import draft_summary, translate_file
+    from ..inference import draft_summary, translate_file  # lazy: start-up
     if args.documents:
         return _cmd_translate_documents(args)
     with load_translator(args) as translator:
@@ -62,7 +62,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _cmd_translate_documents(args: argparse.Namespace) -> int:
-    from ..inference.documents import translate_document_file
+    from ..inference.documents import translate_document_file  # lazy: start-up
     given = [flag for flag, value in (("--nbest", (args.nbest or 1) > 1), ("--prefix-file", args.prefix_file),
                                       ("--output-format jsonl", args.output_format != "text"),
                                       ("--constraints", args.constraints), ("--glossary", args.glossary)) if value]
@@ -93,8 +93,8 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from ..inference import load
-    from ..inference.files import score_files
+    from ..inference import load  # lazy: start-up
+    from ..inference.files import score_files  # lazy: start-up
     with load([args.model_dir, *args.ensemble], runtime_of(args)) as translator:
         score_files(translator, args.src, args.tgt, args.output, args.output_format,
                     translator.settings(**decode_overrides(args)))
@@ -120,8 +120,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from ..inference import GenerationConfig, Generator
-    from ..inference.files import atomic_output, iter_lines, one_line
+    from ..inference import GenerationConfig, Generator  # lazy: start-up
+    from ..inference.files import atomic_output, iter_lines, one_line  # lazy: start-up
     gen = GenerationConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed, args.batch_size,
                            args.min_new_tokens)
     with Generator.load(args.model_dir, runtime_of(args)) as generator:
@@ -150,13 +150,13 @@ def _add_classify(sub: argparse._SubParsersAction) -> None:
 def _cmd_classify(args: argparse.Namespace) -> int:
     import json
 
-    from ..inference import Classifier
-    from ..inference.files import atomic_output, read_texts
+    from ..inference import Classifier  # lazy: start-up
+    from ..inference.files import atomic_output, read_texts  # lazy: start-up
     if args.score and args.input is None:
         raise ConfigError("--score: needs --input, a file of text<TAB>label (or text_a<TAB>text_b<TAB>label) lines")
     with Classifier.load(args.model_dir, runtime_of(args)) as classifier:
         if args.score:
-            from ..evaluation.heldout import score_labelled
+            from ..evaluation.heldout import score_labelled  # lazy: start-up
             print(json.dumps(score_labelled(classifier, args.input, args.batch_size), indent=2))
             return 0
         labels = classifier.classify(read_texts(args.input), args.batch_size)
@@ -198,7 +198,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from ..evaluation import EvalFiles, evaluate_model
+    from ..evaluation import EvalFiles, evaluate_model  # lazy: start-up
     check_worker_timeout(args)
     files = EvalFiles(args.ref, args.src, args.tok_ref, args.lang, args.hyp_tokenized, args.compare)
     result = evaluate_model([args.model_dir, *args.ensemble], files, runtime_of(args), decode_overrides(args),
@@ -238,7 +238,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
-    from ..inference import Translator, attention_maps
+    from ..inference import Translator, attention_maps  # lazy: start-up
     if args.stats:
         return _attention_stats(args)
     extra = [flag for flag in ("src", "tgt", "align", "plot") if getattr(args, flag) is not None] + ["json"] * args.json
@@ -246,7 +246,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
         raise ConfigError(f"--{extra[0]}: is for --stats")
     if args.sentence is None or args.out is None:
         raise ConfigError("attention: give a SENTENCE and --out PNG (or --stats --src FILE)")
-    from ..viz.attention_heatmaps import plot_attention
+    from ..viz.attention_heatmaps import plot_attention  # lazy: start-up
     with Translator.load(args.model_dir, runtime_of(args)) as translator:
         maps = attention_maps(translator, args.sentence, args.layer, args.head, **decode_overrides(args))
     print(plot_attention(maps, args.out))
@@ -256,19 +256,19 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 def _attention_stats(args: argparse.Namespace) -> int:
     import json
 
-    from ..inference import HealthLimits, Translator, attention_stats_files, format_attention_stats
+    from ..inference import HealthLimits, Translator, attention_stats_files, format_attention_stats  # lazy: start-up
     if args.sentence is not None or args.out is not None:
         raise ConfigError("--stats: reads its sentences from --src and draws with --plot (no SENTENCE, no --out)")
     if args.src is None:
         raise ConfigError("--stats: needs --src FILE, the sentences to measure")
     limits = HealthLimits(args.uniform, args.collapse, args.share)
     if args.plot is not None:
-        from ..viz.curves import require_matplotlib
+        from ..viz.curves import require_matplotlib  # lazy: start-up
         require_matplotlib("attention plots")  # before the model runs
     with Translator.load(args.model_dir, runtime_of(args)) as translator:
         stats = attention_stats_files(translator, args.src, args.tgt, args.align, limits, **decode_overrides(args))
     print(json.dumps(stats.to_dict(), indent=2) if args.json else format_attention_stats(stats))
     if args.plot is not None:
-        from ..viz.attention_heatmaps import plot_attention_stats
+        from ..viz.attention_heatmaps import plot_attention_stats  # lazy: start-up
         print(plot_attention_stats(stats, args.plot), file=sys.stderr if args.json else sys.stdout)
     return 0

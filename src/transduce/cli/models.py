@@ -39,12 +39,12 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ..interop import export_model
+    from ..interop import export_model  # lazy: start-up
     if args.name is not None and args.format != "triton":
         raise ConfigError("--name: is for --format triton")
     build = None
     if args.precision is not None or args.max_batch is not None:
-        from ..interop.tensorrt import EngineBuild
+        from ..interop.tensorrt import EngineBuild  # lazy: start-up
         given = {"precision": args.precision, "max_batch": args.max_batch}
         build = EngineBuild(**{k: v for k, v in given.items() if v is not None})
     report = export_model(args.model_dir, args.format, args.out, args.quantization, args.force,
@@ -71,7 +71,7 @@ def _add_import(sub: argparse._SubParsersAction) -> None:
 def _cmd_import(args: argparse.Namespace) -> int:
     import json
 
-    from ..interop import import_hf
+    from ..interop import import_hf  # lazy: start-up
     checks = import_hf(args.hf_dir, args.out, args.force)
     print(json.dumps({"out": args.out, **checks}, indent=2))
     return 0
@@ -88,7 +88,7 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
 def _cmd_info(args: argparse.Namespace) -> int:
     import json
 
-    from ..info import format_info, model_info
+    from ..info import format_info, model_info  # lazy: start-up
     info = model_info(args.model_dir)
     print(json.dumps(info, indent=2, ensure_ascii=False) if args.json else format_info(info))
     return 0
@@ -102,8 +102,8 @@ def _add_rehash(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_rehash(args: argparse.Namespace) -> int:
-    from ..checksums import EDITABLE, record
-    from ..model.io import load_decode_config, load_model_config
+    from ..checksums import EDITABLE, record  # lazy: start-up (hashlib, OpenSSL: 4 ms)
+    from ..model.io import load_decode_config, load_model_config  # lazy: start-up
     directory = Path(args.model_dir)
     if not (directory / EDITABLE).is_file():
         raise ConfigError(f"{directory}: no {EDITABLE} here (give a model or checkpoint directory)")

@@ -60,7 +60,7 @@ def _api_key(path: str | None) -> str | None:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from ..serve import ServeConfig, serve, serve_triton
+    from ..serve import ServeConfig, serve, serve_triton  # lazy: start-up
     check_worker_timeout(args)
     _check_engine(args)
     if args.batching == "continuous" and args.engine == "triton":

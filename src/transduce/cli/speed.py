@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..config import QuantizeConfig
 from ..errors import ConfigError
 
 
@@ -36,7 +37,7 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from ..profiling import profile_decoding, profile_training
+    from ..profiling import profile_decoding, profile_training  # lazy: start-up
     target = Path(args.target)
     for name, value in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--rows", args.rows)):
         if value < 1:
@@ -73,7 +74,7 @@ def _add_shortlist(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_shortlist(args: argparse.Namespace) -> int:
-    from ..inference.search.shortlist import FILE, shortlist_corpus
+    from ..inference.search.shortlist import FILE, shortlist_corpus  # lazy: start-up
     shortlist = shortlist_corpus(args.model_dir, args.src, args.tgt, args.k, args.frequent)
     listed = int((shortlist.table >= 0).any(dim=1).sum())
     print(f"wrote {Path(args.model_dir) / FILE}: up to {args.k} target tokens for each of {listed} source tokens, "
@@ -97,9 +98,8 @@ def _add_quantize(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from ..config import QuantizeConfig
-    from ..inference.quantize import quantize_directory
-    from ..inference.speed.static_int8 import FILE, read_float_layers
+    from ..inference.quantize import quantize_directory  # lazy: start-up
+    from ..inference.speed.static_int8 import FILE, read_float_layers  # lazy: start-up
     config = QuantizeConfig() if args.float_layers is None else QuantizeConfig(float_layers=tuple(args.float_layers))
     absmax = quantize_directory(args.model_dir, args.calibrate, args.out, config)
     kept = read_float_layers(args.out)

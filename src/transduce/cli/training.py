@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import EXTEND_VOCAB
+from ..config import EXTEND_VOCAB, load_run_config
 from ..errors import ConfigError
 from .options import add_config
 
@@ -30,9 +30,8 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from ..config import load_run_config
-    from ..data.prepare import prepare_dataset
-    from ..model.io import saved_model_settings
+    from ..data.prepare import prepare_dataset  # lazy: start-up
+    from ..model.io import saved_model_settings  # lazy: start-up
     cfg = load_run_config(args.config, args.overrides, saved_model_settings).with_init_tokenizer()
     data = prepare_dataset(cfg.data, args.out, args.workers, seed=cfg.train.seed)
     m = data.manifest
@@ -73,9 +72,8 @@ def default_run_dir(config_path: str | None, reverse: bool = False) -> Path:
 def train_main(config_path: str | None, overrides: list[str], out: str | None, resume: bool,
                reverse: bool = False, init_from: str | None = None, extend_vocab: int | None = None) -> int:
     """``transduce train``: returns the process exit status."""
-    from ..config import load_run_config
-    from ..model.io import saved_model_settings
-    from ..training import loop
+    from ..model.io import saved_model_settings  # lazy: start-up
+    from ..training import loop  # lazy: start-up
 
     run_dir = Path(out) if out else default_run_dir(config_path, reverse)
     if resume and config_path is None and (run_dir / "config.yaml").is_file():
@@ -110,12 +108,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ..demo import run_classify_demo, run_demo, run_lm_demo, run_mlm_demo
+    from ..demo import run_classify_demo, run_demo, run_lm_demo, run_mlm_demo  # lazy: start-up
     if args.init_from is not None and args.task != "classify":
         raise ConfigError("--init-from: only demo --task classify starts from a trained model")
     if args.nsp and args.task != "mlm":
         raise ConfigError("--nsp: next-sentence prediction is an option of demo --task mlm")
-    from ..demo_t5 import run_t5_demo
+    from ..demo_t5 import run_t5_demo  # lazy: start-up
     run, out, options = {"translation": (run_demo, "runs/demo", {}), "lm": (run_lm_demo, "runs/demo_lm", {}),
                          "mlm": (run_mlm_demo, "runs/demo_mlm", {"nsp": args.nsp}),
                          "classify": (run_classify_demo, "runs/demo_classify", {"init_from": args.init_from}),
@@ -134,9 +132,9 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_average(args: argparse.Namespace) -> int:
-    from ..model.io import WEIGHTS
-    from ..training.checkpoint import average_checkpoints
-    from ..training.ema import EMA_WEIGHTS
+    from ..model.io import WEIGHTS  # lazy: start-up
+    from ..training.checkpoint import average_checkpoints  # lazy: start-up
+    from ..training.ema import EMA_WEIGHTS  # lazy: start-up
     out = average_checkpoints([Path(c) for c in args.checkpoints], Path(args.out), EMA_WEIGHTS if args.ema else WEIGHTS)
     print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
     return 0
@@ -153,7 +151,7 @@ def _add_ablate(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_ablate(args: argparse.Namespace) -> int:
-    from ..training.ablate import ablate, format_table
+    from ..training.ablate import ablate, format_table  # lazy: start-up
     results = ablate(args.config, Path(args.out), args.overrides, args.dry, not args.no_plot)
     print(format_table(results), end="")
     return 0
@@ -167,7 +165,7 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from ..viz.curves import plot_run
+    from ..viz.curves import plot_run  # lazy: start-up
     print(plot_run(args.run_dir, args.out))
     return 0
 
@@ -182,7 +180,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_data_multi30k(args: argparse.Namespace) -> int:
-    from ..data import multi30k
+    from ..data import multi30k  # lazy: start-up
     paths = multi30k.download(args.dest, base_url=args.url or multi30k.DEFAULT_URL)
     print(f"{len(paths)} files verified in {args.dest}; use them with: --set data.corpus=multi30k "
           f"--set data.root={args.dest}  (or export TRANSDUCE_MULTI30K={args.dest})")

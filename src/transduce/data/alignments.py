@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from transduce.data.corpus import read_lines
+from transduce.data.hf_tokenizer import HFTokenizer
 from transduce.errors import DataError
 
 if TYPE_CHECKING:
@@ -70,7 +72,6 @@ class AlignedWriter:
     swapped, so are the links). Its chunks must carry their texts (``want_texts``)."""
 
     def __init__(self, writer: Any, path: str | os.PathLike, reverse: bool, corpus: tuple[str, str]):
-        from transduce.data.corpus import read_lines
         self.writer, self.path, self.reverse, self.corpus = writer, Path(path), reverse, corpus
         self.lines: Iterator[str] = read_lines(self.path)
         self.read = 0
@@ -155,8 +156,6 @@ def word_continuations(tokenizer: Any, side: str, vocab_size: int) -> np.ndarray
     ``▁`` whose first character is a word character (``\\w``: letter, digit, ``_``); punctuation,
     special tokens and ids past the tokenizer's vocabulary do not. None for a Hugging Face
     tokenizer (byte-level BPE and WordPiece mark words otherwise)."""
-    from transduce.data.hf_tokenizer import HFTokenizer
-
     if isinstance(tokenizer, HFTokenizer):
         return None
     n = min(vocab_size, tokenizer.tgt_vocab_size if side == "tgt" else tokenizer.src_vocab_size)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Sequence
 
@@ -142,6 +140,8 @@ def download(dest: str | os.PathLike, base_url: str = DEFAULT_URL,
 
 def _fetch(url: str, target: Path, expected_sha256: str, timeout: float) -> None:
     """Download ``url`` to ``target`` through a temporary file, checking its SHA-256."""
+    import urllib.request  # lazy: start-up (http.client, ssl: 15 ms; urllib.error with it)
+
     logger.info("downloading %s", url)
     try:
         with atomic_path(target, ".part") as tmp:

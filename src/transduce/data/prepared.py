@@ -254,7 +254,7 @@ class TokenPairs:
         """The padded model batch of pairs ``indices`` with ``specials``' ids (the model's; None:
         transduce's fixed ones; see :func:`transduce.data.batch.collate`); with ``guide`` (the
         split's links and the sides' word starts) its guided alignment reference too."""
-        from transduce.data.batch import DEFAULT_SPECIALS, collate  # torch: imported where batches are made
+        from transduce.data.batch import DEFAULT_SPECIALS, collate  # lazy: start-up (torch: not for preparing data)
         links = None if guide is None else [guide[0][int(i)] for i in indices]
         return collate([self.pair(int(i)) for i in indices], specials or DEFAULT_SPECIALS, links,
                        None if guide is None else guide[1])

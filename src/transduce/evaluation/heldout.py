@@ -16,21 +16,28 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..config import TASKS, TrainConfig, model_task
+from ..data.batch import Batch, Specials, token_types
+from ..data.corpus import read_lines
+from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator, next_sentence_batch
+from ..data.epoch_batches import token_budget_batches
+from ..data.labelled import check_labels, read_labelled
+from ..data.prepared import TokenPairs, length_dtype, token_dtype
+from ..data.span_corruption import span_batch, span_generator
+from ..data.tokenizer import PAD_ID, load_tokenizer
+from ..device import resolve_device
 from ..errors import ConfigError, DataError
+from ..inference import Classifier, Runtime
+from ..inference.placement import load_model_dir
 from ..inference.search.common import output_log_softmax
+from ..model.io import load_model_config
 from .metrics import classification_scores
-
-if TYPE_CHECKING:
-    from ..data.batch import Batch
-    from ..data.prepared import TokenPairs
-    from ..inference.classify import Classifier
 
 DEFAULT_SEED = TrainConfig.seed  # a default run's validation masking
 
@@ -48,7 +55,6 @@ def batch_nll(model: torch.nn.Module, batch: "Batch") -> tuple[Tensor, Tensor, T
     cfg, pad = model.config, model.config.label_pad_id
     states = cfg.family.states(model, batch, cfg)                       # (B, T, D)
     if cfg.family.masked_lm:
-        from ..data.tokenizer import PAD_ID
         pad = PAD_ID                                                     # the masking's "not selected"
         keep = batch.tgt_out != pad                                      # (B, T)
         logits, labels = model.mlm_logits(states[keep]), batch.tgt_out[keep]              # (N, V), (N,)
@@ -78,11 +84,6 @@ def heldout_loss(model: torch.nn.Module, pairs: "TokenPairs", task: str, max_tok
         batch_loss: one batch's sums (:data:`BatchLoss`); the plain NLL by default.
         sentinels: span corruption's sentinel ids (task span).
     """
-    from ..data.batch import Specials
-    from ..data.epoch_batches import token_budget_batches
-    from ..data.encoder_inputs import VALID_STREAM, masked_batch, masking_generator
-    from ..data.span_corruption import span_batch, span_generator
-
     plan = token_budget_batches(*pairs.task_lengths(task), max_tokens, seed=0, epoch=0, shuffle=False)
     loss = nll = 0.0
     n = 0
@@ -117,13 +118,6 @@ def perplexity(model_dir: str | os.PathLike, path: str | os.PathLike, batch_toke
         tokenizers, e.g. before and after ``--extend-vocab``, for an LM), "tokens", "sentences",
         "truncated"}`` and, for a masked LM, ``"seed"``.
     """
-    from ..data.corpus import read_lines
-    from ..data.prepared import TokenPairs, length_dtype, token_dtype
-    from ..data.tokenizer import load_tokenizer
-    from ..device import resolve_device
-    from ..inference.placement import load_model_dir
-    from ..model.io import load_model_config
-
     task = model_task(load_model_config(model_dir))
     spec = TASKS[task]
     if not spec.perplexity:
@@ -151,7 +145,6 @@ def accuracy(model_dir: str | os.PathLike, path: str | os.PathLike, batch_size: 
              device: str = "cpu") -> dict[str, Any]:
     """A classifier's accuracy and macro-F1 on a ``text<TAB>label`` file:
     ``{"task": "classify", "accuracy", "macro_f1", "sentences"}``."""
-    from ..inference import Classifier, Runtime
     with Classifier.load(model_dir, Runtime(device=device)) as classifier:
         return {"task": "classify", **score_labelled(classifier, path, batch_size)}
 
@@ -160,7 +153,6 @@ def score_labelled(classifier: "Classifier", path: str | os.PathLike, batch_size
     """Accuracy, macro-F1 and sentence count of ``classifier`` on the labels of a ``text<TAB>label``
     file (:func:`~transduce.evaluation.metrics.classification_scores`; ``classify --score``); a
     label the model does not know is a DataError naming its line."""
-    from ..data.labelled import check_labels, read_labelled
     examples = read_labelled(path)
     check_labels(examples, classifier.config.labels, path)
     predicted = classifier.classify([text for text, _ in examples], batch_size)
@@ -173,9 +165,6 @@ def next_sentence_accuracy(model: torch.nn.Module, pairs: "TokenPairs", seed: in
     """The share of lines of ``pairs`` (a document's token rows, in order) whose next-sentence
     label the model's head predicts: each line paired with the next or a random one, masked, as
     in training (:func:`~transduce.data.encoder_inputs.next_sentence_batch`), from ``seed``."""
-    from ..data.batch import token_types
-    from ..data.encoder_inputs import VALID_STREAM, masking_generator, next_sentence_batch
-
     device = next(model.parameters()).device
     right = 0
     for k, lo in enumerate(range(0, len(pairs), batch_size)):

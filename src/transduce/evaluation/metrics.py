@@ -13,7 +13,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ..config import DecodeConfig
+from ..data.corpus import read_lines
 from ..errors import DataError
+from ..inference.files import reporting
+from . import moses
+from .significance import compare as paired_significance
 
 if TYPE_CHECKING:
     from ..inference.translator import Translator
@@ -104,12 +108,10 @@ def evaluate(translator: "Translator", sources: Sequence[str], references: Seque
     tokens = sum(len(r.best.tokens) + int(r.best.ended) for r in results if r.source_tokens)
     out = score([r.best.text for r in results], references)
     if tok_references is not None:
-        from .moses import moses_lc_bleu
         if lang is None:
             raise DataError("tokenized references need the target language (--lang)")
-        out.update(moses_lc_bleu([r.best.text for r in results], tok_references, lang, hyps_tokenized))
+        out.update(moses.moses_lc_bleu([r.best.text for r in results], tok_references, lang, hyps_tokenized))
     if compare is not None:
-        from .significance import compare as paired_significance
         out["compare"] = paired_significance([r.best.text for r in results], compare, references)
     out.update(seconds=round(seconds, 3), sentences_per_s=len(results) / max(seconds, 1e-9),
                tokens_per_s=tokens / max(seconds, 1e-9),
@@ -124,15 +126,12 @@ def evaluate_files(translator: "Translator", src_path: str, ref_path: str, decod
                    tok_ref_path: str | None = None, lang: str | None = None, hyps_tokenized: bool = False,
                    compare: Sequence[str] | None = None) -> dict[str, Any]:
     """:func:`evaluate` on a source file and a reference file (strict UTF-8, one per line)."""
-    from ..data.corpus import read_lines
-
     sources, references = list(read_lines(src_path)), list(read_lines(ref_path))
     if len(sources) != len(references):
         raise DataError(f"{src_path} has {len(sources)} lines but {ref_path} has {len(references)}")
     tok_refs = list(read_lines(tok_ref_path)) if tok_ref_path is not None else None
     if tok_refs is not None and len(tok_refs) != len(sources):
         raise DataError(f"{tok_ref_path} has {len(tok_refs)} lines but {src_path} has {len(sources)}")
-    from ..inference.files import reporting
 
     with reporting(translator, len(sources)):
         return evaluate(translator, sources, references, decode, tok_refs, lang, hyps_tokenized, compare)

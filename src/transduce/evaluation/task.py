@@ -12,8 +12,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..config import TASKS, DecodeConfig, model_task
+from ..data.corpus import read_lines
 from ..errors import ConfigError
+from ..inference import draft_summary
 from ..inference.runtime import ModelDirs, Runtime, load, model_dirs
+from ..model.io import load_model_config
+from .heldout import accuracy, perplexity
+from .metrics import evaluate_files
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,6 @@ def evaluate_model(paths: ModelDirs, files: EvalFiles, runtime: Runtime = Runtim
     """Score the model directories on ``files`` as their task says (see the module docstring);
     ``overrides`` replace the saved decoding settings (DecodeConfig field -> value), ``seed``
     masks a masked LM's text. A setting the task does not use is a one-line ConfigError."""
-    from ..model.io import load_model_config
-    from .heldout import accuracy, perplexity
-
     dirs, overrides = model_dirs(paths), dict(overrides or {})
     task = model_task(load_model_config(dirs[0]))
     if TASKS[task].translates:
@@ -63,9 +65,6 @@ def evaluate_model(paths: ModelDirs, files: EvalFiles, runtime: Runtime = Runtim
 
 def _evaluate_translation(dirs: list[str], files: EvalFiles, runtime: Runtime, overrides: dict[str, Any],
                           draft: str | None, seed: int | None) -> dict[str, Any]:
-    from ..inference import draft_summary
-    from .metrics import evaluate_files
-
     if files.src is None:
         raise ConfigError("src: a translation model is scored by translating src against ref")
     if seed is not None:
@@ -86,7 +85,6 @@ def _other_translations(other: str, src: str, runtime: Runtime, decode: DecodeCo
     """``--compare``'s translations: a model directory's of ``src`` with ``decode``, or a file's lines."""
     from pathlib import Path
 
-    from ..data.corpus import read_lines
     if not Path(other).is_dir():
         if not Path(other).is_file():
             raise ConfigError(f"compare: {other} is neither a hypothesis file nor a model directory")

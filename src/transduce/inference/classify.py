@@ -10,9 +10,11 @@ import torch
 
 from ..data.batch import pad, token_types
 from ..data.labelled import encode_example
+from ..data.tokenizer import load_tokenizer
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError
 from ..config import Runtime
+from ..model.io import load_model_config
 from .backends.onnx import open_graphs
 from .placement import apply_threads, load_model_dir, model_dirs
 from .speed.cpu import quantize_dynamic_int8
@@ -53,9 +55,6 @@ class Classifier:
     @classmethod
     def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Classifier":
         """The model and tokenizer of a model directory; a one-line error for any other model."""
-        from ..data.tokenizer import load_tokenizer
-        from ..model.io import load_model_config
-
         model_dir = model_dirs(model_dir)[0]
         cfg = load_model_config(model_dir)
         if not (cfg.family.masked_lm and cfg.labels):

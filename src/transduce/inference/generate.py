@@ -17,8 +17,10 @@ from typing import Sequence
 import torch
 
 from ..config import GenerationConfig, ModelConfig, Runtime
+from ..data.tokenizer import load_tokenizer
 from ..device import autocast_context, resolve_device
 from ..errors import ConfigError, DataError
+from ..model.io import load_model_config
 from .placement import apply_threads, load_model_dir, model_dirs, prepared_for
 from .search.lm import generate_ids
 from .speed import restore
@@ -72,9 +74,6 @@ class Generator:
     @classmethod
     def load(cls, model_dir: str | os.PathLike, runtime: Runtime = Runtime()) -> "Generator":
         """The model and tokenizer of a model directory; a one-line error for another arch."""
-        from ..data.tokenizer import load_tokenizer
-        from ..model.io import load_model_config
-
         model_dir = model_dirs(model_dir)[0]
         check_decoder_only(load_model_config(model_dir), "generate")
         apply_threads(runtime)

@@ -16,6 +16,11 @@ import torch
 from ..config import Runtime
 from ..device import PRECISIONS
 from ..errors import CheckpointError, ConfigError
+from ..model.io import load_model
+from ..model.transformer import Transformer
+from .backends.onnx import open_graphs
+from .speed import compile_step, prepare_for_decoding
+from .speed.static_int8 import apply_saved, is_quantized
 
 # One model directory, or several (an ensemble).
 ModelDirs = str | os.PathLike | Sequence[str | os.PathLike]
@@ -38,8 +43,6 @@ def load_model_dir(directory: str | os.PathLike, device: torch.device | str = "c
     static int8 when the directory was quantised (``transduce quantize`` left ``quant.safetensors``
     beside them, :func:`~transduce.inference.speed.static_int8.apply_saved`). Every loader of a model to
     run (the front doors, workers, held-out scores) goes through here, so they all see one model."""
-    from ..model.io import load_model
-    from .speed.static_int8 import apply_saved
     return apply_saved(load_model(directory, device), directory)
 
 
@@ -51,9 +54,7 @@ def prepared_for(model: torch.nn.Module, device: torch.device, runtime: Runtime)
     (:func:`~transduce.inference.speed.compile_step`). With ``runtime.backend`` onnx or tensorrt, the
     exported graphs of ``runtime.engines`` in its place (:func:`~.backends.onnx.open_graphs`)."""
     if runtime.backend != "torch":
-        from .backends.onnx import open_graphs
         return open_graphs(model.config, device, runtime)
-    from .speed import compile_step, prepare_for_decoding
     compiled = runtime.compile and device.type == "cpu"
     if compiled:
         check_compilable(model)
@@ -67,8 +68,6 @@ def check_compilable(model: torch.nn.Module) -> None:
     translation Transformer, on a machine with a C++ compiler for Inductor's CPU kernels."""
     import shutil
 
-    from ..model.transformer import Transformer
-    from .speed.static_int8 import is_quantized
     if not isinstance(model, Transformer) or not model.config.family.translates:
         raise ConfigError(f"runtime.compile: compiles the decoding step of one translation model; got "
                           f"{type(model).__name__}; drop compile")

@@ -34,6 +34,7 @@ from typing import Iterator, Sequence
 from torch import Tensor
 
 from ..errors import ConfigError, TransduceError
+from ..model.io import load_decode_config, load_model_config
 from .decode_batches import length_sorted_batches, spread_batches
 from ..config import DecodeConfig, Runtime
 from .placement import ModelDirs, model_dirs
@@ -406,8 +407,6 @@ class TranslatorPool(BaseTranslator):
 
     def __init__(self, paths: ModelDirs, runtime: Runtime = Runtime(workers=2),
                  draft: str | os.PathLike | None = None):
-        from ..model.io import load_decode_config, load_model_config
-
         dirs = model_dirs(paths)
         self.config = load_model_config(dirs[0])  # a bad config fails here
         self.tokenizer = shared_tokenizer(dirs, draft)

@@ -19,7 +19,12 @@ import os
 
 from ..config import TASKS, Runtime, model_task
 from ..errors import ConfigError
+from ..model.io import load_model_config
+from .classify import Classifier
+from .generate import Generator
 from .placement import ModelDirs, model_dirs
+from .pool import TranslatorPool
+from .translator import Translator
 
 
 def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLike | None = None):
@@ -32,7 +37,6 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
     :class:`~transduce.inference.Generator`; a classifier: a
     :class:`~transduce.inference.Classifier`. Use the result in a ``with`` block (or ``close`` it).
     """
-    from ..model.io import load_model_config
     dirs = model_dirs(paths)
     if runtime.backend != "torch" and (len(dirs) > 1 or draft is not None):
         raise ConfigError(f"runtime.backend: {runtime.backend} runs one model's exported graphs; ensembles and draft "
@@ -40,8 +44,6 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
     task = model_task(load_model_config(dirs[0]))
     door = TASKS[task].front_door
     if TASKS[task].translates:
-        from .pool import TranslatorPool
-        from .translator import Translator
         return (TranslatorPool if runtime.workers else Translator).load(dirs, runtime, draft)
     if len(dirs) > 1 or draft is not None:
         raise ConfigError(f"model_dirs: ensembles and draft models are for translation; {dirs[0]} is a "
@@ -51,8 +53,6 @@ def load(paths: ModelDirs, runtime: Runtime = Runtime(), draft: str | os.PathLik
                           f"train.task {task} model")
     if door is None:
         raise ConfigError(f"{dirs[0]}: a train.task {task} model has nothing to run; score it with transduce evaluate")
-    from .classify import Classifier
-    from .generate import Generator
     return {"Generator": Generator, "Classifier": Classifier}[door].load(dirs[0], runtime)
 
 

@@ -28,6 +28,9 @@ from typing import Any
 
 from ..atomic import atomic_write_text
 from ..config import ModelConfig, RunConfig, load_run_config
+from ..data.prepare import prepared_for_run
+from ..viz.ablation import plot_ablation
+from .loop import run_training
 
 DRY_STEPS = 2  # --dry: every row trains this many steps
 COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "dropout", "ls", "positions")
@@ -71,8 +74,6 @@ def table3_rows(base: RunConfig) -> list[tuple[str, list[str]]]:
 
 def run_row(config: str | None, overrides: list[str], row_dir: Path) -> dict[str, Any]:
     """Train one row in ``row_dir`` (resuming an unfinished run) unless it is done; its result."""
-    from .loop import run_training
-
     done = row_dir / "result.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -95,7 +96,6 @@ def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool =
         overrides += [f"train.max_steps={DRY_STEPS}", f"train.eval_every={DRY_STEPS}", f"train.save_every={DRY_STEPS}"]
     base = load_run_config(config, overrides)
     if base.data.prepared is None:  # every row trains on the same data: prepare it once
-        from ..data.prepare import prepared_for_run
         out.mkdir(parents=True, exist_ok=True)
         overrides.append(f"data.prepared={prepared_for_run(base.data, out, base.train.seed).root.resolve()}")
     results = []
@@ -104,7 +104,6 @@ def ablate(config: str | None, out: Path, overrides: list[str] = (), dry: bool =
     atomic_write_text(out / "table3.json", json.dumps(results, indent=1))
     atomic_write_text(out / "table3.md", format_table(results))
     if plot:
-        from ..viz.ablation import plot_ablation
         plot_ablation(results, out / "table3.png")
     return results
 

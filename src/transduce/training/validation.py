@@ -19,6 +19,7 @@ from ..data.prepared import TokenPairs
 from ..evaluation.heldout import heldout_loss
 from ..evaluation.metrics import corpus_bleu
 from ..evaluation.text2text import flat_scores, task_scores
+from ..inference import Runtime, Translator
 from ..model.transformer import Transformer
 from .encoder_tasks import classification_loss
 from .loss import excluded_class, label_smoothed_loss
@@ -70,7 +71,6 @@ def validation_bleu(model: Transformer, tokenizer, texts: list[tuple[str, str]],
     (``val_bleu``); for text-to-text data (``data.corpus: tsv``) each task's BLEU or accuracy
     instead (:func:`~transduce.evaluation.text2text.task_scores`: ``val_bleu/TASK``, ``val_acc/TASK``);
     for a multilingual model (``data.pairs``) each language pair's BLEU too (``val_bleu/en-de``)."""
-    from ..inference import Runtime, Translator
     # (the block's end gives the training model back as it was)
     with Translator(model, tokenizer, Runtime(device=str(device))) as translator:
         hyps = translator.translate([s for s, _ in texts], beam=1, max_len_a=cfg.decode.max_len_a,

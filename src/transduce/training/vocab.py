@@ -20,6 +20,8 @@ import torch
 
 from ..atomic import atomic_dir
 from ..config import RunConfig
+from ..data.labelled import read_labelled
+from ..data.prepare import split_sources, tokenizer_sample
 from ..data.tokenizer import Tokenizer
 from ..errors import ConfigError
 from ..model.io import unique_state_dict
@@ -58,10 +60,8 @@ def _new_text(cfg: RunConfig) -> tuple[list[str], list[str]]:
     """The (source, target) lines the tokenizer learns new pieces from: a sample of the training
     text of the side(s) the task reads (as a tokenizer of its own would be trained on)."""
     if cfg.task_spec.labelled:
-        from ..data.labelled import read_labelled
         texts = [text for texts, _ in read_labelled(cfg.data.train_src) for text in texts]  # pairs: both
         return texts, texts
-    from ..data.prepare import split_sources, tokenizer_sample
     src, tgt, _ = tokenizer_sample(cfg.data, split_sources(cfg.data)["train"], cfg.train.seed)
     sides = {"src": src, "tgt": tgt}
     return sides[cfg.task_spec.text[0]], sides[cfg.task_spec.text[1]]

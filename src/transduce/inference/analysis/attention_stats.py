@@ -39,9 +39,10 @@ from torch import Tensor
 
 from ...config import DecodeConfig
 from ...data.batch import pad
+from ...data.corpus import read_lines
 from ...data.multilingual import tag_length, with_tag
 from ...errors import ConfigError, DataError
-from ..text.alignment import hard_alignment
+from ..text.alignment import hard_alignment, parse_alignment
 from ..decode_batches import length_sorted_batches
 
 KINDS = ("encoder", "decoder", "cross")
@@ -364,9 +365,6 @@ def attention_stats_files(translator, src: str | os.PathLike, tgt: str | os.Path
     """:func:`attention_stats` of the lines of ``src`` (UTF-8, plain or gzip), with the
     targets of ``tgt`` and the Pharaoh ``i-j`` links of ``align`` (needs ``tgt``) when given;
     a one-line error for a missing, empty or invalid file."""
-    from ...data.corpus import read_lines
-    from ..text.alignment import parse_alignment
-
     if align is not None and tgt is None:
         raise ConfigError("--align: the links are between --src and --tgt lines; give --tgt too")
     sources = list(read_lines(src))

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from ...config import Runtime
 from ...errors import CheckpointError, ConfigError, require
 from ...model.transformer import DecoderOutput
+from .tensorrt import TrtSteps, check_can_run
 
 ENCODER_ONNX, DECODER_ONNX, ONNX_META = "encoder.onnx", "decoder.onnx", "onnx_config.json"
 LM_ONNX = "lm.onnx"  # a decoder-only model's one step (a language model's)
@@ -227,7 +228,6 @@ def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
         raise ConfigError(f"runtime.backend: onnx runs ONNX Runtime on the CPU; got device {device} (use backend "
                           "tensorrt on a GPU)")
     if backend == "tensorrt":
-        from .tensorrt import check_can_run
         check_can_run(device)  # what is missing (a GPU, the package) before what is wrong
     meta = read_graph_meta(runtime.engines, config, backend)
     if backend == "onnx":
@@ -238,7 +238,6 @@ def open_graphs(config, device: torch.device, runtime: Runtime) -> nn.Module:
                 OnnxClassifier(runtime.engines, config, runtime.threads)
         steps: Steps = OrtSteps(Path(runtime.engines), meta, runtime.threads)
     else:
-        from .tensorrt import TrtSteps
         steps = TrtSteps.open(Path(runtime.engines), device, runtime.precision)
     return GraphModel(steps, config, meta["n_decoder_layers"], meta["n_heads"], meta["head_dim"])
 

@@ -24,7 +24,10 @@ import torch
 from torch import Tensor
 
 from ...atomic import atomic_path
+from ...data.corpus import read_lines
+from ...data.tokenizer import Tokenizer
 from ...errors import CheckpointError, ConfigError, DataError
+from ...model.io import load_model_config
 from .common import BatchVocab
 
 FILE = "shortlist.safetensors"
@@ -101,9 +104,6 @@ def build_shortlist(pairs: Iterable[tuple[list[int], list[int]]], src_vocab: int
 def shortlist_corpus(model_dir: str, src_path: str, tgt_path: str, k: int, frequent: int) -> Shortlist:
     """Build a model directory's shortlist from raw parallel text with its tokenizer, and save it
     there (atomically)."""
-    from ...data.corpus import read_lines
-    from ...data.tokenizer import Tokenizer
-    from ...model.io import load_model_config
     cfg = load_model_config(model_dir)
     tokenizer = Tokenizer.load(model_dir)
     src, tgt = read_lines(src_path), read_lines(tgt_path)

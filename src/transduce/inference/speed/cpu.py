@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cast import CastLinear
+
 logger = logging.getLogger(__name__)
 
 # Row count the weights are packed for. oneDNN picks its kernel by it, but a packed weight
@@ -109,7 +111,6 @@ def plain_linears(model: nn.Module) -> None:
     """Turn this package's ``nn.Linear`` subclasses, which only change ``forward``
     (:class:`OneDNNLinear`, :class:`~.cast.CastLinear`), back into ``nn.Linear``, in place.
     Other subclasses (a quantisation-aware training layer, a static int8 one) stay as they are."""
-    from .cast import CastLinear
     for module in model.modules():
         if type(module) in (OneDNNLinear, CastLinear):
             module.__class__ = nn.Linear

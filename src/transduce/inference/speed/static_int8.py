@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from ...config.quantize import SYMMETRIC_LEVELS
 from ...errors import CheckpointError, ConfigError
 from ...model.attention import MultiHeadAttention
+from ...model.io import read_weights
 
 FILE = "quant.safetensors"
 SCHEME = "static_int8"
@@ -159,7 +160,6 @@ def quantize_static(model: nn.Module, absmax: dict[str, float], keep_float: tupl
 
 def read_scales(directory: str | os.PathLike) -> dict[str, float] | None:
     """The calibrated input maxima saved in a model directory, or None for a float one."""
-    from ...model.io import read_weights
     path = Path(directory) / FILE
     if not path.is_file():
         return None
