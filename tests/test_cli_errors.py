@@ -70,3 +70,13 @@ def test_library_errors_name_settings_and_the_cli_prints_the_flag(tmp_path):
         "--precision/--max-batch: are for --format tensorrt"
     untouched = "decode.beam: must be >= 1 (not my.export.format, export.formats)"  # config keys stay keys
     assert flag_names(untouched) == untouched
+
+
+def test_training_into_a_run_with_checkpoints_names_the_resume_flag(tmp_path):
+    # the library says resume=True; the CLI prints the flag, and nothing of the old run is touched
+    (tmp_path / "r" / "checkpoints" / "step_00000010").mkdir(parents=True)
+    done = _run("train", "--out", str(tmp_path / "r"), "--set", "train.max_steps=1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "already holds checkpoints; --resume continues that run" in line and "resume=True" not in line
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["checkpoints"]

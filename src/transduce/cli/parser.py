@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 # message the CLI prints names the flag the user typed instead.
 SETTING_FLAGS = {"export.format": "--format", "export.quantization": "--quantization",
                  "export.precision": "--precision", "export.max_batch": "--max-batch", "export.name": "--name",
-                 "force=True": "--force", "quantize.calibration": "--calibrate"}
+                 "force=True": "--force", "resume=True": "--resume", "quantize.calibration": "--calibrate",
+                 "serve.batching": "--batching"}
 _SETTING = re.compile("|".join(rf"(?<![\w.]){re.escape(key)}(?![\w])" for key in SETTING_FLAGS))
 
 

@@ -31,8 +31,9 @@ from transduce.atomic import atomic_write_text
 from transduce.config import DataConfig
 from transduce.config.legacy import migrate_section
 from transduce.checksums import sha256_file
-from transduce.data import multilingual, toy
+from transduce.data import multi30k, multilingual, toy
 from transduce.data.alignments import AlignedWriter
+from transduce.data.clean import cleaner_for, kept_chunks
 from transduce.data.corpus import (EncodedChunk, FilterStats, decode_chunks, is_gzip, read_parallel_chunks,
                                    read_tsv_chunks)
 from transduce.data.encoding import Encoder
@@ -73,7 +74,6 @@ class SplitSource:
         """Undecoded line pairs in chunks of ``CHUNK`` (decoding, and its errors, happen where
         they are encoded); with ``clean``, the pairs its rules keep (each pass a fresh cleaner)."""
         if self.clean is not None:
-            from transduce.data.clean import cleaner_for, kept_chunks
             self.cleaned = cleaner_for(*self.clean)
             return kept_chunks(self.cleaned, self._raw_chunks(), self.names)
         return self._raw_chunks()
@@ -118,7 +118,6 @@ def _sources(cfg: DataConfig) -> dict[str, SplitSource]:
     if cfg.pairs is not None:
         return {k: SplitSource(v[0], generated=v[1], read=v[2]) for k, v in multilingual.split_texts(cfg).items()}
     if cfg.corpus in ("multi30k", "multi30k_tok"):
-        from transduce.data import multi30k
         root = multi30k.root_of(cfg.root)
         find = multi30k.tok_files if cfg.corpus == "multi30k_tok" else multi30k.multi30k_files
         out = {}
@@ -147,7 +146,6 @@ def data_settings(cfg: DataConfig) -> dict[str, Any]:
     out = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in _NOT_CONTENT}
     out["bpe_dropout"] = cfg.bpe_dropout > 0  # only whether the train text is kept
     if cfg.corpus in ("multi30k", "multi30k_tok") and cfg.root is None:
-        from transduce.data import multi30k
         out["root"] = str(multi30k.default_root())
     return out
 
@@ -360,17 +358,17 @@ def check_matches(root: Path, cfg: DataConfig) -> None:
             recorded = {input_path(root, i).resolve() for i in manifest["inputs"]}
             if value is not None and Path(value).resolve() not in recorded:
                 raise DataError(f"data.{key}: {value} is not a file {root} was prepared from (start a new run "
-                                "with --out, or prepare again)")
+                                "in another directory, or prepare again)")
         elif have.get(key, getattr(DataConfig, key, None)) != value:  # a key newer than the data: its default
             raise DataError(f"data.{key} is {value!r} but {root} was prepared with {have.get(key)!r} "
-                            "(start a new run with --out, or prepare again)")
+                            "(start a new run in another directory, or prepare again)")
     for item in manifest["inputs"]:
         path = input_path(root, item)
         if not path.is_file():
             raise DataError(f"{path}: input of {root} is gone")
         if path.stat().st_size != item["size"] or sha256_file(path) != item["sha256"]:
             raise DataError(f"{path} has changed since {root} was prepared from it (sha256 differs): "
-                            "restore it, or start a new run with --out")
+                            "restore it, or start a new run in another directory")
 
 
 def prepared_for_run(cfg: DataConfig, run_dir: Path, seed: int = 0, workers: int | None = None) -> PreparedData:

@@ -24,9 +24,14 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from ..atomic import atomic_dir
 from ..config import TASKS, QuantizeConfig, Runtime, model_task
+from ..data.batch import collate
+from ..data.corpus import read_lines
 from ..errors import ConfigError, DataError
 from ..config.quantize import QAT_FILE
+from ..model.attention import MultiHeadAttention
+from ..model.io import load_model_config, read_weights, save_weights
 from .speed.static_int8 import FILE, FLOAT_KEY, SCHEME, linear_names, read_scales, torchao_quantization
 from .translator import Translator
 
@@ -46,8 +51,6 @@ def _recording(model: nn.Module, absmax: dict[str, float]) -> Iterator[None]:
     projections run as one matmul over their weights side by side (``MultiHeadAttention.project``),
     so theirs are read at the attention module: the query for Q (and K, V in self-attention),
     ``key_value`` for K and V."""
-    from ..model.attention import MultiHeadAttention
-
     def linear_hook(name: str):
         return lambda _module, args: _keep(absmax, name, args[0])
 
@@ -74,7 +77,6 @@ def _recording(model: nn.Module, absmax: dict[str, float]) -> Iterator[None]:
 def calibrate(translator, lines: list[str]) -> dict[str, float]:
     """Each linear layer's largest absolute input over ``lines`` (source sentences) and the
     model's greedy translations of them; ``translator`` a plain (float) one-model Translator."""
-    from ..data.batch import collate
     model, tokenizer = translator.model, translator.tokenizer
     absmax: dict[str, float] = {}
     for i in range(0, len(lines), CALIBRATION_BATCH):
@@ -105,8 +107,6 @@ def quantize_directory(model_dir: str, calibration: str | None, out: str,
     ``config.float_layers`` names kept in float32, its input scales calibrated on the source
     sentences in ``calibration`` or, without one, a QAT run's own (see the module docstring);
     returns the layers' input maxima."""
-    from ..atomic import atomic_dir
-    from ..model.io import load_model_config, save_weights
     if read_scales(model_dir) is not None:
         raise ConfigError(f"{model_dir}: already a static int8 model (it has {FILE}); quantize its float model")
     task = model_task(load_model_config(model_dir))
@@ -130,7 +130,6 @@ def quantize_directory(model_dir: str, calibration: str | None, out: str,
 def _qat_scales(model_dir: str, calibration: str | None) -> dict[str, float] | None:
     """The input scales a ``train.qat`` run saved with ``model_dir``, unless ``calibration`` is
     given (then None, with a warning when there were some); a one-line error when neither is."""
-    from ..model.io import read_weights
     path = Path(model_dir) / QAT_FILE
     if calibration is not None:
         if path.is_file():
@@ -144,7 +143,6 @@ def _qat_scales(model_dir: str, calibration: str | None) -> dict[str, float] | N
 
 
 def _calibration_lines(calibration: str) -> list[str]:
-    from ..data.corpus import read_lines
     lines = [line for line in read_lines(calibration) if line.strip()]
     if not lines:
         raise DataError(f"quantize.calibration: {calibration} has no sentences to calibrate on")
@@ -157,5 +155,5 @@ def _complete(trained: dict[str, float], model: nn.Module, keep_float: tuple[str
     missing = [n for n in linear_names(model) if n not in keep_float and n not in trained]
     if missing:
         raise ConfigError(f"quantize.float_layers: the QAT run trained {missing[0]} (and {len(missing) - 1} more) in "
-                          "float32, with no scale to quantise it by; keep it float, or give --calibrate")
+                          "float32, with no scale to quantise it by; keep it float, or give quantize.calibration")
     return {n: v for n, v in trained.items() if n not in keep_float}

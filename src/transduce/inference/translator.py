@@ -20,10 +20,13 @@ import torch
 from torch import Tensor
 
 from ..config import DecodeConfig, Runtime
+from ..data.tokenizer import load_tokenizer
 from ..device import autocast_context, resolve_device
 from ..errors import CheckpointError, ConfigError
+from ..model.io import load_decode_config
 from .search.common import AttentionChoice, SearchOutput
 from .search.dispatch import SearchSpec
+from .search.ensemble import Ensemble
 from .search.forced import ForcedOutput, ForceSpec
 from .placement import ModelDirs, apply_threads, load_model_dir, model_dirs, prepared_for
 from .search.shortlist import Shortlist
@@ -104,8 +107,6 @@ class Translator(BaseTranslator):
         the first one's decoding settings); ``draft``: a model directory of the same tokenizer
         whose model proposes tokens (speculative decoding). Prefer
         :func:`~transduce.inference.runtime.load`, which also builds pools."""
-        from ..model.io import load_decode_config
-
         dirs = model_dirs(paths)
         tokenizer = shared_tokenizer(dirs, draft)
         device = resolve_device(runtime.device, "runtime.device")
@@ -143,8 +144,6 @@ def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, devi
     """The model a search runs on, from directories checked by :func:`shared_tokenizer`: one
     model, or the :class:`~transduce.inference.search.ensemble.Ensemble` of several; and the
     draft model's :class:`~transduce.inference.search.speculative.Speculation`, if any."""
-    from .search.ensemble import Ensemble
-
     if draft is not None and len(dirs) > 1:
         raise ConfigError("draft: speculative decoding checks one model's proposals; give one model directory")
     model = load_model_dir(dirs[0], device) if len(dirs) == 1 else Ensemble([load_model_dir(d, device) for d in dirs])
@@ -154,12 +153,10 @@ def load_search_model(dirs: Sequence[str], draft: str | os.PathLike | None, devi
 def shared_tokenizer(dirs: Sequence[str], draft: str | os.PathLike | None = None):
     """The tokenizer of ``dirs[0]``, after a one-line error unless the other directories (an
     ensemble) and the ``draft`` exist and have the same one."""
-    from ..data.tokenizer import load_tokenizer
-
     others = [(d, "model_dirs", "an ensemble needs one tokenizer") for d in dirs[1:]]
     if draft is not None:
         others.append((os.fspath(draft), "draft", "a draft must share the model's (train it with "
-                       "--set data.tokenizer=MODEL_DIR)"))
+                       "data.tokenizer=MODEL_DIR)"))
     for path, _, _ in others:
         if not os.path.isdir(path):
             raise CheckpointError(f"{path}: model directory not found")

@@ -104,4 +104,4 @@ def collective_failure(info: DistInfo, step: int, timeout_s: float, error: BaseE
     detail = " ".join(str(error).split())[:160]
     return (f"rank {info.rank} of {info.world_size}: a collective operation at step {step} failed within "
             f"train.dist_timeout_s={timeout_s:g} s: another rank stopped, hung or died ({detail}); "
-            "resume with --resume (torchrun --max-restarts=N restarts it by itself)")
+            "resume it (resume=True; torchrun --max-restarts=N restarts it by itself)")

@@ -50,6 +50,7 @@ from .state import StepData, TrainingError, TrainState
 from .dropout import use_cpu_dropout
 from .qat import average_observers, prepare_qat
 from .step import build_optimizer, clip_and_step, compile_model, forward_backward, freeze_parameters, is_fused
+from .validation import validation_bleu, validation_classify, validation_loss
 from .vocab import TOKENIZER_DIR, extend_run_vocabulary
 
 __all__ = ["Trainer", "TrainingError", "run_training"]  # TrainingError lives in .state; importable from here too
@@ -235,7 +236,6 @@ class Trainer(Checkpointing):
             return self._validate()
 
     def _validate(self) -> dict[str, float]:
-        from .validation import validation_bleu, validation_classify, validation_loss
         model = full_model(self.model, everywhere=True) if self.sharded else self.model  # every rank validates
         model.eval()
         out: dict[str, float] = {}
@@ -387,8 +387,8 @@ def run_training(cfg: RunConfig, run_dir: Path, resume: bool = False) -> tuple[T
             torch.set_num_threads(cfg.train.threads)
         latest = latest_checkpoint(run_dir / "checkpoints")
         if latest is not None and not resume:
-            raise ConfigError(f"--out: {run_dir} already holds checkpoints; pass --resume to continue "
-                              "or choose a new --out")
+            raise ConfigError(f"{run_dir}: already holds checkpoints; resume=True continues that run, or choose "
+                              "another run directory")
         if cfg.train.extend_vocab is not None and dist.is_main:
             cfg = extend_run_vocabulary(cfg, run_dir)
         elif cfg.train.extend_vocab is not None:  # made by rank 0 before the barrier below

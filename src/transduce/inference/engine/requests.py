@@ -55,7 +55,7 @@ class RequestSettings:
                          ("rerank", d.rerank == "none")):
             if not off:
                 raise ConfigError(f"decode.{key}: continuous batching does not apply it; use the request-level "
-                                  "path (Translator, serve --batching request)")
+                                  "path (Translator, serve.batching=request)")
         if d.nbest > d.beam and not self.temperature:
             raise ConfigError(f"decode.nbest: {d.nbest} hypotheses need a beam of at least that many; got {d.beam}")
 

@@ -73,7 +73,7 @@ def reverse_rerank(translations: Sequence, reverse, decode: DecodeConfig) -> Non
     best first, and record that sum as each one's ``utility`` (in place)."""
     if reverse is None:
         raise ConfigError("decode.rerank: reverse needs a target->source model (the translator's reverse, "
-                          "e.g. translate --rerank reverse:DIR)")
+                          "e.g. decode.rerank=reverse:DIR)")
     pairs = [(t, h) for t in translations for h in t.hypotheses if t.source_tokens]
     scored = reverse.score([h.text for _, h in pairs], [t.source for t, _ in pairs], lenpen=decode.lenpen)
     for (_, h), s in zip(pairs, scored):
