@@ -1,6 +1,7 @@
 """``transduce info MODEL_DIR``: what a model is, read from its files without building it.
 
-The model directory gives the architecture, shape and options (``config.yaml``), the parameter
+The model directory gives the architecture, shape and options (``config.yaml``; with the Hugging Face
+repository and commit of a model imported by name, its ``origin``), the parameter
 count (the safetensors header: shapes only, no weights read) and the tokenizer; the run directory
 around it, when there is one (``RUN/model``, ``RUN/best``, ``RUN/checkpoints/step_N``), gives the
 training config and the last training and validation figures of ``metrics.jsonl``.
@@ -32,6 +33,9 @@ def model_info(model_dir: str | os.PathLike) -> dict:
         info["decode"] = dataclasses.asdict(load_decode_config(root))
     if cfg.labels:
         info["labels"] = list(cfg.labels)
+    origin = read_yaml(root / CONFIG).get("origin")  # a Hugging Face repository imported by name
+    if isinstance(origin, dict):
+        info["origin"] = origin
     run = _run_dir(root)
     if run is not None:
         info["run_dir"] = str(run)
@@ -60,6 +64,8 @@ def format_info(info: dict) -> str:
     for key in ("labels",):
         if key in info:
             rows.append((key, ", ".join(info[key])))
+    if "origin" in info:
+        rows.append(("origin", _pairs(info["origin"])))
     if "decode" in info:
         rows.append(("decode", _pairs(info["decode"])))
     if "run_dir" in info:

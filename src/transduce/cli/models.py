@@ -55,14 +55,19 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _add_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import a Hugging Face MarianMTModel (e.g. OPUS-MT), T5/mT5, GPT-2, BERT, "
-                       "RoBERTa or Longformer directory as a transduce model (verified)")
-    p.add_argument("hf_dir", help="local MarianMTModel directory: config.json, model.safetensors (or "
+                       "RoBERTa or Longformer directory, or a Hub repository by name, as a transduce model "
+                       "(verified)")
+    p.add_argument("hf_dir", metavar="DIR_OR_NAME",
+                   help="local MarianMTModel directory: config.json, model.safetensors (or "
                    "pytorch_model.bin), source.spm, target.spm, vocab.json; or T5ForConditionalGeneration "
                    "directory (model_type t5 or mt5): config.json, weights, spiece.model; or GPT2LMHeadModel "
                    "directory (model_type gpt2): config.json, weights, tokenizer.json; or BertForMaskedLM, "
                    "BertForPreTraining, BertForSequenceClassification, RobertaForMaskedLM, "
                    "RobertaForSequenceClassification, LongformerForMaskedLM or LongformerModel: config.json, "
-                   "weights, tokenizer.json")
+                   "weights, tokenizer.json; or, where no such directory exists, a Hugging Face repository "
+                   "ORG/NAME[@REVISION] (a branch, tag or commit; from huggingface_hub's cache, HF_HOME or "
+                   "HF_HUB_CACHE, or downloaded; HF_HUB_OFFLINE=1: the cache only), its repository and commit "
+                   "recorded in config.yaml (origin)")
     p.add_argument("--out", required=True, help="model directory to write (written atomically)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_cmd_import)

@@ -8,9 +8,10 @@ the config mapping to and from Hugging Face's, the one parameter-name table (wit
 transpose, permute, fold a scale), the vocabulary order, the tokenizer files, what it refuses, its
 probes: its export and import descriptions (``EXPORT``, ``IMPORT``), which :mod:`.hf`'s two skeletons
 run. :mod:`.hf` is what they share; :mod:`.dispatch` picks the exporter by format and the importer
-by ``model_type``; :mod:`.ct2`, :mod:`.onnx`, :mod:`.tensorrt` and :mod:`.triton` are the other
-formats. Adding a family is one module and a line in :data:`~transduce.interop.dispatch.IMPORTS`
-(and in :func:`~transduce.interop.dispatch.export_model` for its export).
+by ``model_type`` (:mod:`.hub` resolves a Hub repository named instead of a directory);
+:mod:`.ct2`, :mod:`.onnx`, :mod:`.tensorrt` and :mod:`.triton` are the other formats. Adding a
+family is one module and a line in :data:`~transduce.interop.dispatch.IMPORTS` (and in
+:func:`~transduce.interop.dispatch.export_model` for its export).
 
 Every exporter and importer writes into a temporary directory beside the destination, checks
 the result against the eager model (and an import against transformers' own) on a fixed probe

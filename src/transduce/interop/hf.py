@@ -345,13 +345,15 @@ class HFImport:
     verify: Callable[..., dict] | None = None                 # (model, hf, vocab) -> checks, not the probe's
 
 
-def import_family(where: Path, config: dict, out, force: bool, family: HFImport) -> dict[str, object]:
+def import_family(where: Path, config: dict, out, force: bool, family: HFImport,
+                  origin: dict[str, str] | None = None) -> dict[str, object]:
     """:func:`~transduce.interop.dispatch.import_hf` for ``family``'s directory ``where`` whose
     config.json holds ``config``: what it refuses, its vocabulary, weights and our config read (a
     missing key or a value our config refuses a one-line error), its weights mapped into our model
     and tokenizer; verified against transformers' model of ``where``
     on the family's probes, then the model directory ``out`` written (config.yaml, with decoding
-    settings for a translation model, model.safetensors, tokenizer). Returns the measurements."""
+    settings for a translation model and the ``origin`` given: a repository imported by name,
+    model.safetensors, tokenizer). Returns the measurements."""
     name = where / "config.json"
     refuse_unsupported(config, name, family.refused, family.why)
     try:
@@ -375,7 +377,7 @@ def import_family(where: Path, config: dict, out, force: bool, family: HFImport)
             model, hf_reference(hf, cfg, family.orders(vocab)), family.probe(model), "imported")
         checks.update(tokenizer_checks)
         checks.update(family.checks(where, vocab, tokenizer))
-        save_model(model, tmp, decode_config(where) if cfg.family.translates else None)
+        save_model(model, tmp, decode_config(where) if cfg.family.translates else None, origin)
         tokenizer.save(tmp)
     logger.info("imported %s (%s) into %s (%s)", where, hf_class, out, ", ".join(f"{k}={v}" for k, v in checks.items()))
     return checks

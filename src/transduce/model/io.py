@@ -100,15 +100,19 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_model(model: torch.nn.Module, directory: str | os.PathLike, decode: DecodeConfig | None = None) -> Path:
-    """Write ``config.yaml`` (the model's config, and the decoding settings to use it with, if
-    given) and ``model.safetensors`` into ``directory`` (created if needed)."""
+def save_model(model: torch.nn.Module, directory: str | os.PathLike, decode: DecodeConfig | None = None,
+               origin: dict[str, str] | None = None) -> Path:
+    """Write ``config.yaml`` (the model's config, and the decoding settings to use it with and where
+    it came from, if given: ``origin``, an import's Hugging Face repository and commit) and
+    ``model.safetensors`` into ``directory`` (created if needed)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_weights(unique_state_dict(model), directory / WEIGHTS)
     config = {"model": dataclasses.asdict(model.config)}
     if decode is not None:
         config["decode"] = dataclasses.asdict(decode)
+    if origin is not None:
+        config["origin"] = dict(origin)
     save_yaml(config, directory / CONFIG)
     record(directory, [CONFIG])
     return directory
