@@ -14,6 +14,7 @@ from .base import ExportError, ExportReport, staging_dir, torch_threads
 from .ct2 import export_ctranslate2
 from .ct2_family import export_ct2_family
 from .hf import HFImportError, export_family, import_family, read_json
+from .hub import origin_record, parse_name, snapshot
 from .onnx import export_onnx, export_onnx_family
 from .tensorrt import EngineBuild, export_tensorrt
 from .triton import export_triton
@@ -81,9 +82,11 @@ def export_model(model_dir: str | os.PathLike, fmt: str, out: str | os.PathLike,
 def _export_to(fmt: str, cfg, model_dir, tmp: Path, quantization: str | None) -> dict:
     """The exporter of ``fmt`` for a model of ``cfg``'s kind, writing into ``tmp``: its checks."""
     fam = cfg.family
-    if fmt == "hf":  # the family's description (an HFExport), written by hf.export_family
+    if fmt == "hf":  # the family's description (an HFExport), written by hf.export_family; a translation
+        # model by its positions and embedding LayerNorm: T5's relative bias, M2M-100/NLLB's fairseq table,
+        # mBART's LayerNorm over the embedding sum, else Marian's
         module = ("gpt2" if fam.generates else "bert" if fam.masked_lm else "t5" if cfg.positions == "relative"
-                  else "marian")
+                  else "m2m100" if cfg.positions == "fairseq" else "mbart" if cfg.embed_norm else "marian")
         checks = export_family(model_dir, tmp, importlib.import_module(f".{module}", __package__).EXPORT)
     elif fmt == "onnx" and not fam.translates:
         checks = export_onnx_family(model_dir, tmp)
@@ -100,11 +103,19 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
     """Convert the Hugging Face model directory ``hf_dir`` (MarianMTModel, e.g. OPUS-MT; T5 or mT5;
     GPT-2; BERT, RoBERTa or Longformer: :data:`IMPORTS`) into the transduce model directory ``out``
     (config.yaml, model.safetensors, tokenizer), verified against transformers on the family's
-    probes; returns the verification's measurements. Nothing is written unless every check passes."""
+    probes; returns the verification's measurements. Nothing is written unless every check passes.
 
-    where = Path(hf_dir)
+    ``hf_dir`` may name a Hugging Face repository instead, ``ORG/NAME`` or ``ORG/NAME@REVISION``
+    (:mod:`~transduce.interop.hub`: its snapshot from huggingface_hub's cache, or downloaded), when no
+    such directory exists; the import then records the repository and commit (config.yaml's ``origin``)."""
+
+    where, origin = Path(hf_dir), None
     if not where.is_dir():
-        raise HFImportError(f"{where}: not a directory")
+        named = parse_name(str(hf_dir))
+        if named is None:
+            raise HFImportError(f"{where}: not a directory")
+        where = snapshot(str(hf_dir), *named)
+        origin = origin_record(named[0], where)
     config = read_json(where / "config.json")
     kind = config.get("model_type")
     if kind not in IMPORTS:
@@ -112,4 +123,5 @@ def import_hf(hf_dir: str | os.PathLike, out: str | os.PathLike, force: bool = F
         raise HFImportError(f"{where / 'config.json'}: model_type is {kind!r}, not {', '.join(names[:-1])} or "
                             f"{names[-1]} (the kinds transduce imports)")
     module, name = IMPORTS[kind]
-    return import_family(where, config, out, force, getattr(importlib.import_module(f".{module}", __package__), name))
+    family = getattr(importlib.import_module(f".{module}", __package__), name)
+    return import_family(where, config, out, force, family, origin)

@@ -3,7 +3,8 @@ https://arxiv.org/abs/2207.04672) as Hugging Face writes them: a ``model_type: m
 directory (``M2M100ForConditionalGeneration``: config.json, weights, sentencepiece.bpe.model and
 the tokenizer's files, NLLB's ``NllbTokenizer`` or M2M-100's ``M2M100Tokenizer``) into our
 :class:`~transduce.model.Transformer`: :data:`IMPORT`, which :func:`~transduce.interop.hf.import_family`
-runs (export back is not written yet).
+runs, and back (:data:`EXPORT`, which :func:`~transduce.interop.hf.export_family` runs for a model
+with ``model.positions: fairseq``).
 
 Both are fairseq's pre-LN Transformer with a final LayerNorm per stack (``model.norm: pre``),
 ReLU, embeddings scaled by sqrt(d_model), one embedding for both stacks and the output (each its
@@ -28,6 +29,19 @@ Languages: the source's code first, then the text and </s> (the tokenizers' defa
 output token (transformers' ``forced_bos_token_id``): ``decode.src_lang`` and ``decode.tgt_lang``
 (``translate --src-lang eng_Latn --tgt-lang fra_Latn``; :func:`~transduce.data.multilingual.code_ids`).
 
+Export. The same tables read the other way, the vocabulary rows put back in fairseq's order, and
+the tokenizer written again as the original's kind, chosen by how the language codes are spelled
+(:data:`TOKENIZER_CLASSES`): sentencepiece.bpe.model in fairseq's layout (<unk>, <s>, </s>, then
+the text's pieces with their scores), M2M-100's vocab.json, and the files transformers' own class
+writes over them (tokenizer.json, tokenizer_config.json naming the codes), checked to give every
+id of ours back (:func:`fairseq_tokenizer_checks`). An imported model exports to the tensors it
+was imported from, bit for bit, but for two that transformers never reads and the import drops:
+mBART's two position rows before position 0 (zeros, :mod:`.mbart`) and, without
+``tie_word_embeddings``, ``model.shared`` (written as the encoder's embedding, as transformers 4
+wrote it; transformers 5 keeps a tensor of its own there, unused). Options these models cannot
+express (post-LN, biases off, a decoder start other than </s>, a tokenizer without language codes)
+are refused with one line naming the option.
+
 Examples:
     >>> from transduce.interop import import_hf
     >>> checks = import_hf("nllb-200-distilled-600M", "runs/nllb")       # doctest: +SKIP
@@ -37,16 +51,17 @@ Examples:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..data.tokenizer import LANG_CODE, Tokenizer
 from ..errors import one_line, require
-from .base import no_progress_bars
-from .hf import HFImport, HFImportError, read_json, rewrite_spm
+from .base import ExportError, head_width_problems, no_progress_bars
+from .hf import HFExport, HFImport, HFImportError, read_json, rewrite_spm
 from .marian import marian_name_map
 
 SPM = "sentencepiece.bpe.model"
@@ -70,6 +85,12 @@ TOKENIZER_TEXTS = ["A dog runs across the grass.", "Zwei Männer  sitzen\tauf ei
 def name_map(cfg: ModelConfig) -> dict[str, str]:
     """Every one of our parameters but the embeddings and output -> its M2M-100 name."""
     return {**{ours: theirs for ours, (theirs, _) in marian_name_map(cfg).items()}, **STACKS}
+
+
+def fairseq_order(n_rows: int) -> Tensor:
+    """The Hugging Face (fairseq) id of each of our ids: <s> and <pad> swapped, the rest the same
+    (its own inverse)."""
+    return torch.tensor([1, 0, 2, 3, *range(4, n_rows)])
 
 
 class M2MVocab:
@@ -110,7 +131,7 @@ class M2MVocab:
         if self.pieces[:4] != ["<s>", "<pad>", "</s>", "<unk>"]:
             raise HFImportError(f"{where}: the tokenizer's first ids are {self.pieces[:4]}, not fairseq's <s>, <pad>, "
                                 "</s>, <unk>")
-        self.order = torch.tensor([1, 0, 2, 3, *range(4, n_rows)])
+        self.order = fairseq_order(n_rows)
         self.tied = bool(config.get("tie_word_embeddings", True))
 
 
@@ -203,3 +224,163 @@ def m2m_tokenizer(where: Path, vocab: M2MVocab) -> tuple[Tokenizer, dict[str, ob
 IMPORT = HFImport(M2MVocab, m2m_model_config, our_m2m_state, m2m_tokenizer,
                   lambda vocab: "M2M100ForConditionalGeneration", lambda vocab: (vocab.order, vocab.order), FIXED,
                   "transduce maps fairseq's special ids, decoding from </s>")
+
+
+# ---- export ---------------------------------------------------------------------------------------
+
+# Our FFN activations under M2M100Config's and MBartConfig's names
+HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu"}
+# The options both families have (our ModelConfig's key -> its only value there)
+FAIRSEQ_OPTIONS = {"arch": "encoder_decoder", "norm": "pre", "norm_kind": "layer", "bias": True,
+                   "scale_attention": True, "scale_output": False, "bos_in_softmax": True, "layer_norm_eps": LN_EPS,
+                   "pad_id": 0, "bos_id": 2, "eos_id": 2}
+# The tokenizer class an export writes, by how the model's language codes are spelled (LANG_CODE's
+# groups, in order: __fr__, fra_Latn, fr_XX)
+TOKENIZER_CLASSES = ("M2M100Tokenizer", "NllbTokenizer", "MBart50Tokenizer")
+# The embeddings transformers ties to model.shared.weight under tie_word_embeddings (the export writes them all)
+TIED = ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight")
+
+
+def fairseq_incompatibilities(cfg: ModelConfig, family: str, wants: dict[str, object]) -> list[str]:
+    """The options of ``cfg`` that ``family`` ("M2M-100", "mBART") cannot express, one phrase each:
+    :data:`FAIRSEQ_OPTIONS` and the family's own ``wants`` (key -> its only value there)."""
+    problems = [f"model.{k}={getattr(cfg, k)} ({family} has {k}={v})" for k, v in {**FAIRSEQ_OPTIONS, **wants}.items()
+                if getattr(cfg, k) != v]
+    if cfg.activation not in HF_ACTIVATIONS:
+        problems.append(f"model.activation={cfg.activation} ({family}'s FFN is {', '.join(HF_ACTIVATIONS)})")
+    if cfg.src_vocab_size != cfg.tgt_vocab_size:
+        problems.append(f"model.src_vocab_size={cfg.src_vocab_size} and tgt_vocab_size={cfg.tgt_vocab_size} differ "
+                        f"({family} has one vocabulary)")
+    return problems + head_width_problems(cfg, family)
+
+
+def fairseq_hf_config(cfg: ModelConfig, kind: str):
+    """The M2M100Config or MBartConfig (``kind`` "M2M100", "MBart") of ``cfg``'s shape, in fairseq's
+    special ids (:data:`FIXED`), all embeddings tied or none (``tie_word_embeddings``)."""
+    transformers = require("transformers", "export")
+    return getattr(transformers, f"{kind}Config")(
+        vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=HF_ACTIVATIONS[cfg.activation],
+        max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings, dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+        tie_word_embeddings=cfg.share_embeddings and cfg.tie_output, **FIXED)
+
+
+def m2m_state_dict(model: nn.Module, order: Tensor) -> dict[str, Tensor]:
+    """Our weights under M2M100ForConditionalGeneration's names (:func:`name_map` read the other
+    way), vocabulary rows in the exported order (``order``: the exported id of each of ours); the
+    three embeddings each under its name and ``model.shared`` as the encoder's (transformers ties
+    them all to it with ``tie_word_embeddings``)."""
+    ours = model.state_dict()
+    rows = torch.argsort(order)  # our id of each exported id
+    src, tgt = model.src_embed.tokens.weight[rows], model.tgt_embed.tokens.weight[rows]
+    state = {theirs: ours[k] for k, theirs in name_map(model.config).items()}
+    state.update({"model.shared.weight": src, "model.encoder.embed_tokens.weight": src,
+                  "model.decoder.embed_tokens.weight": tgt, "lm_head.weight": model.output_proj.weight[rows]})
+    return {k: v.detach().float().contiguous() for k, v in state.items()}
+
+
+def _codes(tok: Tokenizer) -> list[tuple[int, str, str]]:
+    """The tokenizer's language codes, in id order: (our id, piece, name: ``fra_Latn``, ``fr``, ``fr_XX``)."""
+    named = sorted((i, name) for name, i in tok.lang_codes.items())
+    return [(i, piece, name) for (i, name), piece in zip(named, tok.pieces([i for i, _ in named]))]
+
+
+def _tokenizer_classes(tok: Tokenizer) -> set[str]:
+    """The tokenizer classes whose codes ``tok`` holds (:data:`TOKENIZER_CLASSES`): one, or none or mixed."""
+    return {TOKENIZER_CLASSES[LANG_CODE.fullmatch(piece).lastindex - 1] for _, piece, _ in _codes(tok)}
+
+
+def fairseq_tokenizer_problem(tok, cfg: ModelConfig) -> str | None:
+    """Why ``tok`` cannot be written as an NLLB, M2M-100 or mBART-50 tokenizer, or None."""
+    if not isinstance(tok, Tokenizer) or not tok.joint or tok.src_vocab_size != cfg.tgt_vocab_size:
+        return (f"the tokenizer must be one SentencePiece model of the model's {cfg.tgt_vocab_size} ids (as an "
+                "imported NLLB, M2M-100 or mBART-50 has)")
+    classes = _tokenizer_classes(tok)
+    if len(classes) != 1:
+        return ("the tokenizer holds " + ("no language codes" if not classes else "language codes of several kinds")
+                + " (transduce writes NLLB's fra_Latn, M2M-100's __fr__ or mBART-50's fr_XX as their tokenizers)")
+    return None
+
+
+def fairseq_spm(tok: Tokenizer, order: Tensor) -> bytes:
+    """Our SentencePiece model in fairseq's layout: <unk>, <s>, </s>, then the text's pieces (not the
+    language codes, <mask> or unused rows) in the exported ids' order, with their scores, types and
+    the normalizer; fairseq's special ids (no pad)."""
+    pb = require("sentencepiece.sentencepiece_model_pb2", "export")
+    ours = pb.ModelProto()
+    ours.ParseFromString(tok.protos[0])
+    kind = pb.ModelProto.SentencePiece
+    out = pb.ModelProto()
+    out.CopyFrom(ours)
+    del out.pieces[:]
+    for piece, ptype in (("<unk>", kind.UNKNOWN), ("<s>", kind.CONTROL), ("</s>", kind.CONTROL)):
+        out.pieces.add(piece=piece, score=0.0, type=ptype)
+    text = (kind.NORMAL, kind.USER_DEFINED, kind.BYTE)
+    out.pieces.extend(p for p in (ours.pieces[i] for i in torch.argsort(order).tolist()) if p.type in text)
+    spec = out.trainer_spec
+    spec.vocab_size = len(out.pieces)
+    spec.unk_id, spec.bos_id, spec.eos_id, spec.pad_id = 0, 1, 2, -1
+    spec.unk_piece, spec.bos_piece, spec.eos_piece, spec.pad_piece = "<unk>", "<s>", "</s>", "<pad>"
+    return out.SerializeToString()
+
+
+def _m2m_code_list(names: list[str]) -> str:
+    """M2M100Tokenizer's ``language_codes`` ("m2m100", "wmt21") whose list is ``names``, in order."""
+    lists = require("transformers.models.m2m_100.tokenization_m2m_100", "export").FAIRSEQ_LANGUAGE_CODES
+    for key, codes in lists.items():
+        if list(codes) == names:
+            return key
+    raise ExportError(f"the model's {len(names)} M2M-100 language codes ({', '.join(names[:3])}, ...) are not "
+                      f"M2M100Tokenizer's {' or '.join(lists)} list")
+
+
+def write_fairseq_tokenizer(model_dir: Path, tok: Tokenizer, out: Path, cfg: ModelConfig, order: Tensor) -> None:
+    """The original's kind of tokenizer (:data:`TOKENIZER_CLASSES`, by the codes' spelling):
+    sentencepiece.bpe.model in fairseq's layout (:func:`fairseq_spm`), M2M-100's vocab.json (each
+    exported id's piece up to the first code), then the files transformers' class writes over them,
+    naming the language codes."""
+    transformers = require("transformers", "export")
+    (name,), codes = _tokenizer_classes(tok), _codes(tok)
+    names = [code for _, _, code in codes]
+    (out / SPM).write_bytes(fairseq_spm(tok, order))
+    options: dict[str, object] = {"src_lang": next((c for c in ("eng_Latn", "en", "en_XX") if c in names), names[0])}
+    if name == "M2M100Tokenizer":
+        first = int(order[codes[0][0]])
+        pieces = tok.pieces(torch.argsort(order)[:first].tolist())
+        (out / "vocab.json").write_text(json.dumps(dict(zip(pieces, range(first))), ensure_ascii=False, indent=1),
+                                        encoding="utf-8")
+        options["language_codes"] = _m2m_code_list(names)
+    elif name == "NllbTokenizer":
+        options["additional_special_tokens"] = [piece for _, piece, _ in codes]
+    with no_progress_bars(transformers):
+        getattr(transformers, name).from_pretrained(out, **options).save_pretrained(out)
+
+
+def fairseq_tokenizer_checks(model, tok: Tokenizer, out: Path, hf, order: Tensor) -> dict[str, object]:
+    """AutoTokenizer on ``out`` against ours (``order``: the exported id of each of ours): each of its
+    ids has our piece of that id; :data:`TOKENIZER_TEXTS` get our ids, with the source's code first
+    and </s> last. ``tokenizer_differences`` 0, or a one-line ExportError naming the first difference."""
+    auto = require("transformers", "export").AutoTokenizer.from_pretrained(out)
+    pieces = tok.pieces(torch.argsort(order).tolist())
+    wrong = sorted((i, piece) for piece, i in auto.get_vocab().items()
+                   if not 0 <= i < len(pieces) or pieces[i] != piece)
+    if wrong:
+        raise ExportError(f"verification failed: AutoTokenizer on {out} has {wrong[0][1]!r} at id {wrong[0][0]}, "
+                          "not transduce's piece of that id")
+    code, _, lang = _codes(tok)[0]
+    auto.src_lang = lang
+    for text in TOKENIZER_TEXTS:
+        want = order[[code, *tok.encode(text, "src"), model.config.eos_id]].tolist()
+        if auto(text)["input_ids"] != want:
+            raise ExportError(f"verification failed: AutoTokenizer on {out} reads {text!r} into other ids than ours")
+    return {"tokenizer_differences": 0}
+
+
+EXPORT = HFExport("M2M-100", lambda cfg: "M2M100ForConditionalGeneration",
+                  lambda cfg: fairseq_incompatibilities(cfg, "M2M-100", {"positions": "fairseq", "embed_norm": False,
+                                                                         "output_bias": False}),
+                  lambda cfg, order: fairseq_hf_config(cfg, "M2M100"), m2m_state_dict, write_fairseq_tokenizer,
+                  fairseq_tokenizer_problem, lambda cfg, tok: fairseq_order(cfg.tgt_vocab_size), tied=TIED,
+                  checks=fairseq_tokenizer_checks)

@@ -2,7 +2,8 @@
 ``model_type: mbart`` directory (``MBartForConditionalGeneration``: config.json, weights,
 sentencepiece.bpe.model and ``MBart50Tokenizer``'s files) into our
 :class:`~transduce.model.Transformer`: :data:`IMPORT`, which
-:func:`~transduce.interop.hf.import_family` runs (export back is not written yet).
+:func:`~transduce.interop.hf.import_family` runs, and back: :data:`EXPORT`, which
+:func:`~transduce.interop.hf.export_family` runs for an encoder-decoder with ``model.embed_norm``.
 
 mBART is BART's pre-LN Transformer (a final LayerNorm per stack) with a LayerNorm over each
 stack's embedding sum (``model.embed_norm``), GELU, learned positions (a table per stack;
@@ -12,6 +13,12 @@ vocabulary, tokenizer and languages are NLLB's (:mod:`.m2m100`): fairseq's ids w
 <pad> swapped, the language codes (``fr_XX``) control pieces, the source's code first and the
 target's forced as the first output token (``decode.src_lang``/``decode.tgt_lang``).
 
+The export reads the same tables the other way (:mod:`.m2m100`'s export, with :data:`EXTRA`):
+the position tables get back their two rows before position 0, as zeros (the import does not keep
+them, and transformers never reads them: positions start at row 2 whatever the padding), so an
+imported model exports to the tensors it came from, bit for bit, those four rows aside; a model
+without ``output_bias`` exports a zero ``final_logits_bias``.
+
 Not supported (one-line errors): mBART-25's tokenizer (``MBartTokenizer``: the code after </s>,
 and decoding from the target's code), a decoder that starts from another token than </s>.
 """
@@ -20,11 +27,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .hf import HFImport, HFImportError
-from .m2m100 import FIXED, M2MVocab, fairseq_options, m2m_tokenizer, our_m2m_state
+from .hf import HFExport, HFImport, HFImportError
+from .m2m100 import (FIXED, TIED, M2MVocab, fairseq_hf_config, fairseq_incompatibilities, fairseq_options,
+                     fairseq_order, fairseq_tokenizer_checks, fairseq_tokenizer_problem, m2m_state_dict, m2m_tokenizer,
+                     our_m2m_state, write_fairseq_tokenizer)
 
 # Our parameters that M2M-100 lacks -> mBART's, and the rows of theirs that are ours
 OFFSET = 2  # transformers' two rows before position 0
@@ -58,3 +68,25 @@ def our_mbart_state(state: dict[str, Tensor], cfg: ModelConfig, vocab: M2MVocab,
 IMPORT = HFImport(M2MVocab, mbart_model_config, our_mbart_state, m2m_tokenizer,
                   lambda vocab: "MBartForConditionalGeneration", lambda vocab: (vocab.order, vocab.order), FIXED,
                   "transduce maps fairseq's special ids, decoding from </s>")
+
+
+def mbart_state_dict(model: nn.Module, order: Tensor) -> dict[str, Tensor]:
+    """Our weights under MBartForConditionalGeneration's names: M2M-100's
+    (:func:`~.m2m100.m2m_state_dict`), :data:`EXTRA` with :data:`OFFSET` zero rows before each
+    position table, and the output bias (or zeros) as ``final_logits_bias``, in the exported order."""
+    cfg, ours = model.config, model.state_dict()
+    state = m2m_state_dict(model, order)
+    for k, theirs in EXTRA.items():
+        t = ours[k].detach().float()
+        state[theirs] = torch.cat([t.new_zeros(OFFSET, cfg.d_model), t]) if k.endswith("positions.weight") else t
+    bias = model.output_proj.bias.detach().float()[torch.argsort(order)] if cfg.output_bias else torch.zeros(
+        cfg.tgt_vocab_size)
+    state["final_logits_bias"] = bias[None]
+    return {k: v.contiguous() for k, v in state.items()}
+
+
+EXPORT = HFExport("mBART", lambda cfg: "MBartForConditionalGeneration",
+                  lambda cfg: fairseq_incompatibilities(cfg, "mBART", {"positions": "learned", "embed_norm": True}),
+                  lambda cfg, order: fairseq_hf_config(cfg, "MBart"), mbart_state_dict, write_fairseq_tokenizer,
+                  fairseq_tokenizer_problem, lambda cfg, tok: fairseq_order(cfg.tgt_vocab_size), tied=TIED,
+                  checks=fairseq_tokenizer_checks)
