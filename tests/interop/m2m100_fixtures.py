@@ -98,3 +98,14 @@ def hf_mbart50_dir(transformers, spm_path: Path, out: Path, seed: int = 0) -> Pa
     tok.save_pretrained(out)
     _random_model(transformers, out, len(tok), seed, tied=True, kind="MBart")
     return out
+
+
+def hf_family_dirs(transformers, root: Path) -> dict[str, Path]:
+    """The four checkpoints the import and export tests share: NLLB tied and untied, M2M-100, mBART-50."""
+    spm = train_bpe(root)
+    (root / "unigram").mkdir()
+    return {"nllb": hf_nllb_dir(transformers, spm, root / "nllb", seed=0),
+            "nllb-untied": hf_nllb_dir(transformers, spm, root / "nllb-untied", seed=1, tied=False),
+            "m2m": hf_m2m100_dir(transformers, spm, root / "m2m", seed=2),
+            "mbart": hf_mbart50_dir(transformers, train_bpe(root / "unigram", model_type="unigram"), root / "mbart",
+                                    seed=3)}

@@ -22,7 +22,7 @@ from transduce.inference.translator import Translator
 from transduce.interop import import_hf
 from transduce.model import load_model
 from extra_helpers import need_extra
-from m2m100_fixtures import SPM, hf_m2m100_dir, hf_mbart50_dir, hf_nllb_dir, train_bpe
+from m2m100_fixtures import SPM, hf_family_dirs
 from t5_fixtures import toy_lines
 
 transformers = need_extra("export", "transformers")
@@ -41,14 +41,7 @@ HARD = ["Zwei Männer  sitzen\tauf einer   Bank.", "Café naïve déjà-vu über
 
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf")
-    spm = train_bpe(root)
-    (root / "unigram").mkdir()
-    return {"nllb": hf_nllb_dir(transformers, spm, root / "nllb", seed=0),
-            "nllb-untied": hf_nllb_dir(transformers, spm, root / "nllb-untied", seed=1, tied=False),
-            "m2m": hf_m2m100_dir(transformers, spm, root / "m2m", seed=2),
-            "mbart": hf_mbart50_dir(transformers, train_bpe(root / "unigram", model_type="unigram"), root / "mbart",
-                                    seed=3)}
+    return hf_family_dirs(transformers, tmp_path_factory.mktemp("hf"))
 
 
 @pytest.fixture(scope="module")
